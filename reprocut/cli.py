@@ -1,0 +1,87 @@
+"""`reprocut` command line: argv -> subcommand -> ExitCode. No logic of its own."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from reprocut import __version__
+from reprocut.display.console import make_console, print_error, print_internal_error
+from reprocut.errors import ExitCode, ReprocutError
+
+COMMANDS = {
+    "record": (
+        "reprocut.commands.record",
+        "run a script, find the first op that faults, capture its inputs",
+    ),
+    "shrink": (
+        "reprocut.commands.shrink",
+        "turn the latest recording into a minimal, verified repro.py",
+    ),
+}
+
+EPILOG = """\
+exit codes:
+  0  recorded and localized / repro written and verified
+  1  nothing to reproduce (the script passed, or the repro lost the signature)
+  2  interrupted
+  3  internal error in reprocut
+  4  usage error: bad arguments, missing script, missing or corrupt recording
+  5  the script failed, but not in a torch op (syntax error, plain Python error)
+  6  timeout (the script hung or ran past --timeout)
+  7  the failure was seen but could not be localized to an op
+  8  the repro fails only some of the time
+
+typical use:
+  reprocut record train.py --epochs 3
+  reprocut shrink
+  python .reprocut/runs/<id>/repro.py
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reprocut",
+        description="Turn a PyTorch script that dies with a CUDA error into a minimal repro.py.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"reprocut {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        command = sub.add_parser(
+            name,
+            help=help_text,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(command)
+        command.set_defaults(module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    console = make_console()
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        options = parser.parse_args(args)
+    except SystemExit as exc:
+        return ExitCode.OK if exc.code == 0 else ExitCode.USAGE_ERROR
+    if options.command is None:
+        parser.print_help(sys.stderr)
+        return ExitCode.USAGE_ERROR
+    try:
+        return int(options.module.run(options, console))
+    except ReprocutError as exc:
+        print_error(console, exc)
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return ExitCode.INTERRUPTED
+    except Exception:
+        print_internal_error(console)
+        return ExitCode.INTERNAL_ERROR

@@ -1,0 +1,34 @@
+"""Consoles and the error/internal-error messages every command shares."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+from rich.console import Console
+
+from reprocut.errors import ReprocutError
+
+
+def make_console(*, stderr: bool = True, color: bool | None = None) -> Console:
+    """A console for diagnostics (stderr by default); plain text when not a terminal."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(
+        file=stream,
+        no_color=color is False,
+        force_terminal=color is True or None,
+        highlight=False,
+        soft_wrap=not stream.isatty(),
+    )
+
+
+def print_error(console: Console, exc: ReprocutError) -> None:
+    console.print(f"[bold red]error[/] ({exc.slug}): {exc}", markup=True, highlight=False)
+    if exc.hint:
+        console.print(f"[bold]hint[/]: {exc.hint}")
+
+
+def print_internal_error(console: Console) -> None:
+    console.print("[bold red]internal error[/]: reprocut itself failed. Traceback:")
+    console.print(traceback.format_exc(), markup=False)
+    console.print("Please report this with the traceback above (and the run directory if any).")

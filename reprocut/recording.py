@@ -1,0 +1,300 @@
+"""A recording on disk: the run directory `record` writes and `shrink` reads.
+
+Layout of `.reprocut/runs/<id>/`:
+    meta.json      the command, environment summary and status, written first and updated last
+    trace.jsonl    one JSON line per completed step (its ops), appended as the script runs
+    failure.json   the localized failure (a Failure), once known
+    inputs.pt      captured input tensors by key (torch.save, loads with weights_only=True)
+    stdout.txt, stderr.txt   the script's own output, teed
+`.reprocut/latest` holds the id of the newest run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from reprocut.case import (
+    ReproCase,
+    Signature,
+    SourceLocation,
+    TensorSpec,
+    signature_from_json,
+    signature_to_json,
+    spec_from_json,
+    spec_to_json,
+)
+from reprocut.errors import CorruptRecordingError, NoRecordingError
+
+DEFAULT_ROOT = Path(".reprocut")
+FAILURE_FILE = "failure.json"
+META_FILE = "meta.json"
+TRACE_FILE = "trace.jsonl"
+INPUTS_FILE = "inputs.pt"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """The exception as the user's process saw it, with the kernel assertions from its stderr."""
+
+    type: str
+    message: str
+    code: int | None = None
+    name: str | None = None  # "device-side assert triggered"
+    assertions: tuple[dict[str, Any], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "message": self.message,
+            "code": self.code,
+            "name": self.name,
+            "assertions": list(self.assertions),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ErrorInfo:
+        return cls(
+            type=data["type"],
+            message=data["message"],
+            code=data.get("code"),
+            name=data.get("name"),
+            assertions=tuple(data.get("assertions", ())),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TensorReport:
+    """One input of the culprit op, with the facts that explain the failure."""
+
+    name: str
+    spec: TensorSpec
+    facts: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "spec": spec_to_json(self.spec), "facts": list(self.facts)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TensorReport:
+        return cls(data["name"], spec_from_json(data["spec"]), tuple(data.get("facts", ())))
+
+
+def _location(data: dict[str, Any] | None) -> SourceLocation | None:
+    return None if data is None else SourceLocation(**data)
+
+
+def _location_json(location: SourceLocation | None) -> dict[str, Any] | None:
+    if location is None:
+        return None
+    return {
+        "file": location.file,
+        "line": location.line,
+        "text": location.text,
+        "function": location.function,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What failed and where: the product of `record`, the input of `shrink`.
+
+    status: "localized" (culprit op found), "outside-dispatcher" (a custom kernel: only the launch
+    line is known), "not-localized" (failed once, not again), "script-error" (not a torch op).
+    """
+
+    status: str
+    error: ErrorInfo
+    signature: Signature
+    op: str | None = None  # "aten::embedding"
+    public_call: str | None = None  # "torch.nn.functional.embedding"
+    step: int | None = None
+    phase: str | None = None  # "forward", "backward", "optimizer", "other"
+    module: str | None = None  # "model.encoder.embed"
+    source: SourceLocation | None = None  # the user's line that led to the op
+    forward_source: SourceLocation | None = None  # for backward ops: the forward line
+    surfaced_at: SourceLocation | None = None  # where the exception appeared in the first run
+    tensors: tuple[TensorReport, ...] = ()
+    diagnosis: str = ""
+    localization: str = ""  # "in-process", "snapshot-replay", "rerun"
+    device: str = "cpu"
+    cases: tuple[ReproCase, ...] = ()  # candidate repros, most public first
+    notes: tuple[str, ...] = ()
+    script: str = ""
+    argv: tuple[str, ...] = ()
+    cwd: str = ""
+    env: dict[str, str] = field(default_factory=dict)  # versions only: never the user's env vars
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "error": self.error.to_json(),
+            "signature": signature_to_json(self.signature),
+            "op": self.op,
+            "public_call": self.public_call,
+            "step": self.step,
+            "phase": self.phase,
+            "module": self.module,
+            "source": _location_json(self.source),
+            "forward_source": _location_json(self.forward_source),
+            "surfaced_at": _location_json(self.surfaced_at),
+            "tensors": [tensor.to_json() for tensor in self.tensors],
+            "diagnosis": self.diagnosis,
+            "localization": self.localization,
+            "device": self.device,
+            "cases": [case.to_json() for case in self.cases],
+            "notes": list(self.notes),
+            "script": self.script,
+            "argv": list(self.argv),
+            "cwd": self.cwd,
+            "env": dict(self.env),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Failure:
+        signature = signature_from_json(data["signature"])
+        assert signature is not None
+        return cls(
+            status=data["status"],
+            error=ErrorInfo.from_json(data["error"]),
+            signature=signature,
+            op=data.get("op"),
+            public_call=data.get("public_call"),
+            step=data.get("step"),
+            phase=data.get("phase"),
+            module=data.get("module"),
+            source=_location(data.get("source")),
+            forward_source=_location(data.get("forward_source")),
+            surfaced_at=_location(data.get("surfaced_at")),
+            tensors=tuple(TensorReport.from_json(t) for t in data.get("tensors", ())),
+            diagnosis=data.get("diagnosis", ""),
+            localization=data.get("localization", ""),
+            device=data.get("device", "cpu"),
+            cases=tuple(ReproCase.from_json(c) for c in data.get("cases", ())),
+            notes=tuple(data.get("notes", ())),
+            script=data.get("script", ""),
+            argv=tuple(data.get("argv", ())),
+            cwd=data.get("cwd", ""),
+            env=dict(data.get("env", {})),
+        )
+
+    def with_notes(self, *notes: str) -> Failure:
+        return replace(self, notes=(*self.notes, *notes))
+
+
+@dataclass(frozen=True, slots=True)
+class RunDir:
+    """One recording's folder."""
+
+    path: Path
+
+    @property
+    def id(self) -> str:
+        return self.path.name
+
+    @property
+    def failure_path(self) -> Path:
+        return self.path / FAILURE_FILE
+
+    @property
+    def meta_path(self) -> Path:
+        return self.path / META_FILE
+
+    @property
+    def trace_path(self) -> Path:
+        return self.path / TRACE_FILE
+
+    @property
+    def inputs_path(self) -> Path:
+        return self.path / INPUTS_FILE
+
+    @classmethod
+    def create(cls, root: Path = DEFAULT_ROOT, name: str | None = None) -> RunDir:
+        runs = root / "runs"
+        runs.mkdir(parents=True, exist_ok=True)
+        stem = name or time.strftime("%Y%m%d-%H%M%S")
+        path, n = runs / stem, 1
+        while path.exists():
+            n += 1
+            path = runs / f"{stem}-{n}"
+        path.mkdir()
+        atomic_write(root / "latest", path.name)
+        return cls(path.resolve())
+
+    @classmethod
+    def latest(cls, root: Path = DEFAULT_ROOT) -> RunDir:
+        pointer = root / "latest"
+        if not pointer.exists():
+            raise NoRecordingError(
+                f"no recording found under {root}/",
+                hint="run `reprocut record your_script.py` first, or pass a run directory",
+            )
+        return cls.open(root / "runs" / pointer.read_text().strip())
+
+    @classmethod
+    def open(cls, path: Path) -> RunDir:
+        if not path.is_dir():
+            raise NoRecordingError(
+                f"{path} is not a recording directory",
+                hint="pass a folder under .reprocut/runs/, or run `reprocut record` first",
+            )
+        return cls(path.resolve())
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        atomic_write(self.meta_path, json.dumps(meta, indent=2))
+
+    def read_meta(self) -> dict[str, Any]:
+        return self._read_json(self.meta_path)
+
+    def write_failure(self, failure: Failure) -> None:
+        atomic_write(self.failure_path, json.dumps(failure.to_json(), indent=2, allow_nan=False))
+
+    def read_failure(self) -> Failure:
+        if not self.failure_path.exists():
+            raise NoRecordingError(
+                f"{self.path} holds no failure ({FAILURE_FILE} is missing)",
+                hint="the run may not have failed, or was interrupted: run `reprocut record` again",
+            )
+        data = self._read_json(self.failure_path)
+        try:
+            return Failure.from_json(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptRecordingError(
+                f"{self.failure_path} is not a valid recording: {exc!r}",
+                hint="record the script again with `reprocut record`",
+            ) from exc
+
+    def read_trace(self) -> Iterator[dict[str, Any]]:
+        """The completed steps, tolerating a torn last line from a crashed process."""
+        if not self.trace_path.exists():
+            return
+        with self.trace_path.open() as lines:
+            for raw in lines:
+                try:
+                    yield json.loads(raw)
+                except json.JSONDecodeError:
+                    return
+
+    def _read_json(self, path: Path) -> dict[str, Any]:
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise NoRecordingError(f"{path} is missing") from exc
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CorruptRecordingError(
+                f"{path} is corrupt: {exc}", hint="record the script again with `reprocut record`"
+            ) from exc
+        if not isinstance(data, dict):
+            raise CorruptRecordingError(f"{path} is corrupt: expected a JSON object")
+        return data
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a crash never leaves half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,154 @@
+"""Turn an exception (plus the process's stderr) into a Signature.
+
+CUDA puts the useful text (the kernel's assertion) on stderr, once per failing thread, not into
+the exception; and the kernel that asserts depends on shapes. So the signature keeps the error code
+and a normalized *kind* of assertion, never the kernel name or file:line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from reprocut.case import Signature
+
+# "CUDA error: device-side assert triggered" and friends, by CUDA runtime error code.
+CUDA_ERRORS = {
+    "device-side assert triggered": 710,
+    "an illegal memory access was encountered": 700,
+    "misaligned address": 716,
+    "an illegal instruction was encountered": 715,
+    "unspecified launch failure": 719,
+    "invalid configuration argument": 9,
+    "out of memory": 2,
+    "invalid argument": 1,
+    "too many resources requested for launch": 701,
+    "operation not permitted when stream is capturing": 900,
+}
+
+_ASSERT_LINE = re.compile(
+    r"^(?P<file>\S+?):(?P<line>\d+): (?P<function>.*?): block: \[(?P<block>[\d,]+)\], "
+    r"thread: \[(?P<thread>[\d,]+)\] Assertion `(?P<condition>.*)` failed\.\s*$"
+)
+
+# Assertion conditions of kernels that check the same thing, folded into one kind.
+# Order matters: the first pattern that matches names the kind.
+_ASSERTION_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), kind)
+    for pattern, kind in (
+        (r"probability tensor contains|cumdist\[size - 1\]|isinf\(val\)|ge\(val, zero\)",
+         "invalid probability distribution"),
+        (r"t >= 0 && t < n_classes|cur_target >= 0|target.*n_classes", "target out of bounds"),
+        (r"input_val >= zero && input_val <= one|input >= 0\. && input <= 1\.",
+         "input outside [0, 1]"),
+        (r"maxind >= 0", "max index out of range"),
+        (r"end >= begin", "offsets not increasing"),
+        (r"input_idx < numRows", "index out of bounds"),
+        (r"label >= 0 && label < num_labels", "target out of bounds"),
+        (r"index out of bounds|srcIndex < srcSelectDimSize|dstIndex < dstAddDimSize|"
+         r"ind_dim_size|idx_dim >= 0|index < sizes\[i\]|indexValue >= 0|indexAtDim",
+         "index out of bounds"),
+        (r"^$", "empty assertion"),
+    )
+)
+
+_NUMBER = re.compile(r"(?<![A-Za-z_])-?\d+(\.\d+)?(e[-+]?\d+)?")
+_CUDA_ERROR = re.compile(r"CUDA error: ([^\n]+)")
+_TRITON_ERROR = re.compile(r"Triton Error \[CUDA\]: ([^\n]+)")
+_CUBLAS = re.compile(r"(CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+)")
+
+
+@dataclass(frozen=True, slots=True)
+class AssertionLine:
+    """One device-side assertion printed by a kernel thread."""
+
+    file: str
+    line: int
+    function: str
+    block: tuple[int, ...]
+    thread: tuple[int, ...]
+    condition: str
+
+    @property
+    def kernel(self) -> str:
+        return self.function.split("(")[0].split()[-1] if self.function else ""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "file": self.file,
+            "line": self.line,
+            "function": self.function,
+            "block": list(self.block),
+            "thread": list(self.thread),
+            "condition": self.condition,
+        }
+
+
+def parse_assertions(stderr: str) -> list[AssertionLine]:
+    """Every distinct kernel assertion in `stderr`, in order of first appearance."""
+    found: dict[tuple[str, str], AssertionLine] = {}
+    for raw in stderr.splitlines():
+        match = _ASSERT_LINE.match(raw.strip())
+        if not match:
+            continue
+        line = AssertionLine(
+            file=match["file"],
+            line=int(match["line"]),
+            function=match["function"],
+            block=tuple(int(v) for v in match["block"].split(",")),
+            thread=tuple(int(v) for v in match["thread"].split(",")),
+            condition=match["condition"],
+        )
+        key = (line.function, line.condition)
+        found.setdefault(key, line)
+    return list(found.values())
+
+
+def assertion_kind(condition: str) -> str:
+    for pattern, kind in _ASSERTION_KINDS:
+        if pattern.search(condition):
+            return kind
+    return normalize_message(condition)
+
+
+def normalize_message(message: str) -> str:
+    """The first line of a message with numbers replaced, so shrinking sizes keeps it equal."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    return _NUMBER.sub("<n>", first).strip()
+
+
+def cuda_error_code(message: str) -> tuple[int | None, str | None]:
+    """The CUDA error code and name mentioned in an exception message, if any."""
+    for pattern in (_TRITON_ERROR, _CUDA_ERROR):
+        match = pattern.search(message)
+        if match:
+            name = match.group(1).strip().rstrip(".")
+            for text, code in CUDA_ERRORS.items():
+                if name.startswith(text):
+                    return code, text
+            return None, name
+    return None, None
+
+
+def classify(
+    error_type: str,
+    message: str,
+    stderr: str = "",
+    op: str | None = None,
+    error_code: int | None = None,
+) -> Signature:
+    """The signature of a failure, from what a process showed of it."""
+    code, name = cuda_error_code(message)
+    if error_code is None:
+        error_code = code
+    if error_code is not None:
+        assertions = parse_assertions(stderr)
+        if assertions:
+            kind = assertion_kind(assertions[0].condition)
+        else:
+            kind = name or normalize_message(message)
+        return Signature(error_type, error_code, op, kind)
+    library = _CUBLAS.search(message)
+    if library:
+        return Signature(error_type, None, op, library.group(1))
+    return Signature(error_type, None, op, normalize_message(message))

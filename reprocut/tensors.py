@@ -1,0 +1,142 @@
+"""The torch edge of the data model: TensorSpec from a real tensor, and a real tensor from a spec."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from reprocut.case import (
+    Arg,
+    ArgList,
+    Captured,
+    Generated,
+    Literal,
+    Symbol,
+    TensorSpec,
+    Values,
+)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def to_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def spec_of(tensor: torch.Tensor, values: Values | None = None) -> TensorSpec:
+    """The spec of a real tensor (its layout as it is, not as a contiguous copy)."""
+    shape = tuple(tensor.shape)
+    stride = tuple(tensor.stride()) if tensor.layout == torch.strided else None
+    spec = TensorSpec(
+        shape=shape,
+        stride=stride,
+        storage_offset=tensor.storage_offset() if tensor.layout == torch.strided else 0,
+        dtype=dtype_name(tensor.dtype),
+        device=str(tensor.device),
+        requires_grad=tensor.requires_grad,
+        values=values if values is not None else default_values(tensor.dtype),
+    )
+    if spec.is_contiguous:
+        spec = TensorSpec(**{**_fields(spec), "stride": None})
+    return spec
+
+
+def _fields(spec: TensorSpec) -> dict[str, Any]:
+    return {name: getattr(spec, name) for name in spec.__dataclass_fields__}
+
+
+def default_values(dtype: torch.dtype) -> Generated:
+    if dtype == torch.bool:
+        return Generated("zeros")
+    if dtype.is_floating_point or dtype.is_complex:
+        return Generated("randn")
+    return Generated("zeros")
+
+
+def materialize(spec: TensorSpec, inputs: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """Build the tensor a spec describes (values, dtype, device, layout, requires_grad)."""
+    dtype, device = to_dtype(spec.dtype), torch.device(spec.device)
+    storage_numel = spec.storage_numel
+    values = spec.values
+    if isinstance(values, Captured):
+        if inputs is None or values.key not in inputs:
+            raise KeyError(f"captured tensor {values.key!r} is not in the inputs file")
+        base = inputs[values.key].to(device=device, dtype=dtype)
+        if tuple(base.shape) == spec.shape and spec.is_contiguous and spec.storage_offset == 0:
+            tensor = base.clone()
+        else:
+            tensor = _lay_out(base.reshape(-1), spec, storage_numel)
+    elif isinstance(values, Literal):
+        flat = torch.tensor(values.values, dtype=dtype, device=device)
+        tensor = _lay_out(flat, spec, storage_numel)
+    else:
+        flat = generate(values, storage_numel, dtype, device)
+        tensor = flat.as_strided(spec.shape, spec.stride or _contig(spec.shape), spec.storage_offset)
+    if spec.requires_grad and (dtype.is_floating_point or dtype.is_complex):
+        tensor = tensor.detach().requires_grad_(True)
+    return tensor
+
+
+def _contig(shape: tuple[int, ...]) -> tuple[int, ...]:
+    from reprocut.case import contiguous_stride
+
+    return contiguous_stride(shape)
+
+
+def _lay_out(flat: torch.Tensor, spec: TensorSpec, storage_numel: int) -> torch.Tensor:
+    """Place row-major values into a storage laid out as the spec says."""
+    if spec.is_contiguous and spec.storage_offset == 0:
+        return flat[: spec.numel].reshape(spec.shape).clone()
+    storage = torch.zeros(storage_numel, dtype=flat.dtype, device=flat.device)
+    view = storage.as_strided(spec.shape, spec.stride or _contig(spec.shape), spec.storage_offset)
+    if flat.numel() >= spec.numel and spec.numel:
+        view.copy_(flat[: spec.numel].reshape(spec.shape))
+    return view
+
+
+def generate(values: Generated, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    kind = values.kind
+    if kind == "zeros":
+        return torch.zeros(numel, dtype=dtype, device=device)
+    if kind == "ones":
+        return torch.ones(numel, dtype=dtype, device=device)
+    if kind == "full":
+        return torch.full((numel,), values.low, dtype=dtype, device=device)
+    if kind == "arange":
+        return torch.arange(numel, device=device).to(dtype)
+    if kind == "randint":
+        return torch.randint(int(values.low), int(values.high), (numel,), device=device).to(dtype)
+    if kind == "rand":
+        return torch.rand(numel, device=device).to(dtype)
+    if dtype.is_floating_point or dtype.is_complex:
+        return torch.randn(numel, dtype=dtype, device=device)
+    return torch.zeros(numel, dtype=dtype, device=device)
+
+
+def materialize_arg(arg: Arg, inputs: Mapping[str, torch.Tensor] | None = None) -> Any:
+    """A ReproCase argument as the object to pass to torch."""
+    if isinstance(arg, TensorSpec):
+        return materialize(arg, inputs)
+    if isinstance(arg, ArgList):
+        return [materialize_arg(item, inputs) for item in arg.items]
+    if isinstance(arg, Symbol):
+        return resolve(arg.path)
+    return arg
+
+
+def resolve(path: str) -> Any:
+    """`torch.nn.functional.embedding` -> the object (also `torch.ops.aten.x.default`)."""
+    parts = path.split(".")
+    if parts[0] != "torch":
+        raise ValueError(f"not a torch path: {path!r}")
+    obj: Any = torch
+    for part in parts[1:]:
+        obj = getattr(obj, part)
+    return obj
