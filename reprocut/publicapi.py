@@ -1,0 +1,70 @@
+"""Names for what the user called: public dotted paths for torch functions, aten names for ops.
+
+A TorchFunctionMode hands us function objects (`torch._C._nn.one_hot` is `F.one_hot`); a repro
+must call them by a public path, so we index the public namespaces once and look objects up by id.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+PUBLIC_NAMESPACES = (
+    "torch.nn.functional",
+    "torch",
+    "torch.Tensor",
+    "torch.linalg",
+    "torch.special",
+    "torch.fft",
+)
+
+
+@functools.cache
+def _public_index() -> dict[int, str]:
+    index: dict[int, str] = {}
+    for namespace in reversed(PUBLIC_NAMESPACES):  # earlier namespaces win
+        module: Any = torch
+        for part in namespace.split(".")[1:]:
+            module = getattr(module, part)
+        members = vars(module) if isinstance(module, type) else dict(vars(module))
+        for name, obj in members.items():
+            if name.startswith("_") and name not in ("__getitem__", "__setitem__"):
+                continue
+            if callable(obj):
+                index[id(obj)] = f"{namespace}.{name}"
+    return index
+
+
+def public_name(func: Any) -> str | None:
+    """The public dotted path of a torch callable, or None for internals and properties."""
+    name = _public_index().get(id(func))
+    if name is not None:
+        return name
+    wrapped = getattr(func, "__wrapped__", None)
+    if wrapped is not None:
+        return _public_index().get(id(wrapped))
+    return None
+
+
+def aten_name(op: Any) -> str:
+    """`aten::embedding` for an OpOverload (the overload name is left out: it varies by args)."""
+    schema = getattr(op, "_schema", None)
+    if schema is not None:
+        return str(schema.name)
+    return str(op)
+
+
+def aten_path(op: Any) -> str:
+    """`torch.ops.aten.embedding.default`: a callable path for an OpOverload."""
+    namespace, _, name = aten_name(op).partition("::")
+    overload = getattr(op, "_overloadname", "default") or "default"
+    return f"torch.ops.{namespace}.{name}.{overload}"
+
+
+def is_inplace(op: Any) -> bool:
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return False
+    return any(arg.alias_info is not None and arg.alias_info.is_write for arg in schema.arguments)
