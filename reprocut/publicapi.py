@@ -28,7 +28,10 @@ def _public_index() -> dict[int, str]:
         module: Any = torch
         for part in namespace.split(".")[1:]:
             module = getattr(module, part)
-        members = vars(module) if isinstance(module, type) else dict(vars(module))
+        if isinstance(module, type):  # methods live on the C base class too
+            members = {name: getattr(module, name, None) for name in dir(module)}
+        else:
+            members = dict(vars(module))
         for name, obj in members.items():
             if name.startswith("_") and name not in ("__getitem__", "__setitem__"):
                 continue
