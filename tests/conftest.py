@@ -1,0 +1,25 @@
+"""Shared fixtures; the `cuda` marker skips tests when no CUDA GPU is present."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _has_cuda() -> bool:
+    # NVML-based check: does not initialise CUDA in the pytest process, so tests that fork
+    # children (the oracle) stay safe after this runs.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
