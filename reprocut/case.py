@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
-Number = Union[int, float, bool]
+Number = int | float | bool
 
 
 # --- where a tensor's values come from -------------------------------------------------------
@@ -46,7 +46,7 @@ class Generated:
     high: Number = 1
 
 
-Values = Union[Captured, Literal, Generated]
+Values = Captured | Literal | Generated
 
 DTYPE_RANK = {
     # simpler dtypes first: the shrinker moves toward the front of this list

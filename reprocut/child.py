@@ -1,0 +1,130 @@
+"""The user's process: `python -m reprocut.child CONFIG.json` runs the script under the recorder.
+
+The script runs as under `python train.py`: same `sys.argv`, `sys.path[0]`, `__main__`, working
+directory and exit code. What the recorder saw is written to the run directory as `outcome.json`
+(+ `inputs.pt`) before the process leaves through `os._exit`: after a sticky CUDA error, teardown
+can hang, so no destructors and no atexit run.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+OUTCOME_FILE = "outcome.json"
+
+
+def _error_info(exc: BaseException) -> dict[str, Any]:
+    code = getattr(exc, "error_code", None)
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "code": code if isinstance(code, int) else None,
+    }
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def main(config_path: str) -> None:
+    config = json.loads(Path(config_path).read_text())
+    run_dir = Path(config["run_dir"])
+    script = os.path.abspath(config["script"])
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+
+    import torch  # after the environment is set: CUDA reads it when it initialises
+
+    from reprocut.recorder import Recorder, RecorderConfig
+
+    compiled: list[str] = []
+    original_compile = torch.compile
+
+    def eager_compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
+        compiled.append(getattr(model, "__name__", type(model).__name__))
+        if model is None:  # used as @torch.compile(...)
+            return lambda fn: fn
+        return model
+
+    torch.compile = eager_compile  # type: ignore[assignment]
+
+    recorder = Recorder(
+        RecorderConfig(
+            run_dir=run_dir,
+            localize_step=config.get("localize_step"),
+            snapshots=config.get("snapshots", True),
+            tag_backward=config.get("tag_backward", True),
+        )
+    )
+    sys.argv = [script, *config.get("argv", [])]
+    sys.path[0] = os.path.dirname(script)
+    outcome: dict[str, Any] = {"status": "passed", "exit_code": 0}
+    exit_code = 0
+    recorder.__enter__()
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+        exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+        outcome = {"status": "exited", "exit_code": exit_code}
+    except BaseException as exc:  # the failure under study: everything is data now
+        exit_code = 1
+        outcome = {
+            "status": "failed",
+            "exit_code": 1,
+            "error": _error_info(exc),
+            "traceback": "".join(traceback.format_exception(exc)),
+            "surfaced_at": _location_json(
+                recorder.frames.innermost_in_traceback(exc.__traceback__)
+            ),
+            "last_op": recorder.last_op,
+            "interrupted": isinstance(exc, KeyboardInterrupt),
+        }
+        sys.stderr.write(outcome["traceback"])
+    finally:
+        torch.compile = original_compile  # type: ignore[assignment]
+        recorder.close()
+    outcome["step"] = recorder.state.step
+    outcome["phase"] = recorder.state.phase() if outcome["status"] == "failed" else None
+    outcome["compiled"] = compiled
+    outcome["culprit"] = None if recorder.culprit is None else recorder.culprit.to_json()
+    outcome["snapshots"] = [_snapshot_json(s) for s in recorder.snapshots]
+    if outcome["status"] == "failed":
+        recorder.store.save(run_dir / "inputs.pt")
+    _write(run_dir / OUTCOME_FILE, outcome)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
+
+
+def _location_json(location: Any) -> dict[str, Any] | None:
+    return None if location is None else location.to_json()
+
+
+def _snapshot_json(snapshot: Any) -> dict[str, Any]:
+    return {
+        "seq": snapshot.seq,
+        "op": snapshot.op,
+        "target": snapshot.target,
+        "call": snapshot.call,
+        "step": snapshot.step,
+        "phase": snapshot.phase,
+        "module": snapshot.module,
+        "source": _location_json(snapshot.source),
+        "public_call": snapshot.public_call,
+        "public": snapshot.public,
+    }
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

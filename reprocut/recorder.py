@@ -1,0 +1,571 @@
+"""Inside the user's process: see every aten op and public torch call, per training step.
+
+A TorchDispatchMode sees aten ops (forward, backward, optimizer); a TorchFunctionMode sees the
+public call the user made (`F.one_hot` never reaches the dispatcher as one op). Global module hooks
+name modules, optimizer hooks mark step boundaries. Each completed step is appended to trace.jsonl
+(identical steps as a back-reference), so a crash loses at most the step in flight.
+
+Three ways to meet a failing op, by mode:
+- record (CPU): the op raises synchronously, so it is the culprit; its inputs are still intact.
+- record (CUDA): asserting ops get their evidence copied to pinned memory before they run
+  (snapshots); on failure the parent replays them one by one to find the culprit.
+- localize (a rerun): at the failing step, synchronize before and after every op and copy inputs
+  first, so the op that raises is the culprit and its inputs are real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import sysconfig
+import threading
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from reprocut.capture import ASSERTING_OPS, TensorStore, capture_call
+from reprocut.publicapi import aten_name, aten_path, public_name
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_REPROCUT_DIR = os.path.dirname(__file__)
+_LIBRARY_DIRS = tuple(
+    {
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["purelib"],
+        sysconfig.get_paths()["platlib"],
+        _TORCH_DIR,
+        _REPROCUT_DIR,
+    }
+)
+
+
+def is_user_file(filename: str) -> bool:
+    """User code: anything that is not torch, reprocut, the stdlib or an installed package."""
+    if filename.startswith("<"):
+        return False
+    return not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename
+
+
+@dataclass
+class Location:
+    file: str
+    line: int
+    function: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function}
+
+
+class UserFrames:
+    """Finds the innermost stack frame in the user's own files (cached per code object)."""
+
+    def __init__(self) -> None:
+        self._is_user: dict[Any, bool] = {}
+
+    def find(self, frame: FrameType | None) -> Location | None:
+        cache = self._is_user
+        while frame is not None:
+            code = frame.f_code
+            user = cache.get(code)
+            if user is None:
+                user = cache[code] = is_user_file(code.co_filename)
+            if user:
+                return Location(code.co_filename, frame.f_lineno, code.co_name)
+            frame = frame.f_back
+        return None
+
+    def here(self) -> Location | None:
+        return self.find(sys._getframe(1))
+
+    def innermost_in_traceback(self, tb: Any) -> Location | None:
+        found = None
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if is_user_file(code.co_filename):
+                found = Location(code.co_filename, tb.tb_lineno, code.co_name)
+            tb = tb.tb_next
+        return found
+
+
+@dataclass
+class StepState:
+    """Where the script is: training step, phase, module stack."""
+
+    step: int = 0
+    optimizer_seen: bool = False
+    in_optimizer: int = 0
+    root_forwards: int = 0
+    module_stack: list[str] = field(default_factory=list)
+
+    def phase(self) -> str:
+        if self.in_optimizer:
+            return "optimizer"
+        if torch._C._current_graph_task_id() != -1:
+            return "backward"
+        return "forward"
+
+
+class TraceWriter:
+    """Appends completed steps to trace.jsonl; repeated steps become back-references."""
+
+    def __init__(self, path: Path) -> None:
+        self._file: TextIO = path.open("a", buffering=1 << 16)
+        self._seen: dict[int, int] = {}
+        self._names: dict[str, int] = {}
+
+    def intern(self, name: str) -> int:
+        index = self._names.get(name)
+        if index is None:
+            index = self._names[name] = len(self._names)
+            self._file.write(json.dumps({"type": "name", "id": index, "name": name}) + "\n")
+        return index
+
+    def write_step(self, step: int, ops: list[tuple[Any, ...]]) -> None:
+        key = hash(tuple(ops))
+        first = self._seen.get(key)
+        if first is not None:
+            record: dict[str, Any] = {"type": "step", "step": step, "same_as": first}
+        else:
+            self._seen[key] = step
+            record = {"type": "step", "step": step, "ops": ops}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.flush()
+        self._file.close()
+
+
+@dataclass
+class Snapshot:
+    """An asserting op's call, with its evidence queued for copy to host before it ran."""
+
+    seq: int
+    op: str
+    target: str
+    call: dict[str, Any]
+    step: int
+    phase: str
+    module: str | None
+    source: Location | None
+    public_call: str | None
+    public: dict[str, Any] | None  # the enclosing public call's arguments, captured alike
+
+
+@dataclass
+class Culprit:
+    """The op (or public call) that raised, with its inputs as captured before it ran."""
+
+    op: str | None
+    target: str | None
+    call: dict[str, Any] | None
+    step: int
+    phase: str
+    module: str | None
+    source: Location | None
+    forward_source: Location | None
+    public_call: str | None
+    public: dict[str, Any] | None
+    synchronized: bool  # raised with a sync before and after: certainly this op
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "target": self.target,
+            "call": self.call,
+            "step": self.step,
+            "phase": self.phase,
+            "module": self.module,
+            "source": None if self.source is None else self.source.to_json(),
+            "forward_source": None
+            if self.forward_source is None
+            else self.forward_source.to_json(),
+            "public_call": self.public_call,
+            "public": self.public,
+            "synchronized": self.synchronized,
+        }
+
+
+@dataclass
+class RecorderConfig:
+    run_dir: Path
+    localize_step: int | None = None  # localize mode: synchronize around ops of this step
+    snapshots: bool = True  # record mode on CUDA: copy asserting ops' evidence as we go
+    tag_backward: bool = True  # tag autograd nodes with their forward line and module
+
+
+class Recorder:
+    """Owns the modes and hooks; collects the trace and, on failure, the culprit."""
+
+    def __init__(self, config: RecorderConfig) -> None:
+        self.config = config
+        self.state = StepState()
+        self.frames = UserFrames()
+        self.trace = TraceWriter(config.run_dir / "trace.jsonl")
+        self.store = TensorStore()
+        self.ops: list[tuple[Any, ...]] = []
+        self.snapshots: list[Snapshot] = []
+        self.culprit: Culprit | None = None
+        self.public_stack: list[tuple[Any, str | None, tuple[Any, ...], dict[str, Any]]] = []
+        self.public_captured: dict[int, dict[str, Any]] = {}
+        self.module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.seq = 0
+        self.last_op: str | None = None
+        self._main_thread = threading.get_ident()
+        self._handles: list[Any] = []
+        self._function_mode = _CallRecorder(self)
+        self._dispatch_mode = _OpRecorder(self)
+        self._original_optimizer_init: Any = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Recorder:
+        from torch.nn.modules import module as module_hooks
+        from torch.optim import optimizer as optimizer_hooks
+
+        self._handles = [
+            module_hooks.register_module_forward_pre_hook(self._on_module_enter),
+            module_hooks.register_module_forward_hook(self._on_module_exit, always_call=True),
+            optimizer_hooks.register_optimizer_step_pre_hook(self._on_optimizer_enter),
+            optimizer_hooks.register_optimizer_step_post_hook(self._on_optimizer_exit),
+        ]
+        recorder = self
+        original = torch.optim.Optimizer.__init__
+        self._original_optimizer_init = original
+
+        def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            recorder.state.optimizer_seen = True
+            original(optimizer, *args, **kwargs)
+
+        torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
+        self._function_mode.__enter__()
+        self._dispatch_mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._original_optimizer_init is None:
+            return
+        for mode in (self._dispatch_mode, self._function_mode):
+            with contextlib.suppress(Exception):  # the stack may be unwound by the exception
+                mode.__exit__(None, None, None)
+        for handle in self._handles:
+            handle.remove()
+        torch.optim.Optimizer.__init__ = self._original_optimizer_init  # type: ignore[method-assign]
+        self._original_optimizer_init = None
+        self.trace.close()
+
+    # --- steps, phases, modules ----------------------------------------------------------------
+
+    def _end_step(self) -> None:
+        self.trace.write_step(self.state.step, self.ops)
+        self.ops = []
+        self.snapshots = []
+        self.state.step += 1
+
+    def _on_optimizer_enter(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.state.optimizer_seen = True
+        self.state.in_optimizer += 1
+
+    def _on_optimizer_exit(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.state.in_optimizer -= 1
+        if self.state.in_optimizer == 0:
+            self._end_step()
+
+    def _on_module_enter(self, module: torch.nn.Module, args: Any) -> None:
+        if threading.get_ident() != self._main_thread:
+            return
+        name = self.module_names.get(module)
+        if name is None:
+            name = self._name_root(module)
+        self.state.module_stack.append(name)
+
+    def _on_module_exit(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if threading.get_ident() != self._main_thread or not self.state.module_stack:
+            return
+        self.state.module_stack.pop()
+        if not self.state.module_stack and not self.state.optimizer_seen:
+            self.state.root_forwards += 1
+            self._end_step()  # no optimizer: a top-level forward is a step
+
+    def _name_root(self, module: torch.nn.Module) -> str:
+        """Name a module first seen outside any other: after the user's variable, if any."""
+        root = self._variable_name(module) or type(module).__name__.lower()
+        if self.state.module_stack:
+            root = f"{self.state.module_stack[-1]}.{root}"
+        for name, sub in module.named_modules(prefix=root):
+            self.module_names.setdefault(sub, name)
+        return self.module_names.get(module, root)
+
+    def _variable_name(self, module: torch.nn.Module) -> str | None:
+        frame: FrameType | None = sys._getframe(2)
+        while frame is not None and not is_user_file(frame.f_code.co_filename):
+            frame = frame.f_back
+        while frame is not None:
+            for scope in (frame.f_locals, frame.f_globals):
+                for name, value in scope.items():
+                    if value is module and not name.startswith("_") and name != "self":
+                        return name
+                self_obj = frame.f_locals.get("self")
+                if self_obj is not None and self_obj is not module:
+                    for name, value in vars(self_obj).items():
+                        if value is module:
+                            return name
+            frame = frame.f_back
+        return None
+
+    def current_module(self) -> str | None:
+        return self.state.module_stack[-1] if self.state.module_stack else None
+
+    # --- failures ------------------------------------------------------------------------------
+
+    def note_culprit(self, culprit: Culprit) -> None:
+        if self.culprit is None:
+            self.culprit = culprit
+
+    def public_context(self) -> tuple[str | None, dict[str, Any] | None]:
+        """The outermost public call in flight, with its arguments captured (once)."""
+        if not self.public_stack:
+            return None, None
+        _func, name, args, kwargs = self.public_stack[0]
+        key = id(self.public_stack[0])
+        captured = self.public_captured.get(key)
+        if captured is None and name is not None:
+            captured = capture_call(
+                args,
+                kwargs,
+                name,
+                self.store,
+                everything=_on_cpu(args, kwargs),
+                non_blocking=not _on_cpu(args, kwargs),
+            )
+            self.public_captured[key] = captured
+        return name, captured
+
+
+def _on_cpu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            return False
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, torch.Tensor) and item.device.type != "cpu":
+                    return False
+    return True
+
+
+def _touches_cuda(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return not _on_cpu(args, kwargs)
+
+
+def _spec_tuple(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (
+            tuple(value.shape),
+            str(value.dtype)[6:],
+            tuple(value.stride()) if value.layout == torch.strided else None,
+            value.storage_offset() if value.layout == torch.strided else 0,
+            value.device.type,
+        )
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+        return tuple(_spec_tuple(v) for v in value)
+    return None
+
+
+class _CallRecorder(TorchFunctionMode):
+    """Public torch calls: keeps the outermost call in flight and tags autograd nodes."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        recorder = self.recorder
+        stack = recorder.public_stack
+        outermost = not stack
+        if outermost:
+            name = public_name(func)
+            if name is None or name.endswith(("__get__", "__set__")):
+                return func(*args, **kwargs)
+            entry = (func, name, args, kwargs)
+            stack.append(entry)
+        try:
+            result = func(*args, **kwargs)
+        except Exception as exc:
+            if outermost and recorder.culprit is None and not _is_cuda_error(exc):
+                # raised by the public call itself, not by any aten op (CPU one_hot's check)
+                name, captured = recorder.public_context()
+                recorder.note_culprit(
+                    Culprit(
+                        op=None,
+                        target=None,
+                        call=None,
+                        step=recorder.state.step,
+                        phase=recorder.state.phase(),
+                        module=recorder.current_module(),
+                        source=recorder.frames.here(),
+                        forward_source=None,
+                        public_call=name,
+                        public=captured,
+                        synchronized=True,
+                    )
+                )
+            raise
+        finally:
+            if outermost:
+                stack.pop()
+                recorder.public_captured.pop(id(entry), None)
+        if outermost and recorder.config.tag_backward and isinstance(result, torch.Tensor):
+            grad_fn = result.grad_fn
+            if grad_fn is not None:
+                location = recorder.frames.here()
+                grad_fn.metadata["reprocut"] = (location, recorder.current_module())
+        return result
+
+
+def _is_cuda_error(exc: BaseException) -> bool:
+    text = str(exc)
+    return "CUDA error" in text or "CUBLAS_STATUS" in text or "CUDNN_STATUS" in text
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Aten ops: record specs; snapshot or synchronize where the mode asks for it."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        recorder = self.recorder
+        state = recorder.state
+        name = aten_name(func)
+        recorder.last_op = name
+        localizing = recorder.config.localize_step == state.step
+        on_cuda = _touches_cuda(args, kwargs)
+
+        call = None
+        if localizing and on_cuda:
+            self._synchronize_before(func, name)
+            call = capture_call(args, kwargs, name, recorder.store, everything=True)
+        elif on_cuda and recorder.config.snapshots and name in ASSERTING_OPS:
+            self._snapshot(func, name, args, kwargs)
+        try:
+            result = func(*args, **kwargs)
+            if localizing and on_cuda:
+                torch.cuda.synchronize()
+        except Exception as exc:
+            synchronized = not on_cuda or localizing
+            if recorder.culprit is None and (synchronized or not _is_cuda_error(exc)):
+                if call is None:
+                    call = capture_call(args, kwargs, name, recorder.store, everything=True)
+                self._note(func, name, call, synchronized=synchronized)
+            raise
+        recorder.ops.append(
+            (
+                name,
+                recorder.current_module(),
+                state.phase(),
+                tuple(_spec_tuple(a) for a in args),
+            )
+        )
+        return result
+
+    def _synchronize_before(self, func: Any, name: str) -> None:
+        """A fault already pending here came from outside the dispatcher (a custom kernel)."""
+        try:
+            torch.cuda.synchronize()
+        except Exception:
+            recorder = self.recorder
+            recorder.note_culprit(
+                Culprit(
+                    op=None,
+                    target=None,
+                    call=None,
+                    step=recorder.state.step,
+                    phase=recorder.state.phase(),
+                    module=recorder.current_module(),
+                    source=recorder.frames.here(),
+                    forward_source=None,
+                    public_call=None,
+                    public=None,
+                    synchronized=False,
+                )
+            )
+            raise
+
+    def _snapshot(self, func: Any, name: str, args: Any, kwargs: Any) -> None:
+        recorder = self.recorder
+        recorder.seq += 1
+        call = capture_call(args, kwargs, name, recorder.store, non_blocking=True)
+        public_call, public = recorder.public_context()
+        recorder.snapshots.append(
+            Snapshot(
+                seq=recorder.seq,
+                op=name,
+                target=aten_path(func),
+                call=call,
+                step=recorder.state.step,
+                phase=recorder.state.phase(),
+                module=recorder.current_module(),
+                source=self._source(),
+                public_call=public_call,
+                public=public,
+            )
+        )
+
+    def _source(self) -> Location | None:
+        location = self.recorder.frames.here()
+        if location is None:
+            tagged = _autograd_tag()
+            if tagged is not None:
+                location = tagged[0]
+        return location
+
+    def _note(self, func: Any, name: str, call: dict[str, Any], *, synchronized: bool) -> None:
+        recorder = self.recorder
+        public_call, public = recorder.public_context()
+        tagged = _autograd_tag()
+        phase = recorder.state.phase()
+        forward_source = tagged[0] if tagged else None
+        module = recorder.current_module()
+        if module is None and tagged is not None:
+            module = tagged[1]
+        source = recorder.frames.here()
+        if phase == "backward" and forward_source is not None:
+            source = source or forward_source
+        recorder.note_culprit(
+            Culprit(
+                op=name,
+                target=aten_path(func),
+                call=call,
+                step=recorder.state.step,
+                phase=phase,
+                module=module,
+                source=source,
+                forward_source=forward_source,
+                public_call=public_call,
+                public=public,
+                synchronized=synchronized,
+            )
+        )
+
+
+def _autograd_tag() -> tuple[Location | None, str | None] | None:
+    node = torch._C._current_autograd_node()
+    if node is None:
+        return None
+    return node.metadata.get("reprocut")
