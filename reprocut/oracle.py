@@ -1,0 +1,329 @@
+"""Does this candidate still fail the same way? Each check runs in a disposable process.
+
+A child's failure is data, not an exception: every check returns one Verdict. By default the
+checks go to a fork server (`reprocut.forkserver`) that has torch imported already; `fork=False`
+runs each check in a fresh `python` instead (slower, but no shared parent at all).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reprocut.case import ReproCase, Signature
+from reprocut.emitter import SIDECAR_NAME, Header, emit, inline_captured
+from reprocut.forkserver import BLOCKING_ENV, read_output
+from reprocut.signature import classify
+
+STDERR_TAIL = 4000
+SERVER_GRACE = 30.0  # seconds the server may take beyond a check's own timeout before we give up
+STARTUP_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reproduced:
+    """Failed with the expected signature."""
+
+    signature: Signature
+    message: str
+    stderr: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class OtherFailure:
+    """Failed, but not the same way (another exception, op or assertion)."""
+
+    signature: Signature
+    message: str
+    stderr: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Passed:
+    seconds: float
+    stdout: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Crashed:
+    """The process died without a verdict (abort, segfault, os._exit)."""
+
+    returncode: int | None
+    stderr: str
+    seconds: float
+
+
+Verdict = Reproduced | OtherFailure | Passed | TimedOut | Crashed
+
+
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def child_environment() -> dict[str, str]:
+    """The environment of oracle processes: blocking launches, reprocut importable."""
+    env = dict(os.environ)
+    env.update(BLOCKING_ENV)
+    root = _package_root()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def verdict_from_reply(
+    reply: Mapping[str, Any], expected: Signature | None, *, compare_op: bool = True
+) -> Verdict:
+    """Turn a server (or fresh-process) reply into a Verdict, comparing with `expected`."""
+    seconds = float(reply.get("seconds", 0.0))
+    stderr = str(reply.get("stderr", ""))
+    outcome = reply.get("outcome")
+    if outcome == "timeout":
+        return TimedOut(seconds)
+    if outcome != "done":
+        return Crashed(reply.get("returncode"), _tail(stderr or reply.get("message", "")), seconds)
+    verdict = reply["verdict"]
+    if verdict.get("status") == "passed":
+        return Passed(seconds, _tail(str(reply.get("stdout", ""))))
+    error = verdict["error"]
+    signature = classify(
+        error["type"],
+        error["message"],
+        stderr,
+        error.get("op") or error.get("public_call"),
+        error.get("error_code"),
+    )
+    message = str(error["message"])
+    if expected is not None and signature.matches(expected, compare_op=compare_op):
+        return Reproduced(signature, message, _tail(stderr), seconds)
+    return OtherFailure(signature, message, _tail(stderr), seconds)
+
+
+def _tail(text: str) -> str:
+    return text[-STDERR_TAIL:]
+
+
+class Oracle:
+    """Runs candidates in disposable processes; owns the fork server (started lazily)."""
+
+    def __init__(
+        self,
+        expected: Signature | None = None,
+        *,
+        fork: bool = True,
+        timeout: float = 60.0,
+        compare_op: bool = True,
+    ) -> None:
+        self.expected = expected
+        self.fork = fork
+        self.timeout = timeout
+        self.compare_op = compare_op
+        self.checks = 0
+        self.seconds = 0.0
+        self._tmp = tempfile.TemporaryDirectory(prefix="reprocut-oracle-")
+        self.workdir = Path(self._tmp.name)
+        self._server: subprocess.Popen[str] | None = None
+        self._sidecar_keys: tuple[str, ...] | None = None
+
+    # --- public API ---------------------------------------------------------------------------
+
+    def check_case(
+        self,
+        case: ReproCase,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        expected: Signature | None = None,
+        timeout: float | None = None,
+    ) -> Verdict:
+        """Emit `case` as a script and run it (captured values inlined or put in a sidecar)."""
+        if inputs:
+            case = inline_captured(case, inputs)
+        emitted = emit(case, Header(expected=case.expected))
+        if emitted.sidecar_keys:
+            self._write_sidecar(emitted.sidecar_keys, inputs or {})
+        return self.check_source(
+            emitted.code,
+            filename=str(self.workdir / "repro.py"),
+            cwd=self.workdir,
+            argv=[],
+            timeout=timeout,
+            expected=expected or case.expected,
+        )
+
+    def check_source(
+        self,
+        code: str,
+        *,
+        filename: str,
+        cwd: Path | str,
+        argv: list[str] | tuple[str, ...] = (),
+        timeout: float | None = None,
+        sys_path0: str | None = None,
+        expected: Signature | None = None,
+    ) -> Verdict:
+        """Run `code` as `__main__` (as `python filename argv...` from `cwd` would)."""
+        request = {
+            "code": code,
+            "filename": str(filename),
+            "cwd": str(cwd),
+            "argv": list(argv),
+            "sys_path0": sys_path0 or str(Path(filename).resolve().parent),
+            "timeout": float(timeout or self.timeout),
+        }
+        started = time.perf_counter()
+        reply = self._run_forked(request) if self.fork else self._run_fresh(request)
+        self.checks += 1
+        self.seconds += time.perf_counter() - started
+        return verdict_from_reply(reply, expected or self.expected, compare_op=self.compare_op)
+
+    def close(self) -> None:
+        self._stop_server()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> Oracle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- sidecar ------------------------------------------------------------------------------
+
+    def _write_sidecar(self, keys: tuple[str, ...], inputs: Mapping[str, Any]) -> None:
+        if self._sidecar_keys == keys:
+            return
+        import torch
+
+        missing = [key for key in keys if key not in inputs]
+        if missing:
+            raise KeyError(f"captured tensors missing from the inputs file: {missing}")
+        torch.save({key: inputs[key].detach().cpu() for key in keys}, self.workdir / SIDECAR_NAME)
+        self._sidecar_keys = keys
+
+    # --- fork server ----------------------------------------------------------------------------
+
+    def _start_server(self) -> subprocess.Popen[str]:
+        log = (self.workdir / "server.log").open("a")
+        server = subprocess.Popen(
+            [sys.executable, "-m", "reprocut.forkserver"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=child_environment(),
+            cwd=self.workdir,
+            start_new_session=True,
+        )
+        log.close()
+        line = self._read_line(server, STARTUP_TIMEOUT)
+        if line is None or not json.loads(line).get("ready"):
+            self._kill(server)
+            log_text = read_output(self.workdir / "server.log")
+            raise RuntimeError(f"the fork server did not start:\n{log_text[-2000:]}")
+        return server
+
+    def _run_forked(self, request: dict[str, Any]) -> dict[str, Any]:
+        if self._server is None or self._server.poll() is not None:
+            self._server = self._start_server()
+        server = self._server
+        assert server.stdin is not None
+        try:
+            server.stdin.write(json.dumps(request) + "\n")
+            server.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self._stop_server()
+            return {"outcome": "crashed", "message": "the fork server died"}
+        line = self._read_line(server, request["timeout"] + SERVER_GRACE)
+        if line is None:  # the server itself hung or died: replace it
+            self._stop_server()
+            return {"outcome": "timeout", "seconds": request["timeout"]}
+        return json.loads(line)
+
+    @staticmethod
+    def _read_line(server: subprocess.Popen[str], timeout: float) -> str | None:
+        assert server.stdout is not None
+        ready, _, _ = select.select([server.stdout], [], [], timeout)
+        if not ready:
+            return None
+        line = server.stdout.readline()
+        return line or None
+
+    def _stop_server(self) -> None:
+        if self._server is not None:
+            self._kill(self._server)
+            self._server = None
+
+    @staticmethod
+    def _kill(process: subprocess.Popen[str]) -> None:
+        try:
+            if process.stdin:
+                process.stdin.close()
+        except OSError:
+            pass
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        if process.stdout:
+            process.stdout.close()
+
+    # --- fresh processes ------------------------------------------------------------------------
+
+    def _run_fresh(self, request: dict[str, Any]) -> dict[str, Any]:
+        request_path = self.workdir / "request.json"
+        verdict_path = self.workdir / "verdict.json"
+        out_path, err_path = self.workdir / "fresh-stdout.txt", self.workdir / "fresh-stderr.txt"
+        request_path.write_text(json.dumps(request))
+        verdict_path.unlink(missing_ok=True)
+        started = time.perf_counter()
+        with out_path.open("w") as out, err_path.open("w") as err:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "reprocut.forkserver", "--once", str(request_path),
+                 "--verdict", str(verdict_path)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_environment(),
+                cwd=request["cwd"], start_new_session=True,
+            )  # fmt: skip
+            returncode = run_with_timeout(process, request["timeout"])
+        reply: dict[str, Any] = {
+            "seconds": time.perf_counter() - started,
+            "stdout": read_output(out_path),
+            "stderr": read_output(err_path),
+            "returncode": returncode,
+        }
+        if returncode is None:
+            reply["outcome"] = "timeout"
+        elif verdict_path.exists():
+            reply["outcome"] = "done"
+            reply["verdict"] = json.loads(verdict_path.read_text())
+        else:
+            reply["outcome"] = "crashed"
+        return reply
+
+
+def run_with_timeout(process: subprocess.Popen[Any], timeout: float) -> int | None:
+    """Wait for a process started with start_new_session; kill its whole group on timeout."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        return None
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)  # leftovers of the group
