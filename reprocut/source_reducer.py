@@ -1,0 +1,405 @@
+"""Reduce the user's own script while it still fails with the same signature.
+
+For faults the dispatcher never sees (Triton, CuPy, C++/CUDA extensions, a user's own helper),
+there is no aten op to rebuild, so the program itself is cut down: the same fixed-point loop as
+the op-level shrinker, over module texts instead of ReproCases. One total order (`sort_key`)
+says which script is simpler; `consider` is the only place `best` changes, checking "strictly
+smaller" before paying for a run and "same signature" after; each accepted script goes out
+through `on_event` so the caller can save it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import libcst as cst
+
+from reprocut.case import Signature, TensorSpec
+from reprocut.errors import NotReproducedError
+from reprocut.signature import classify
+from reprocut.source_passes import (
+    COMPOUND,
+    PASSES,
+    PassContext,
+    SourcePass,
+    integer_value,
+    is_constant,
+    parse,
+    sibling_imports,
+)
+
+# check(code) -> a Verdict from reprocut.oracle (anything with `.signature` that failed), or,
+# for pure predicates and the fresh-process check here, the Signature seen (None: it passed).
+Check = Callable[[str], Any]
+
+
+# --- the size order --------------------------------------------------------------------------
+
+
+class _Measure(cst.CSTVisitor):
+    """Counts for the size order. A tensor built from literals counts as one node."""
+
+    def __init__(self) -> None:
+        self.compound = self.small = self.nodes = self.names = self.integers = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, COMPOUND):
+            self.compound += 1
+        elif isinstance(node, cst.BaseSmallStatement):
+            self.small += 1
+        if isinstance(node, cst.BaseExpression | cst.Arg):
+            self.nodes += 1
+            if is_constant(node) and isinstance(node, cst.Call):
+                return False
+        if isinstance(node, cst.Name):
+            self.names += 1
+        elif isinstance(node, cst.Integer):
+            self.integers += integer_value(node)
+        return True
+
+
+def sort_key(code: str, search_dirs: Sequence[Path] = ()) -> tuple[int, ...]:
+    """Smaller is simpler: imports of the user's own modules (a repro is one file), then
+    blocks (loops, branches, functions: a flat script is simpler), non-blank lines, statements,
+    expression nodes, variable names, the sum of integer constants, characters."""
+    module = parse(code)
+    if module is None:
+        return (sys.maxsize,)
+    measure = _Measure()
+    module.visit(measure)
+    lines = sum(1 for line in code.splitlines() if line.strip())
+    return (
+        len(sibling_imports(module, search_dirs)) if search_dirs else 0,
+        measure.compound,
+        lines,
+        measure.small,
+        measure.nodes,
+        measure.names,
+        measure.integers,
+        len(code),
+    )
+
+
+# --- results and events ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SourceAccepted:
+    """A smaller script that still fails the same way (the caller may save it)."""
+
+    pass_name: str
+    code: str
+    lines: int
+    checks: int
+
+
+@dataclass(frozen=True, slots=True)
+class SourceChecked:
+    """One candidate was run."""
+
+    pass_name: str
+    checks: int
+    accepted: bool
+
+
+SourceEvent = SourceAccepted | SourceChecked
+
+
+@dataclass(frozen=True, slots=True)
+class SourceResult:
+    code: str
+    statements: int
+    lines: int
+    checks: int
+    seconds: float
+    accepted: tuple[tuple[str, int], ...]  # (pass name, accepted candidates), passes in order
+    stopped: str  # "fixed point", "max checks", "max time"
+    original_lines: int = 0
+
+
+def count_lines(code: str) -> int:
+    return sum(1 for line in code.splitlines() if line.strip())
+
+
+def count_small_statements(code: str) -> int:
+    module = parse(code)
+    if module is None:
+        return 0
+    measure = _Measure()
+    module.visit(measure)
+    return measure.small + measure.compound
+
+
+# --- the loop --------------------------------------------------------------------------------
+
+
+class _OutOfBudget(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def signature_of(verdict: Any) -> Signature | None:
+    """The failure a check saw: a Verdict's signature, a bare Signature, or None (passed)."""
+    if verdict is None or isinstance(verdict, Signature):
+        return verdict
+    signature = getattr(verdict, "signature", None)
+    return signature if isinstance(signature, Signature) else None
+
+
+@dataclass
+class SourceReducer:
+    """Greedy reduction to a fixed point; `best` changes only in `consider`."""
+
+    best: str
+    expected: Signature
+    check: Check
+    context: PassContext
+    passes: Sequence[SourcePass] = PASSES
+    max_checks: int = 500
+    max_time: float = 300.0
+    on_event: Callable[[SourceEvent], None] | None = None
+    checks: int = 0
+    accepted: dict[str, int] = field(default_factory=dict)
+    _seen: set[str] = field(default_factory=set)
+    _started: float = field(default_factory=time.monotonic)
+
+    def key(self, code: str) -> tuple[int, ...]:
+        return sort_key(code, self.context.search_dirs)
+
+    def is_same_failure(self, verdict: Any) -> bool:
+        signature = signature_of(verdict)
+        return signature is not None and signature.matches(self.expected)
+
+    def consider(self, candidate: str, pass_name: str = "") -> bool:
+        if candidate in self._seen or self.key(candidate) >= self.key(self.best):
+            return False  # no run for a repeat or a non-improvement
+        if self.checks >= self.max_checks:
+            raise _OutOfBudget("max checks")
+        if time.monotonic() - self._started >= self.max_time:
+            raise _OutOfBudget("max time")
+        self._seen.add(candidate)
+        self.checks += 1
+        ok = self.is_same_failure(self.check(candidate))
+        self._emit(SourceChecked(pass_name, self.checks, ok))
+        if not ok:
+            return False
+        self.best = candidate
+        self.accepted[pass_name] = self.accepted.get(pass_name, 0) + 1
+        self._emit(SourceAccepted(pass_name, candidate, count_lines(candidate), self.checks))
+        return True
+
+    def run_pass(self, source_pass: SourcePass) -> None:
+        name = source_pass.__name__
+        generator = source_pass(self.best, self.context)
+        try:
+            candidate = next(generator)
+            while True:
+                candidate = generator.send(self.consider(candidate, name))
+        except StopIteration:
+            return
+        finally:
+            generator.close()
+
+    def run(self) -> str:
+        """Run every pass until a whole round changes nothing; the reason it stopped."""
+        try:
+            while True:
+                before = self.best
+                for source_pass in self.passes:
+                    self.run_pass(source_pass)
+                if self.best == before:
+                    return "fixed point"
+        except _OutOfBudget as exc:
+            return exc.reason
+
+    def _emit(self, event: SourceEvent) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
+
+def reduce_source(
+    script_path: Path,
+    *,
+    cwd: Path,
+    argv: Sequence[str],
+    expected: Signature,
+    check: Check | None = None,
+    oracle: Any = None,
+    max_checks: int = 500,
+    max_time: float = 300,
+    on_event: Callable[[SourceEvent], None] | None = None,
+    specs: Sequence[TensorSpec] = (),
+    focus: str | None = None,
+    passes: Sequence[SourcePass] = PASSES,
+    timeout: float = 60.0,
+    code: str | None = None,
+) -> SourceResult:
+    """Cut `script_path` down to a small standalone script failing with `expected`.
+
+    `check(code)` runs a candidate; without one, the oracle's `check_source` (fork server) does,
+    and without an oracle, a fresh Python process per candidate (slow: it imports torch each time).
+    `specs` are the tensors recorded at the failing call (`focus`: that line's text): arguments
+    there may be replaced by tensors built from them, strides and storage offsets kept.
+    Raises NotReproducedError when the script does not fail that way to begin with.
+    """
+    script_path = Path(script_path).resolve()
+    cwd = Path(cwd).resolve()
+    original = script_path.read_text() if code is None else code
+    if check is None:
+        check = _default_check(script_path, cwd, list(argv), oracle, timeout)
+    started = time.monotonic()
+    context = PassContext(
+        search_dirs=tuple(dict.fromkeys((script_path.parent, cwd))),
+        specs=tuple(specs),
+        focus=focus,
+    )
+    if not _reproduces(check(original), expected):
+        raise NotReproducedError(
+            f"{script_path.name} does not fail with {expected.describe()}",
+            hint="record it again: the failure may depend on the environment or be flaky",
+        )
+    reducer = SourceReducer(
+        best=original,
+        expected=expected,
+        check=check,
+        context=context,
+        passes=passes,
+        max_checks=max_checks,
+        max_time=max_time,
+        on_event=on_event,
+        checks=1,
+        _started=started,
+    )
+    stopped = reducer.run()
+    final = reducer.best
+    formatted = format_code(final)
+    if formatted != final and _reproduces(check(formatted), expected):
+        reducer.checks += 1
+        final = formatted
+    return SourceResult(
+        code=final,
+        statements=count_small_statements(final),
+        lines=count_lines(final),
+        checks=reducer.checks,
+        seconds=time.monotonic() - started,
+        accepted=tuple((p.__name__, reducer.accepted.get(p.__name__, 0)) for p in passes),
+        stopped=stopped,
+        original_lines=count_lines(original),
+    )
+
+
+def _reproduces(verdict: Any, expected: Signature) -> bool:
+    signature = signature_of(verdict)
+    return signature is not None and signature.matches(expected)
+
+
+def format_code(code: str) -> str:
+    """ruff-formatted code when ruff is installed, else the code as it is."""
+    ruff = shutil.which("ruff")
+    command = [ruff, "format", "--isolated", "-"] if ruff else None
+    if command is None:
+        return code
+    try:
+        done = subprocess.run(command, input=code, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return code
+    return done.stdout if done.returncode == 0 and done.stdout.strip() else code
+
+
+# --- checks ----------------------------------------------------------------------------------
+
+
+def _default_check(
+    script_path: Path, cwd: Path, argv: list[str], oracle: Any, timeout: float
+) -> Check:
+    if oracle is not None and hasattr(oracle, "check_source"):
+
+        def with_oracle(code: str) -> Any:
+            return oracle.check_source(
+                code, filename=str(script_path), cwd=cwd, argv=argv, timeout=timeout
+            )
+
+        return with_oracle
+    return ScriptCheck(script_path, cwd, tuple(argv), timeout)
+
+
+_RUNNER = r"""
+import json, os, sys, traceback
+result_path, filename, code_path = sys.argv[1:4]
+sys.argv = [filename, *sys.argv[4:]]
+sys.path[0] = os.path.dirname(filename)
+with open(code_path) as handle:
+    code = handle.read()
+status = {"status": "passed"}
+try:
+    exec(compile(code, filename, "exec"), {"__name__": "__main__", "__file__": filename})
+except SystemExit as exc:
+    status = {"status": "exit", "code": str(exc.code)}
+except BaseException as exc:
+    traceback.print_exc()
+    code = getattr(exc, "error_code", None)
+    status = {"status": "failed", "type": type(exc).__name__, "message": str(exc),
+              "code": code if isinstance(code, int) else None}
+with open(result_path, "w") as handle:
+    json.dump(status, handle)
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCheck:
+    """Run a candidate in a fresh Python process, as `python script.py argv...` would.
+
+    The slow path (it pays `import torch` per check): the oracle's fork server is the fast one.
+    The child has its own process group, killed whole on timeout; CUDA_LAUNCH_BLOCKING=1 makes
+    a kernel fault surface at its launch line. Returns the Signature seen, or None.
+    """
+
+    script_path: Path
+    cwd: Path
+    argv: tuple[str, ...] = ()
+    timeout: float = 60.0
+    env: tuple[tuple[str, str], ...] = (("CUDA_LAUNCH_BLOCKING", "1"),)
+
+    def __call__(self, code: str) -> Signature | None:
+        with tempfile.TemporaryDirectory(prefix="reprocut-source-") as tmp:
+            code_path, result_path = Path(tmp, "candidate.py"), Path(tmp, "result.json")
+            code_path.write_text(code)
+            command = [sys.executable, "-c", _RUNNER, str(result_path), str(self.script_path),
+                       str(code_path), *self.argv]  # fmt: skip
+            process = subprocess.Popen(
+                command,
+                cwd=self.cwd,
+                env={**os.environ, **dict(self.env)},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+            try:
+                _, stderr = process.communicate(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+                return None
+            try:
+                status = json.loads(result_path.read_text())
+            except (OSError, ValueError):
+                return None  # died without reporting (abort, segfault): not this bug's signature
+        if status["status"] != "failed":
+            return None
+        return classify(status["type"], status["message"], stderr, error_code=status["code"])
