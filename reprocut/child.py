@@ -83,7 +83,7 @@ def main(config_path: str) -> None:
             "status": "failed",
             "exit_code": 1,
             "error": _error_info(exc),
-            "traceback": "".join(traceback.format_exception(exc)),
+            "traceback": user_traceback(exc),
             "surfaced_at": _location_json(
                 recorder.frames.innermost_in_traceback(exc.__traceback__)
             ),
@@ -105,6 +105,19 @@ def main(config_path: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback as `python script.py` would print it: reprocut's own frames left out."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith(here) and "<frozen runpy>" not in frame.filename
+    ]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+    lines.extend(traceback.format_exception_only(type(exc), exc))
+    return "".join(lines)
 
 
 def _location_json(location: Any) -> dict[str, Any] | None:

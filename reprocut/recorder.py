@@ -460,7 +460,7 @@ class _OpRecorder(TorchDispatchMode):
         call = None
         if localizing and on_cuda:
             self._synchronize_before(func, name)
-            call = capture_call(args, kwargs, name, recorder.store, everything=True)
+            call = _named(func, capture_call(args, kwargs, name, recorder.store, everything=True))
         elif on_cuda and recorder.config.snapshots and name in ASSERTING_OPS:
             self._snapshot(func, name, args, kwargs)
         try:
@@ -471,7 +471,9 @@ class _OpRecorder(TorchDispatchMode):
             synchronized = not on_cuda or localizing
             if recorder.culprit is None and (synchronized or not _is_cuda_error(exc)):
                 if call is None:
-                    call = capture_call(args, kwargs, name, recorder.store, everything=True)
+                    call = _named(
+                        func, capture_call(args, kwargs, name, recorder.store, everything=True)
+                    )
                 self._note(func, name, call, synchronized=synchronized)
             raise
         recorder.ops.append(
@@ -510,7 +512,7 @@ class _OpRecorder(TorchDispatchMode):
     def _snapshot(self, func: Any, name: str, args: Any, kwargs: Any) -> None:
         recorder = self.recorder
         recorder.seq += 1
-        call = capture_call(args, kwargs, name, recorder.store, non_blocking=True)
+        call = _named(func, capture_call(args, kwargs, name, recorder.store, non_blocking=True))
         public_call, public = recorder.public_context()
         recorder.snapshots.append(
             Snapshot(
@@ -562,6 +564,14 @@ class _OpRecorder(TorchDispatchMode):
                 synchronized=synchronized,
             )
         )
+
+
+def _named(func: Any, call: dict[str, Any]) -> dict[str, Any]:
+    """Add the schema's argument names, for the tensor table (`weight`, `indices`)."""
+    schema = getattr(func, "_schema", None)
+    if schema is not None:
+        call["names"] = [argument.name for argument in schema.arguments]
+    return call
 
 
 def _autograd_tag() -> tuple[Location | None, str | None] | None:

@@ -18,7 +18,7 @@ def make_console(*, stderr: bool = True, color: bool | None = None) -> Console:
         no_color=color is False,
         force_terminal=color is True or None,
         highlight=False,
-        soft_wrap=not stream.isatty(),
+        width=None if stream.isatty() else 100,
     )
 
 

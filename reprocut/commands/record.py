@@ -1,0 +1,149 @@
+"""Run a training script under reprocut; on failure, find the first op that faulted.
+
+The script runs exactly as `python SCRIPT ARGS...` would (same argv, sys.path, __main__, working
+directory; its exit code passes through when nothing fails). On failure, reprocut prints the
+faulting op, the step and phase, the module path, your source line, the op's input tensors with
+the facts that explain the failure, the kernel's assertion, where the error surfaced, and a
+diagnosis. Everything is stored under .reprocut/runs/<id>/ for `reprocut shrink`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from reprocut.display.failure import failure_json, show_failure
+from reprocut.errors import ExitCode, ReprocutError, ScriptDidNotFailError, ScriptNotFoundError
+from reprocut.localizer import LocalizeOptions, environment_summary, localize
+from reprocut.recording import DEFAULT_ROOT, RunDir
+from reprocut.runner import RunRequest, run_script
+
+STATUS_EXIT = {
+    "localized": ExitCode.OK,
+    "outside-dispatcher": ExitCode.OK,
+    "not-localized": ExitCode.NOT_LOCALIZED,
+    "script-error": ExitCode.SCRIPT_ERROR,
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("script", help="the Python script to run (as `python SCRIPT ...`)")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="kill the script (and each rerun) after S seconds (default: no limit)",
+    )
+    parser.add_argument(
+        "--launch-blocking",
+        action="store_true",
+        help="also set CUDA_LAUNCH_BLOCKING=1 in the localization rerun",
+    )
+    parser.add_argument(
+        "--no-snapshots",
+        dest="snapshots",
+        action="store_false",
+        help="do not copy asserting ops' inputs during the run (always rerun to localize)",
+    )
+    parser.add_argument(
+        "--no-rerun",
+        dest="rerun",
+        action="store_false",
+        help="never rerun the script to localize (only in-process and snapshot replay)",
+    )
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=DEFAULT_ROOT,
+        metavar="DIR",
+        help="where recordings are stored (default: ./.reprocut)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="do not echo the script's own output")
+
+
+def check_script(script: Path) -> None:
+    if not script.exists():
+        raise ScriptNotFoundError(f"no such script: {script}", hint="check the path")
+    if not script.is_file():
+        raise ScriptNotFoundError(f"{script} is not a file")
+    source = script.read_text(errors="replace")
+    try:
+        compile(source, str(script), "exec")
+    except SyntaxError as exc:
+        error = ReprocutError(
+            f"{script}:{exc.lineno}: syntax error: {exc.msg}",
+            hint="the script does not compile, so it cannot fail in a torch op: fix it first",
+        )
+        error.exit_code = ExitCode.SCRIPT_ERROR
+        error.slug = "script-syntax-error"
+        raise error from exc
+
+
+def run(options: argparse.Namespace, console: Console) -> ExitCode:
+    script = Path(options.script)
+    check_script(script)
+    cwd = Path.cwd()
+    run_dir = RunDir.create(options.root)
+    run_dir.write_meta(
+        {
+            "script": str(script.resolve()),
+            "argv": options.script_args,
+            "cwd": str(cwd),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "status": "running",
+            "env": environment_summary(),
+        }
+    )
+
+    def progress(message: str) -> None:
+        console.print(f"[bold blue]reprocut[/]: {message}")
+
+    echo = None if options.quiet else (sys.stderr if options.json else sys.stdout)
+    progress(f"recording {script} (run {run_dir.id})")
+    first = run_script(
+        RunRequest(
+            script.resolve(),
+            tuple(options.script_args),
+            run_dir.path,
+            "record",
+            snapshots=options.snapshots,
+            launch_blocking=False,
+            timeout=options.timeout,
+            cwd=cwd,
+        ),
+        echo_stdout=echo,
+        echo_stderr=None if options.quiet else sys.stderr,
+    )
+    localize_options = LocalizeOptions(
+        script=script.resolve(),
+        argv=tuple(options.script_args),
+        run_dir=run_dir,
+        cwd=cwd,
+        timeout=options.timeout,
+        launch_blocking=options.launch_blocking,
+        snapshots=options.snapshots,
+        rerun=options.rerun,
+    )
+    meta = run_dir.read_meta()
+    try:
+        failure = localize(localize_options, first, progress)
+    except ScriptDidNotFailError:
+        run_dir.write_meta({**meta, "status": "passed", "seconds": first.seconds})
+        if first.outcome and first.outcome.get("exit_code", 0) == 0:
+            raise
+        raise
+    meta.update(status=failure.status, seconds=round(first.seconds, 3))
+    run_dir.write_meta(meta)
+    if options.json:
+        print(json.dumps(failure_json(failure, run_dir.path), indent=2))
+    else:
+        show_failure(console, failure, run_dir.path)
+    return STATUS_EXIT.get(failure.status, ExitCode.NOT_LOCALIZED)

@@ -1,0 +1,204 @@
+"""What `reprocut record` shows: the failure panel for people, the JSON object for machines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from reprocut.case import Captured, Generated, Literal, SourceLocation, TensorSpec
+from reprocut.recording import Failure
+
+TITLES = {
+    "localized": "first faulting op found",
+    "outside-dispatcher": "fault in a kernel outside PyTorch's dispatcher",
+    "not-localized": "failure seen, but not localized",
+    "script-error": "the script failed outside torch",
+}
+
+
+def _where(location: SourceLocation | None, cwd: str = "") -> str:
+    if location is None:
+        return "unknown"
+    path = location.file
+    if cwd and path.startswith(cwd.rstrip("/") + "/"):
+        path = path[len(cwd.rstrip("/")) + 1 :]
+    return f"{path}:{location.line}"
+
+
+def source_context(location: SourceLocation, context: int = 3) -> RenderableType:
+    """A few syntax-highlighted lines around the user's line, the line itself marked."""
+    try:
+        code = Path(location.file).read_text()
+    except OSError:
+        return Text(location.text or "(source not available)")
+    total = code.count("\n") + 1
+    start = max(1, location.line - context)
+    end = min(total, location.line + context)
+    return Syntax(
+        code,
+        "python",
+        line_numbers=True,
+        line_range=(start, end),
+        highlight_lines={location.line},
+        theme="ansi_dark",
+        word_wrap=True,
+    )
+
+
+def _values_label(spec: TensorSpec) -> str:
+    if isinstance(spec.values, Captured):
+        return "captured"
+    if isinstance(spec.values, Literal):
+        return "literal"
+    assert isinstance(spec.values, Generated)
+    return "shape only"
+
+
+def tensor_table(failure: Failure) -> Table:
+    table = Table(title="inputs of the faulting call", title_justify="left", expand=False)
+    for column in ("arg", "shape", "dtype", "stride", "offset", "device", "values"):
+        table.add_column(column, overflow="fold")
+    for row in failure.tensors:
+        spec = row.spec
+        stride = "contiguous" if spec.stride is None else str(tuple(spec.stride))
+        dtype = spec.dtype + (" (grad)" if spec.requires_grad else "")
+        table.add_row(
+            row.name,
+            str(tuple(spec.shape)),
+            dtype,
+            stride,
+            str(spec.storage_offset),
+            spec.device,
+            _values_label(spec),
+        )
+    return table
+
+
+def facts_text(failure: Failure) -> Text:
+    text = Text()
+    for row in failure.tensors:
+        for fact in row.facts:
+            text.append(f"  {row.name}: ", style="bold")
+            text.append(f"{fact}\n", style="yellow")
+    return text
+
+
+def failure_panel(failure: Failure, run_dir: Path) -> Panel:
+    parts: list[RenderableType] = []
+    head = Text()
+    if failure.op or failure.public_call:
+        head.append("op       ", style="bold")
+        head.append(failure.op or "(no aten op raised)", style="bold cyan")
+        if failure.public_call:
+            head.append(f"   via {failure.public_call}", style="cyan")
+        head.append("\n")
+    if failure.step is not None:
+        head.append("step     ", style="bold")
+        head.append(f"{failure.step}" + (f" ({failure.phase})" if failure.phase else "") + "\n")
+    if failure.module:
+        head.append("module   ", style="bold")
+        head.append(f"{failure.module}\n")
+    head.append("error    ", style="bold")
+    code = f" [CUDA error {failure.error.code}]" if failure.error.code is not None else ""
+    head.append(f"{failure.error.type}{code}: ", style="bold red")
+    head.append(
+        failure.error.message.strip().splitlines()[0] if failure.error.message.strip() else ""
+    )
+    parts.append(head)
+    if failure.source is not None:
+        label = (
+            "your code (forward line of this backward op)"
+            if failure.phase == "backward"
+            else "your code"
+        )
+        parts.append(Text(f"\n{label}: {_where(failure.source, failure.cwd)}", style="bold"))
+        parts.append(source_context(failure.source))
+    if failure.tensors:
+        parts.append(Text(""))
+        parts.append(tensor_table(failure))
+        facts = facts_text(failure)
+        if facts:
+            parts.append(Text("what explains it", style="bold"))
+            parts.append(facts)
+    if failure.error.assertions:
+        assertion = Text("\nkernel assertion", style="bold")
+        for item in failure.error.assertions[:3]:
+            assertion.append(f"\n  {item['function']}: ")
+            assertion.append(f"Assertion `{item['condition']}` failed", style="red")
+            assertion.append(f" (block {item['block']}, thread {item['thread']})", style="dim")
+        parts.append(assertion)
+    if failure.surfaced_at is not None and failure.surfaced_at != failure.source:
+        surfaced = Text("\nwithout blocking, the error surfaced at ", style="bold")
+        surfaced.append(_where(failure.surfaced_at, failure.cwd), style="magenta")
+        if failure.surfaced_at.text:
+            surfaced.append(f"  {failure.surfaced_at.text}", style="dim")
+        surfaced.append(
+            "\n  (CUDA reports errors asynchronously: that traceback pointed at a later line)",
+            style="dim",
+        )
+        parts.append(surfaced)
+    if failure.diagnosis:
+        parts.append(Text("\ndiagnosis", style="bold"))
+        parts.append(Text(failure.diagnosis))
+    for note in failure.notes:
+        parts.append(Text(f"note: {note}", style="yellow"))
+    footer = Text(f"\nrecording: {run_dir}", style="dim")
+    if failure.status in ("localized", "outside-dispatcher"):
+        footer.append("\nnext: ", style="dim")
+        footer.append("reprocut shrink", style="bold green")
+        footer.append("  (writes a minimal repro.py and report.md)", style="dim")
+    parts.append(footer)
+    title = f"reprocut: {TITLES.get(failure.status, failure.status)}"
+    if failure.localization and failure.localization != "none":
+        title += f" ({failure.localization})"
+    return Panel(Group(*parts), title=title, title_align="left", border_style="red")
+
+
+def show_failure(console: Console, failure: Failure, run_dir: Path) -> None:
+    console.print(failure_panel(failure, run_dir))
+
+
+def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
+    def location(loc: SourceLocation | None) -> dict[str, Any] | None:
+        if loc is None:
+            return None
+        return {"file": loc.file, "line": loc.line, "text": loc.text}
+
+    facts = [fact for row in failure.tensors for fact in row.facts]
+    return {
+        "status": failure.status,
+        "op": failure.op,
+        "public_call": failure.public_call,
+        "step": failure.step,
+        "phase": failure.phase,
+        "module": failure.module,
+        "source": location(failure.source),
+        "forward_source": location(failure.forward_source),
+        "error": {
+            "type": failure.error.type,
+            "code": failure.error.code,
+            "name": failure.error.name,
+            "message": failure.error.message,
+            "assertions": list(failure.error.assertions),
+        },
+        "surfaced_at": location(failure.surfaced_at),
+        "signature": {
+            "error_type": failure.signature.error_type,
+            "error_code": failure.signature.error_code,
+            "op": failure.signature.op,
+            "kind": failure.signature.kind,
+        },
+        "tensors": [row.to_json() for row in failure.tensors],
+        "facts": facts,
+        "diagnosis": failure.diagnosis,
+        "localization": failure.localization,
+        "device": failure.device,
+        "notes": list(failure.notes),
+        "run_dir": str(run_dir),
+    }

@@ -1,0 +1,511 @@
+"""From a failed run to the first faulting op, its real inputs and a Failure on disk.
+
+The first run's traceback is not evidence on CUDA: errors surface asynchronously at a later op.
+In order of cost:
+1. in-process: the op raised synchronously (CPU, or a fault caught in a synchronized step);
+2. snapshot replay: the asserting ops of the failing step, whose evidence was copied to host
+   before they ran, are replayed one at a time in fresh children; the first that faults is it;
+3. rerun: the script runs again to the failing step, synchronizing around each op of that step;
+   a fault pending *before* an op came from outside the dispatcher, and a blocking rerun then
+   names the Python line that launched the custom kernel.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reprocut.case import ArgList, ReproCase, Signature, SourceLocation, TensorSpec, arg_from_json
+from reprocut.diagnosis import DIAGNOSES, explain
+from reprocut.errors import ScriptDidNotFailError, ScriptTimeoutError
+from reprocut.recording import ErrorInfo, Failure, RunDir, TensorReport
+from reprocut.runner import RunRequest, RunResult, run_script
+from reprocut.signature import classify, cuda_error_code, parse_assertions
+from reprocut.tensors import materialize_arg
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalizeOptions:
+    script: Path
+    argv: tuple[str, ...]
+    run_dir: RunDir
+    cwd: Path
+    timeout: float | None = None
+    launch_blocking: bool = False
+    snapshots: bool = True
+    rerun: bool = True
+
+
+def environment_summary() -> dict[str, str]:
+    """Versions only; never the user's environment variables (they may hold secrets)."""
+    return {
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def is_cuda_failure(error: dict[str, Any]) -> bool:
+    code, _ = cuda_error_code(error.get("message", ""))
+    return (
+        error.get("code") is not None
+        or code is not None
+        or "CUBLAS_STATUS" in error.get("message", "")
+        or "CUDNN_STATUS" in error.get("message", "")
+    )
+
+
+def _location(data: dict[str, Any] | None) -> SourceLocation | None:
+    if not data:
+        return None
+    text = ""
+    try:
+        lines = Path(data["file"]).read_text().splitlines()
+        text = lines[data["line"] - 1].strip()
+    except (OSError, IndexError):
+        pass
+    return SourceLocation(data["file"], data["line"], text, data.get("function", ""))
+
+
+def _error_info(error: dict[str, Any], stderr: str) -> ErrorInfo:
+    code, name = cuda_error_code(error["message"])
+    return ErrorInfo(
+        type=error["type"],
+        message=error["message"],
+        code=error.get("code") if error.get("code") is not None else code,
+        name=name,
+        assertions=tuple(a.to_json() for a in parse_assertions(stderr)),
+    )
+
+
+def signature_of(error: dict[str, Any], stderr: str, op: str | None) -> Signature:
+    return classify(error["type"], error["message"], stderr, op, error.get("code"))
+
+
+def localize(options: LocalizeOptions, first: RunResult, progress: Progress) -> Failure:
+    """Turn the first run's result into a Failure (written to the run dir), or raise."""
+    outcome = first.outcome
+    if first.timed_out:
+        steps = sum(1 for r in options.run_dir.read_trace() if r.get("type") == "step")
+        raise ScriptTimeoutError(
+            f"the script ran past --timeout {options.timeout:g}s (completed {steps} step(s))",
+            hint="raise --timeout if it is just slow; a hang after a CUDA error is common, and "
+            "`reprocut record --launch-blocking` often turns it into a clean error",
+        )
+    if outcome is None:
+        return _crashed(options, first, progress)
+    if outcome["status"] in ("passed", "exited") and outcome.get("exit_code", 0) == 0:
+        raise ScriptDidNotFailError(
+            "the script finished without error: nothing to reproduce",
+            hint="check the arguments (the failing epoch/step, the --device), or whether the "
+            "failure is flaky",
+        )
+    if outcome["status"] == "exited":
+        return _script_error(
+            options,
+            first,
+            ErrorInfo("SystemExit", f"the script exited with code {outcome['exit_code']}"),
+            None,
+        )
+    error = outcome["error"]
+    culprit = outcome.get("culprit")
+    cuda = is_cuda_failure(error)
+    if culprit and (culprit.get("op") or culprit.get("public_call")) and culprit["synchronized"]:
+        return _from_culprit(options, first, outcome, culprit, first, "in-process")
+    if not cuda:
+        return _script_error(options, first, _error_info(error, first.stderr), outcome)
+    progress(f"CUDA error surfaced at step {outcome['step']}; finding the op that faulted")
+    if options.snapshots and outcome.get("snapshots"):
+        found = _replay_snapshots(options, first, outcome, progress)
+        if found is not None:
+            return found
+    if not options.rerun:
+        return _not_localized(options, first, outcome, "localization rerun disabled (--no-rerun)")
+    return _rerun(options, first, outcome, progress)
+
+
+def _rerun(
+    options: LocalizeOptions, first: RunResult, outcome: dict[str, Any], progress: Progress
+) -> Failure:
+    step = outcome["step"]
+    progress(f"rerunning to step {step}, synchronizing after each op of that step")
+    second = run_script(
+        RunRequest(
+            options.script,
+            options.argv,
+            options.run_dir.path,
+            "localize",
+            localize_step=step,
+            snapshots=False,
+            launch_blocking=options.launch_blocking,
+            timeout=options.timeout,
+            cwd=options.cwd,
+        )
+    )
+    again = second.outcome
+    if again is None or again.get("status") != "failed":
+        why = "it crashed" if again is None else "it did not fail"
+        return _not_localized(
+            options, first, outcome, f"the localization rerun to step {step}: {why}"
+        )
+    culprit = again.get("culprit")
+    if culprit and culprit.get("op") and culprit["synchronized"]:
+        return _from_culprit(options, first, outcome, culprit, second, "rerun")
+    # A fault pending before an aten op, or raised outside any: a custom kernel.
+    progress(
+        "the fault came from outside PyTorch's dispatcher; rerunning with CUDA_LAUNCH_BLOCKING=1"
+    )
+    third = run_script(
+        RunRequest(
+            options.script,
+            options.argv,
+            options.run_dir.path,
+            "localize-blocking",
+            localize_step=None,
+            snapshots=False,
+            launch_blocking=True,
+            timeout=options.timeout,
+            cwd=options.cwd,
+        )
+    )
+    blocked = third.outcome if third.outcome and third.outcome.get("status") == "failed" else again
+    used = third if blocked is third.outcome else second
+    return _outside_dispatcher(options, first, outcome, blocked, used)
+
+
+def _replay_snapshots(
+    options: LocalizeOptions, first: RunResult, outcome: dict[str, Any], progress: Progress
+) -> Failure | None:
+    """Replay the failing step's asserting ops from their host snapshots, in order."""
+    try:
+        from reprocut.oracle import Oracle
+    except ImportError:
+        return None
+    snapshots = outcome["snapshots"]
+    progress(f"replaying {len(snapshots)} asserting op(s) of step {outcome['step']} from snapshots")
+    inputs = _load_inputs(options.run_dir)
+    oracle = Oracle(timeout=options.timeout or 60.0)
+    try:
+        for snapshot in snapshots:
+            case = _case(
+                snapshot["target"], snapshot["call"], None, snapshot["op"], snapshot.get("source")
+            )
+            verdict = oracle.check_case(case, inputs)
+            signature = getattr(verdict, "signature", None)
+            if signature is not None and signature.error_code is not None:
+                culprit = {**snapshot, "synchronized": True, "forward_source": None}
+                return _from_culprit(
+                    options,
+                    first,
+                    outcome,
+                    culprit,
+                    first,
+                    "snapshot-replay",
+                    signature=replace(signature, op=snapshot["op"]),
+                    replay_stderr=getattr(verdict, "stderr", ""),
+                )
+    finally:
+        oracle.close()
+    return None
+
+
+def _case(
+    target: str,
+    call: dict[str, Any],
+    expected: Signature | None,
+    op: str | None,
+    source: dict[str, Any] | None,
+) -> ReproCase:
+    return ReproCase(
+        target=target,
+        args=tuple(arg_from_json(a) for a in call["args"]),
+        kwargs=tuple((k, arg_from_json(v)) for k, v in call["kwargs"] if _plain(v)),
+        expected=expected,
+        aten_op=op,
+        source=_location(source),
+        inputs_file="inputs.pt",
+    )
+
+
+def _plain(value: Any) -> bool:
+    return not (isinstance(value, dict) and "unsupported" in value)
+
+
+def _load_inputs(run_dir: RunDir) -> dict[str, torch.Tensor]:
+    if not run_dir.inputs_path.exists():
+        return {}
+    return torch.load(run_dir.inputs_path, weights_only=True)
+
+
+def _from_culprit(
+    options: LocalizeOptions,
+    first: RunResult,
+    outcome: dict[str, Any],
+    culprit: dict[str, Any],
+    localized_run: RunResult,
+    method: str,
+    *,
+    signature: Signature | None = None,
+    replay_stderr: str = "",
+) -> Failure:
+    error_run = localized_run.outcome or outcome
+    error = error_run["error"] if "error" in error_run else outcome["error"]
+    stderr = replay_stderr or localized_run.stderr
+    op = culprit.get("op") or culprit.get("public_call")
+    if signature is None:
+        signature = signature_of(error, stderr, op)
+    cases: list[ReproCase] = []
+    if culprit.get("public_call") and culprit.get("public"):
+        cases.append(
+            _case(
+                culprit["public_call"],
+                culprit["public"],
+                signature,
+                culprit.get("op"),
+                culprit.get("source"),
+            )
+        )
+    if culprit.get("target") and culprit.get("call"):
+        cases.append(
+            _case(
+                culprit["target"],
+                culprit["call"],
+                signature,
+                culprit.get("op"),
+                culprit.get("source"),
+            )
+        )
+    inputs = _load_inputs(options.run_dir)
+    tensors, diagnosis = _explain(culprit, inputs)
+    device = _device_of(cases)
+    notes = []
+    if outcome.get("compiled"):
+        notes.append("torch.compile was used; the script ran eagerly for localization")
+    first_error = outcome["error"]
+    return _finish(
+        options,
+        Failure(
+            status="localized",
+            error=_error_info(error, stderr)
+            if method != "snapshot-replay"
+            else _merge_replay(first_error, first.stderr, stderr),
+            signature=signature,
+            op=culprit.get("op"),
+            public_call=culprit.get("public_call"),
+            step=culprit.get("step"),
+            phase=culprit.get("phase"),
+            module=culprit.get("module"),
+            source=_location(culprit.get("source")),
+            forward_source=_location(culprit.get("forward_source")),
+            surfaced_at=_location(outcome.get("surfaced_at")),
+            tensors=tensors,
+            diagnosis=diagnosis,
+            localization=method,
+            device=device,
+            cases=tuple(cases),
+            notes=tuple(notes),
+        ),
+        first_error=first_error,
+    )
+
+
+def _merge_replay(first_error: dict[str, Any], first_stderr: str, replay_stderr: str) -> ErrorInfo:
+    info = _error_info(first_error, first_stderr or replay_stderr)
+    if not info.assertions:
+        info = replace(info, assertions=tuple(a.to_json() for a in parse_assertions(replay_stderr)))
+    return info
+
+
+def _device_of(cases: list[ReproCase]) -> str:
+    for case in cases:
+        for _, spec in case.tensors():
+            if spec.device != "cpu":
+                return spec.device
+    return "cpu"
+
+
+def _explain(
+    culprit: dict[str, Any], inputs: dict[str, torch.Tensor]
+) -> tuple[tuple[TensorReport, ...], str]:
+    """Tensor table + diagnosis, from the aten call if known, else the public call."""
+    use_public = not culprit.get("call")
+    call = culprit.get("public") if use_public else culprit.get("call")
+    if not call:
+        return (), DIAGNOSES["layout"] if culprit.get("op") is None else ""
+    raw_args = [arg_from_json(a) for a in call["args"]]
+    raw_kwargs = {k: arg_from_json(v) for k, v in call["kwargs"] if _plain(v)}
+    try:
+        values = [materialize_arg(on_cpu(a), inputs) for a in raw_args]
+        kw_values = {k: materialize_arg(on_cpu(v), inputs) for k, v in raw_kwargs.items()}
+        explanation = explain(
+            None if use_public else culprit.get("op"), culprit.get("public_call"), values, kw_values
+        )
+        if not any(explanation.facts.values()) and culprit.get("public") and not use_public:
+            public_args = [
+                materialize_arg(on_cpu(arg_from_json(a)), inputs) for a in culprit["public"]["args"]
+            ]
+            explanation = explain(None, culprit.get("public_call"), public_args, {})
+    except Exception as exc:  # explaining is best effort: never lose the recording over it
+        return _table(
+            raw_args, raw_kwargs, {}, call.get("names", ())
+        ), f"(could not analyse the inputs: {exc})"
+    return _table(
+        raw_args, raw_kwargs, explanation.facts, call.get("names", ())
+    ), explanation.diagnosis
+
+
+def on_cpu(arg: Any) -> Any:
+    """The same argument with every tensor on the CPU: this process never touches CUDA."""
+    if isinstance(arg, TensorSpec):
+        return replace(arg, device="cpu")
+    if isinstance(arg, ArgList):
+        return ArgList(tuple(on_cpu(item) for item in arg.items))
+    return arg
+
+
+def _table(
+    args: list[Any],
+    kwargs: dict[str, Any],
+    facts: dict[int | str, tuple[str, ...]],
+    names: Sequence[str] = (),
+) -> tuple[TensorReport, ...]:
+    rows = []
+    for position, arg in enumerate(args):
+        if isinstance(arg, TensorSpec):
+            name = names[position] if position < len(names) else f"arg{position}"
+            rows.append(TensorReport(name, arg, facts.get(position, ())))
+    for name, arg in kwargs.items():
+        if isinstance(arg, TensorSpec):
+            rows.append(TensorReport(name, arg, facts.get(name, ())))
+    return tuple(rows)
+
+
+def _finish(
+    options: LocalizeOptions, failure: Failure, *, first_error: dict[str, Any] | None = None
+) -> Failure:
+    meta = options.run_dir.read_meta() if options.run_dir.meta_path.exists() else {}
+    failure = replace(
+        failure,
+        script=str(options.script),
+        argv=options.argv,
+        cwd=str(options.cwd),
+        env=environment_summary()
+        | {k: v for k, v in meta.get("env", {}).items() if isinstance(v, str)},
+    )
+    options.run_dir.write_failure(failure)
+    return failure
+
+
+def _script_error(
+    options: LocalizeOptions, first: RunResult, error: ErrorInfo, outcome: dict[str, Any] | None
+) -> Failure:
+    surfaced = _location(outcome.get("surfaced_at")) if outcome else None
+    return _finish(
+        options,
+        Failure(
+            status="script-error",
+            error=error,
+            signature=classify(error.type, error.message),
+            step=outcome.get("step") if outcome else None,
+            phase=outcome.get("phase") if outcome else None,
+            source=surfaced,
+            surfaced_at=surfaced,
+            localization="in-process",
+            notes=("the script failed, but not inside a torch op",),
+        ),
+    )
+
+
+def _not_localized(
+    options: LocalizeOptions, first: RunResult, outcome: dict[str, Any], why: str
+) -> Failure:
+    error = outcome["error"]
+    hint = (
+        ""
+        if options.launch_blocking
+        else "; try `reprocut record --launch-blocking`, or make the script deterministic (seeds)"
+    )
+    return _finish(
+        options,
+        Failure(
+            status="not-localized",
+            error=_error_info(error, first.stderr),
+            signature=signature_of(error, first.stderr, outcome.get("last_op")),
+            step=outcome.get("step"),
+            phase=outcome.get("phase"),
+            surfaced_at=_location(outcome.get("surfaced_at")),
+            source=_location(outcome.get("surfaced_at")),
+            localization="none",
+            notes=(f"the first run failed, but {why}{hint}",),
+        ),
+    )
+
+
+def _outside_dispatcher(
+    options: LocalizeOptions,
+    first: RunResult,
+    outcome: dict[str, Any],
+    blocked: dict[str, Any],
+    run: RunResult,
+) -> Failure:
+    error = blocked.get("error", outcome["error"])
+    launch = _location(blocked.get("surfaced_at"))
+    culprit = blocked.get("culprit") or {}
+    return _finish(
+        options,
+        Failure(
+            status="outside-dispatcher",
+            error=_error_info(error, run.stderr),
+            signature=signature_of(error, run.stderr, None),
+            step=blocked.get("step", outcome.get("step")),
+            phase=blocked.get("phase"),
+            module=culprit.get("module"),
+            source=launch,
+            surfaced_at=_location(outcome.get("surfaced_at")),
+            diagnosis=DIAGNOSES["layout"],
+            localization="rerun",
+            device="cuda",
+            notes=(
+                "the faulting kernel is not a PyTorch op: `reprocut shrink` reduces the script "
+                "itself (source-level reduction)",
+            ),
+        ),
+    )
+
+
+def _crashed(options: LocalizeOptions, first: RunResult, progress: Progress) -> Failure:
+    steps = [r for r in options.run_dir.read_trace() if r.get("type") == "step"]
+    completed = len(steps)
+    how = f"signal {first.signal}" if first.signal else f"exit code {first.returncode}"
+    assertions = parse_assertions(first.stderr)
+    message = f"the script's process died ({how}) after {completed} completed step(s)"
+    error = ErrorInfo(
+        type="Crash", message=message, assertions=tuple(a.to_json() for a in assertions)
+    )
+    if assertions and options.rerun:
+        progress(f"{message}; kernel assertions on stderr: rerunning to step {completed}")
+        fake_outcome = {
+            "step": completed,
+            "error": {"type": "Crash", "message": message},
+            "snapshots": [],
+        }
+        return _rerun(options, first, fake_outcome, progress)
+    return _finish(
+        options,
+        Failure(
+            status="not-localized",
+            error=error,
+            signature=Signature("Crash", None, None, how),
+            step=completed,
+            localization="none",
+            notes=(f"the trace holds the {completed} completed step(s) before the crash",),
+        ),
+    )
