@@ -1,0 +1,412 @@
+"""The named shrink passes. Each does one sweep over `shrinker.best`, proposing candidates to
+`shrinker.consider`; the loop in shrinker.py repeats them to a fixed point.
+
+Passes re-read `shrinker.best` after every consider (it may have changed) and never touch torch:
+they work on the data model, so each can be tested against a pure-Python predicate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from reprocut.case import (
+    DTYPE_RANK,
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    ArgList,
+    Captured,
+    Generated,
+    Literal,
+    ReproCase,
+    TensorSpec,
+)
+from reprocut.shrinker import Shrinker, find_integer
+
+Path = tuple[Any, ...]
+
+
+# --- helpers on cases ------------------------------------------------------------------------
+
+
+def flat_values(shrinker: Shrinker, spec: TensorSpec) -> list[Any] | None:
+    """Row-major values of a tensor whose values are known (Literal, or Captured and loaded)."""
+    if isinstance(spec.values, Literal):
+        return list(spec.values.values)
+    if isinstance(spec.values, Captured) and spec.values.key in shrinker.inputs:
+        tensor = shrinker.inputs[spec.values.key]
+        return list(tensor.detach().cpu().reshape(-1).tolist())[: spec.numel]
+    return None
+
+
+def slice_values(values: Sequence[Any], shape: tuple[int, ...], dim: int, new: int) -> list[Any]:
+    """Row-major values of the tensor cut to its first `new` entries along `dim`."""
+    inner = math.prod(shape[dim + 1 :])
+    outer = math.prod(shape[:dim])
+    size = shape[dim]
+    kept: list[Any] = []
+    for o in range(outer):
+        start = o * size * inner
+        kept.extend(values[start : start + new * inner])
+    return kept
+
+
+def with_dim(shrinker: Shrinker, case: ReproCase, path: Path, dim: int, new: int) -> ReproCase:
+    """`case` with dimension `dim` of the tensor at `path` cut to `new` (values sliced)."""
+    spec = case.get(path)
+    assert isinstance(spec, TensorSpec)
+    shape = (*spec.shape[:dim], new, *spec.shape[dim + 1 :])
+    values = spec.values
+    known = flat_values(shrinker, spec)
+    if known is not None:
+        values = Literal(tuple(slice_values(known, spec.shape, dim, new)))
+    return case.with_arg(path, replace(spec, shape=shape, values=values))
+
+
+def linked_dims(case: ReproCase, size: int, skip: Path | None = None) -> list[tuple[Path, int]]:
+    """Every (tensor, dim) of `case` whose size equals `size`: dims that probably must agree."""
+    return [
+        (path, dim)
+        for path, spec in case.tensors()
+        if path != skip
+        for dim, extent in enumerate(spec.shape)
+        if extent == size
+    ]
+
+
+def with_dims(
+    shrinker: Shrinker, case: ReproCase, dims: list[tuple[Path, int]], new: int
+) -> ReproCase:
+    for path, dim in dims:
+        case = with_dim(shrinker, case, path, dim, new)
+    return case
+
+
+def _scalar(case: ReproCase, index: int, name: str, default: Any = None) -> Any:
+    if index < len(case.args):
+        return case.args[index]
+    return dict(case.kwargs).get(name, default)
+
+
+def _tensor(case: ReproCase, index: int) -> TensorSpec | None:
+    arg = case.args[index] if index < len(case.args) else None
+    return arg if isinstance(arg, TensorSpec) else None
+
+
+# --- pass: drop_optional_kwargs ---------------------------------------------------------------
+
+
+def drop_optional_kwargs(shrinker: Shrinker) -> None:
+    """Drop each keyword argument (back to its default), then trailing positional scalars."""
+    for name, _ in shrinker.best.kwargs:
+        if any(existing == name for existing, _ in shrinker.best.kwargs):
+            shrinker.consider(shrinker.best.without_kwarg(name))
+    while shrinker.best.args and not isinstance(shrinker.best.args[-1], (TensorSpec, ArgList)):
+        if not shrinker.consider(replace(shrinker.best, args=shrinker.best.args[:-1])):
+            break
+
+
+# --- pass: shrink_dimensions ------------------------------------------------------------------
+
+
+def shrink_dimensions(shrinker: Shrinker) -> None:
+    """Each dimension of each tensor: to 1, then halving, then by one (find_integer).
+
+    A dimension shared with other tensors (batch, classes) is first cut in all of them together.
+    """
+    paths = [path for path, _ in shrinker.best.tensors()]
+    for path in paths:
+        dim = 0
+        while True:
+            spec = _spec_at(shrinker.best, path)
+            if spec is None or dim >= len(spec.shape):
+                break
+            _shrink_one_dimension(shrinker, path, dim)
+            dim += 1
+
+
+def _spec_at(case: ReproCase, path: Path) -> TensorSpec | None:
+    try:
+        spec = case.get(path)
+    except (IndexError, KeyError, AssertionError):
+        return None
+    return spec if isinstance(spec, TensorSpec) else None
+
+
+def _try_size(shrinker: Shrinker, path: Path, dim: int, new: int) -> bool:
+    spec = _spec_at(shrinker.best, path)
+    if spec is None or dim >= len(spec.shape) or not 1 <= new < spec.shape[dim]:
+        return False
+    size = spec.shape[dim]
+    others = linked_dims(shrinker.best, size, skip=path)
+    alone = with_dim(shrinker, shrinker.best, path, dim, new)
+    if others and shrinker.consider(with_dims(shrinker, alone, others, new)):
+        return True
+    return shrinker.consider(alone)
+
+
+def _shrink_one_dimension(shrinker: Shrinker, path: Path, dim: int) -> None:
+    if _try_size(shrinker, path, dim, 1):
+        return
+    while True:
+        spec = _spec_at(shrinker.best, path)
+        if (
+            spec is None
+            or spec.shape[dim] < 4
+            or not _try_size(shrinker, path, dim, spec.shape[dim] // 2)
+        ):
+            break
+    spec = _spec_at(shrinker.best, path)
+    if spec is None:
+        return
+    size = spec.shape[dim]
+    find_integer(lambda k: k < size and _try_size(shrinker, path, dim, size - k))
+
+
+# --- pass: cut_index_to_offender ----------------------------------------------------------------
+
+
+def valid_range(case: ReproCase, path: Path) -> tuple[float, float] | None:
+    """The [low, high) range the values of the tensor at `path` must lie in, from the other args.
+
+    Known for the ops whose range checks cause device-side asserts; None where unknown.
+    """
+    if path[0] != "args" or len(path) > 2:
+        if case.target == "torch.Tensor.__getitem__" and path[:2] == ("args", 1):
+            base = _tensor(case, 0)
+            position = path[2] if len(path) > 2 else 0
+            if base is not None and position < len(base.shape):
+                return (-base.shape[position], base.shape[position])
+        return None
+    index = path[1]
+    target = case.target.rsplit(".", 1)[-1]
+    first = _tensor(case, 0)
+    if target == "embedding" and index == 0:
+        weight = _tensor(case, 1)
+        return (0, weight.shape[0]) if weight is not None and weight.shape else None
+    if target in ("cross_entropy", "nll_loss") and index == 1 and first is not None:
+        classes = first.shape[1] if len(first.shape) >= 2 else first.shape[0] if first.shape else 0
+        return (0, classes)
+    if target in ("gather", "scatter", "scatter_", "scatter_add", "scatter_add_", "scatter_reduce",
+                  "index_select", "index_add", "index_add_", "index_copy", "index_copy_",
+                  "index_fill", "index_fill_") and index == 2 and first is not None:  # fmt: skip
+        dim = _scalar(case, 1, "dim", 0)
+        if isinstance(dim, int) and -len(first.shape) <= dim < len(first.shape):
+            size = first.shape[dim]
+            return (-size, size)
+    if target == "one_hot" and index == 0:
+        classes = _scalar(case, 1, "num_classes", -1)
+        if isinstance(classes, int) and classes > 0:
+            return (0, classes)
+    if target == "__getitem__" and index == 1 and first is not None and first.shape:
+        return (-first.shape[0], first.shape[0])
+    return None
+
+
+def _is_bad_float(value: Any, low: float, high: float) -> bool:
+    return not isinstance(value, (int, float)) or math.isnan(value) or not low <= value <= high
+
+
+def offenders(case: ReproCase, path: Path, values: Sequence[Any]) -> list[int]:
+    """Positions of values that break the op's contract (out of range, NaN, negative probability)."""
+    spec = case.get(path)
+    assert isinstance(spec, TensorSpec)
+    target = case.target.rsplit(".", 1)[-1]
+    if spec.dtype in INT_DTYPES:
+        bounds = valid_range(case, path)
+        if bounds is None:
+            return []
+        low, high = bounds
+        ignore = _scalar(case, 4, "ignore_index", -100) if target == "cross_entropy" else None
+        return [i for i, v in enumerate(values) if not low <= v < high and v != ignore]
+    if spec.dtype in FLOAT_DTYPES:
+        if target in ("multinomial",):
+            return [i for i, v in enumerate(values) if _is_bad_float(v, 0.0, math.inf)]
+        if target in ("binary_cross_entropy",) and path[:2] == ("args", 0):
+            return [i for i, v in enumerate(values) if _is_bad_float(v, 0.0, 1.0)]
+        return [i for i, v in enumerate(values) if isinstance(v, float) and not math.isfinite(v)]
+    return []
+
+
+def _cut_shape(spec: TensorSpec, count: int) -> tuple[int, ...]:
+    if len(spec.shape) <= 1:
+        return (count,)
+    return (*((1,) * (len(spec.shape) - 1)), count)
+
+
+def _with_kept(
+    shrinker: Shrinker, case: ReproCase, path: Path, keep: Sequence[int]
+) -> list[ReproCase]:
+    """The tensor at `path` cut to the elements at `keep`: alone, and with linked dims cut too."""
+    spec = case.get(path)
+    assert isinstance(spec, TensorSpec)
+    values = flat_values(shrinker, spec)
+    assert values is not None
+    shape = _cut_shape(spec, len(keep))
+    new_spec = replace(
+        spec,
+        shape=shape,
+        stride=None,
+        storage_offset=0,
+        values=Literal(tuple(values[i] for i in keep)),
+    )
+    alone = case.with_arg(path, new_spec)
+    candidates = []
+    changed = [
+        (d, old, new)
+        for d, (old, new) in enumerate(zip(spec.shape, shape, strict=False))
+        if old != new
+    ]
+    if len(spec.shape) == len(shape) and changed:
+        linked = alone
+        for _, old, new in changed:
+            linked = with_dims(shrinker, linked, linked_dims(linked, old, skip=path), new)
+        if linked != alone:
+            candidates.append(linked)
+    candidates.append(alone)
+    return candidates
+
+
+def _try_keep(shrinker: Shrinker, path: Path, keep: Sequence[int]) -> bool:
+    spec = _spec_at(shrinker.best, path)
+    if spec is None or not keep or len(keep) >= spec.numel:
+        return False
+    return any(shrinker.consider(c) for c in _with_kept(shrinker, shrinker.best, path, keep))
+
+
+def cut_index_to_offender(shrinker: Shrinker) -> None:
+    """Keep only the offending elements of index/target/probability tensors (ids >= num_embeddings,
+    NaN probabilities), then only the first of them; where no rule knows the range, try the
+    extreme values alone, then bisect."""
+    for path, _ in list(shrinker.best.tensors()):
+        spec = _spec_at(shrinker.best, path)
+        if spec is None or spec.numel <= 1:
+            continue
+        values = flat_values(shrinker, spec)
+        if values is None:
+            continue
+        bad = offenders(shrinker.best, path, values)
+        if bad and (_try_keep(shrinker, path, bad[:1]) or _try_keep(shrinker, path, bad)):
+            continue
+        if spec.dtype in INT_DTYPES:
+            order = sorted(range(len(values)), key=lambda i: values[i])
+            if _try_keep(shrinker, path, [order[-1]]) or _try_keep(shrinker, path, [order[0]]):
+                continue
+        _bisect_elements(shrinker, path)
+
+
+def _bisect_elements(shrinker: Shrinker, path: Path) -> None:
+    """Keep halves (then quarters...) of the flat elements while the failure holds."""
+    chunks = 2
+    while True:
+        spec = _spec_at(shrinker.best, path)
+        if spec is None or spec.numel <= 1 or flat_values(shrinker, spec) is None:
+            return
+        n = spec.numel
+        if chunks > n:
+            return
+        size = math.ceil(n / chunks)
+        for start in range(0, n, size):
+            if _try_keep(shrinker, path, list(range(start, min(n, start + size)))):
+                chunks = 2
+                break
+        else:
+            chunks *= 2
+
+
+# --- pass: replace_values_with_generator --------------------------------------------------------
+
+
+def _generators_for(spec: TensorSpec) -> list[Generated]:
+    if spec.dtype in FLOAT_DTYPES or spec.dtype.startswith("complex"):
+        return [Generated("zeros"), Generated("ones"), Generated("randn")]
+    return [Generated("zeros"), Generated("ones")]
+
+
+def replace_values_with_generator(shrinker: Shrinker) -> None:
+    """Captured or literal values that do not matter become zeros, ones or randn."""
+    for path, _ in list(shrinker.best.tensors()):
+        for generated in _generators_for(_spec_at(shrinker.best, path) or TensorSpec(())):
+            spec = _spec_at(shrinker.best, path)
+            if spec is None or spec.values == generated:
+                break
+            if shrinker.consider(shrinker.best.with_arg(path, replace(spec, values=generated))):
+                break
+
+
+# --- passes on layout, dtype and device ---------------------------------------------------------
+
+
+def _convert_values(values: Any, dtype: str) -> Any:
+    if (
+        isinstance(values, Literal)
+        and dtype in INT_DTYPES
+        and not all(isinstance(v, (int, bool)) for v in values.values)
+    ):
+        return None
+    return values
+
+
+def simplify_dtype(shrinker: Shrinker) -> None:
+    """Each tensor to a simpler dtype of the same family (float16 -> float32, int32 -> int64)."""
+    for path, _ in list(shrinker.best.tensors()):
+        spec = _spec_at(shrinker.best, path)
+        if spec is None:
+            continue
+        family = (
+            FLOAT_DTYPES
+            if spec.dtype in FLOAT_DTYPES
+            else INT_DTYPES
+            if spec.dtype in INT_DTYPES
+            else set()
+        )
+        rank = DTYPE_RANK.get(spec.dtype, len(DTYPE_RANK))
+        for dtype in sorted(family, key=lambda d: DTYPE_RANK[d]):
+            if DTYPE_RANK[dtype] >= rank:
+                break
+            values = _convert_values(spec.values, dtype)
+            if values is not None and shrinker.consider(
+                shrinker.best.with_arg(path, replace(spec, dtype=dtype, values=values))
+            ):
+                break
+
+
+def make_contiguous(shrinker: Shrinker) -> None:
+    """Drop a tensor's explicit strides (values are row-major, so they carry over)."""
+    for path, _ in list(shrinker.best.tensors()):
+        spec = _spec_at(shrinker.best, path)
+        if spec is not None and not spec.is_contiguous:
+            shrinker.consider(shrinker.best.with_arg(path, replace(spec, stride=None)))
+
+
+def zero_storage_offset(shrinker: Shrinker) -> None:
+    for path, _ in list(shrinker.best.tensors()):
+        spec = _spec_at(shrinker.best, path)
+        if spec is not None and spec.storage_offset:
+            shrinker.consider(shrinker.best.with_arg(path, replace(spec, storage_offset=0)))
+
+
+def move_to_cpu(shrinker: Shrinker) -> None:
+    """All tensors to the CPU, only when the bug is CPU-visible (the predicate still decides)."""
+    if not shrinker.cpu_visible:
+        return
+    case = shrinker.best
+    for path, spec in list(case.tensors()):
+        if spec.device != "cpu":
+            case = case.with_arg(path, replace(spec, device="cpu"))
+    if case != shrinker.best:
+        shrinker.consider(case)
+
+
+PASSES = [
+    drop_optional_kwargs,
+    cut_index_to_offender,
+    replace_values_with_generator,
+    shrink_dimensions,
+    simplify_dtype,
+    make_contiguous,
+    zero_storage_offset,
+    move_to_cpu,
+]

@@ -1,0 +1,170 @@
+"""The fixed-point loop: run named passes greedily until a full round makes no progress.
+
+One total order (`sort_key`) says which case is simpler. `Shrinker.consider` is the only place
+`best` changes: it rejects a candidate that is not strictly smaller before paying for a check,
+and accepts it only if the predicate (same signature, via the oracle) holds. Every accepted case
+goes to `on_accept` so an interrupted shrink keeps its best on disk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reprocut.case import Captured, Generated, Literal, ReproCase
+
+GENERATOR_RANK = {
+    "zeros": 0,
+    "ones": 1,
+    "full": 2,
+    "arange": 3,
+    "randint": 4,
+    "rand": 5,
+    "randn": 6,
+}
+LITERAL_RANK = len(GENERATOR_RANK)
+CAPTURED_RANK = LITERAL_RANK + 1
+
+
+def values_rank(values: Captured | Literal | Generated) -> int:
+    if isinstance(values, Captured):
+        return CAPTURED_RANK
+    if isinstance(values, Literal):
+        return LITERAL_RANK
+    return GENERATOR_RANK.get(values.kind, LITERAL_RANK - 1)
+
+
+def sort_key(case: ReproCase) -> tuple[Any, ...]:
+    """Smaller is simpler. Every pass moves cases down this order, so the loop terminates."""
+    specs = [spec for _, spec in case.tensors()]
+    return (
+        case.total_numel(),
+        case.num_captured_values(),
+        case.num_args(),
+        sum(len(spec.shape) for spec in specs),
+        tuple(spec.complexity() for spec in specs),
+        tuple(values_rank(spec.values) for spec in specs),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ShrinkEvent:
+    """What the shrinker is doing, for the display: kind is "pass", "check", "accepted", "done"."""
+
+    kind: str
+    pass_name: str
+    best: ReproCase
+    checks: int
+    size: int  # total tensor elements of best
+
+
+Predicate = Callable[[ReproCase], bool]
+Pass = Callable[["Shrinker"], None]
+
+
+class BudgetExhausted(Exception):
+    """Raised inside a pass when max_checks or max_time is used up; the loop stops cleanly."""
+
+
+class Shrinker:
+    """Greedy fixed-point shrinking of one ReproCase under a predicate."""
+
+    def __init__(
+        self,
+        initial: ReproCase,
+        predicate: Predicate,
+        *,
+        passes: Sequence[Pass] | None = None,
+        inputs: Mapping[str, Any] | None = None,
+        max_checks: int = 500,
+        max_time: float = 300.0,
+        on_event: Callable[[ShrinkEvent], None] | None = None,
+        on_accept: Callable[[ReproCase], None] | None = None,
+        cpu_visible: bool = False,
+    ) -> None:
+        if passes is None:
+            from reprocut.passes import PASSES
+
+            passes = PASSES
+        self.best = initial
+        self.predicate = predicate
+        self.passes = list(passes)
+        self.inputs = dict(inputs or {})
+        self.max_checks = max_checks
+        self.max_time = max_time
+        self.on_event = on_event or (lambda event: None)
+        self.on_accept = on_accept or (lambda case: None)
+        self.cpu_visible = cpu_visible
+        self.checks = 0
+        self.exhausted = False
+        self.current_pass = ""
+        self.stats: dict[str, list[int]] = {}  # pass name -> [checks, accepted]
+        self._seen: set[ReproCase] = set()
+        self._started = time.monotonic()
+
+    def consider(self, candidate: ReproCase) -> bool:
+        """Accept `candidate` as the new best if it is strictly simpler and still fails the same way."""
+        if sort_key(candidate) >= sort_key(self.best) or candidate in self._seen:
+            return False
+        if self.checks >= self.max_checks or time.monotonic() - self._started > self.max_time:
+            self.exhausted = True
+            raise BudgetExhausted
+        self._seen.add(candidate)
+        self.checks += 1
+        stats = self.stats.setdefault(self.current_pass, [0, 0])
+        stats[0] += 1
+        self._emit("check")
+        if not self.predicate(candidate):
+            return False
+        stats[1] += 1
+        self.best = candidate
+        self.on_accept(candidate)
+        self._emit("accepted")
+        return True
+
+    def run(self) -> ReproCase:
+        """Run every pass in turn until a whole round leaves `best` unchanged (or budget ends)."""
+        try:
+            while True:
+                before = self.best
+                for shrink_pass in self.passes:
+                    self.current_pass = getattr(shrink_pass, "__name__", repr(shrink_pass))
+                    self._emit("pass")
+                    shrink_pass(self)
+                if self.best is before:
+                    break
+        except BudgetExhausted:
+            pass
+        self._emit("done")
+        return self.best
+
+    def _emit(self, kind: str) -> None:
+        self.on_event(
+            ShrinkEvent(kind, self.current_pass, self.best, self.checks, self.best.total_numel())
+        )
+
+
+def find_integer(f: Callable[[int], bool]) -> int:
+    """The largest n with f(n) true, given f(0): k successes cost O(log k) calls (Hypothesis)."""
+    for i in range(1, 5):
+        if not f(i):
+            return i - 1
+    low, high = 4, 5
+    while f(high):
+        low, high = high, high * 2
+    while low + 1 < high:
+        mid = (low + high) // 2
+        if f(mid):
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def shrink(
+    initial: ReproCase, predicate: Predicate, passes: Sequence[Pass] | None = None, **options: Any
+) -> ReproCase:
+    """Shrink `initial` under `predicate` with `passes` (all of them by default)."""
+    return Shrinker(initial, predicate, passes=passes, **options).run()
