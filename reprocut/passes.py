@@ -326,8 +326,16 @@ def _generators_for(spec: TensorSpec) -> list[Generated]:
 
 
 def replace_values_with_generator(shrinker: Shrinker) -> None:
-    """Captured or literal values that do not matter become zeros, ones or randn."""
+    """Captured or literal values that do not matter become zeros, ones or randn.
+
+    Tensors holding offending values (an id >= num_embeddings, a NaN probability) keep them: the
+    repro should show the bad value, not a generator that happens to trip the same check.
+    """
     for path, _ in list(shrinker.best.tensors()):
+        current = _spec_at(shrinker.best, path)
+        known = flat_values(shrinker, current) if current is not None else None
+        if known is not None and offenders(shrinker.best, path, known):
+            continue
         for generated in _generators_for(_spec_at(shrinker.best, path) or TensorSpec(())):
             spec = _spec_at(shrinker.best, path)
             if spec is None or spec.values == generated:
@@ -388,6 +396,14 @@ def zero_storage_offset(shrinker: Shrinker) -> None:
             shrinker.consider(shrinker.best.with_arg(path, replace(spec, storage_offset=0)))
 
 
+def drop_requires_grad(shrinker: Shrinker) -> None:
+    """A forward-only failure does not need autograd on its inputs."""
+    for path, _ in list(shrinker.best.tensors()):
+        spec = _spec_at(shrinker.best, path)
+        if spec is not None and spec.requires_grad:
+            shrinker.consider(shrinker.best.with_arg(path, replace(spec, requires_grad=False)))
+
+
 def move_to_cpu(shrinker: Shrinker) -> None:
     """All tensors to the CPU, only when the bug is CPU-visible (the predicate still decides)."""
     if not shrinker.cpu_visible:
@@ -408,5 +424,6 @@ PASSES = [
     simplify_dtype,
     make_contiguous,
     zero_storage_offset,
+    drop_requires_grad,
     move_to_cpu,
 ]

@@ -46,6 +46,7 @@ def sort_key(case: ReproCase) -> tuple[Any, ...]:
         sum(len(spec.shape) for spec in specs),
         tuple(spec.complexity() for spec in specs),
         tuple(values_rank(spec.values) for spec in specs),
+        sum(spec.requires_grad for spec in specs),
     )
 
 

@@ -1,0 +1,158 @@
+"""report.md: a failure, its repro and its environment, ready to paste into a GitHub issue.
+
+The environment is collect_env-style versions (torch, CUDA, driver, GPU, Python, OS) from the
+recording and `nvidia-smi`; never environment variables, paths to secrets or hostnames.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from reprocut.emitter import Environment
+from reprocut.recording import Failure
+
+
+def _nvidia_smi() -> tuple[str | None, str | None]:
+    """(driver, GPU name) without initialising CUDA in this process."""
+    if shutil.which("nvidia-smi") is None:
+        return None, None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    first = out.strip().splitlines()[0] if out.strip() else ""
+    if "," not in first:
+        return None, None
+    driver, name = (part.strip() for part in first.split(",", 1))
+    return driver or None, name or None
+
+
+def collect_environment(failure: Failure | None = None) -> Environment:
+    """Versions of the machine the failure was recorded on (falling back to this one)."""
+    import torch
+
+    env = dict(failure.env) if failure is not None else {}
+    on_cuda = failure is not None and failure.device.startswith("cuda")
+    driver, gpu = _nvidia_smi() if on_cuda else (None, None)
+    cuda = env.get("cuda") or torch.version.cuda
+    return Environment(
+        torch=env.get("torch") or torch.__version__,
+        cuda=None if cuda in (None, "None") else str(cuda),
+        driver=env.get("driver") or driver,
+        gpu=env.get("gpu") or gpu,
+        python=env.get("python") or platform.python_version(),
+        os=env.get("platform") or platform.platform(terse=True),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ReportInputs:
+    """Everything report.md says, gathered by the shrink command."""
+
+    code: str
+    failure: Failure
+    environment: Environment
+    statements: int
+    tensor_elements: int | None
+    checks: int
+    seconds: float
+    verified_runs: int
+    verified_reproduced: int
+    cpu_reproduces: bool | None
+    cpu_message: str = ""
+    reproduced_from_capture: bool = True
+    sidecar: bool = False
+
+
+def _fence(text: str, language: str = "") -> str:
+    fence = "```"
+    while fence in text:
+        fence += "`"
+    return f"{fence}{language}\n{text.rstrip()}\n{fence}"
+
+
+def summary_line(failure: Failure) -> str:
+    signature = failure.signature
+    where = failure.public_call or failure.op or "a torch call"
+    if signature.error_code is not None:
+        name = failure.error.name or signature.kind
+        return f"`{where}` raises CUDA error {signature.error_code} ({name}): {signature.kind}"
+    return f"`{where}` raises {signature.error_type}: {signature.kind}"
+
+
+def render(inputs: ReportInputs) -> str:
+    failure, env = inputs.failure, inputs.environment
+    parts = [f"# {summary_line(failure)}", ""]
+    if not inputs.reproduced_from_capture:
+        parts += [
+            "> **Note:** the captured call did not reproduce the failure on its own; the script "
+            "below is the unshrunk candidate. Try `reprocut shrink --source` (source-level "
+            "reduction of the original script).",
+            "",
+        ]
+    parts += ["## Reproduction", "", _fence(inputs.code, "python"), ""]
+    if inputs.sidecar:
+        parts += ["It loads captured inputs from `repro_inputs.pt` (attached next to it).", ""]
+    size = f"{inputs.statements} statements"
+    if inputs.tensor_elements is not None:
+        size += f", {inputs.tensor_elements} tensor elements"
+    parts += [
+        f"Run it with `python repro.py`. Size: {size}. Reduced by reprocut in "
+        f"{inputs.checks} checks, {inputs.seconds:.1f} s. Verified: "
+        f"{inputs.verified_reproduced}/{inputs.verified_runs} plain runs failed as expected.",
+        "",
+        "## Expected error",
+        "",
+        _fence(f"{failure.error.type}: {failure.error.message.strip()}"),
+        "",
+        f"Signature: {failure.signature.describe()}",
+    ]
+    for assertion in failure.error.assertions[:3]:
+        text = assertion.get("condition") if isinstance(assertion, dict) else str(assertion)
+        function = assertion.get("function", "") if isinstance(assertion, dict) else ""
+        parts.append(f"- kernel assertion: `{text}`" + (f" in `{function}`" if function else ""))
+    if inputs.cpu_reproduces is not None:
+        cpu = "yes" if inputs.cpu_reproduces else "no"
+        parts.append(
+            f"- on CPU: {cpu}" + (f" (`{inputs.cpu_message}`)" if inputs.cpu_message else "")
+        )
+    parts += ["", "## Where it happened in the original program", ""]
+    if failure.source is not None:
+        parts.append(f"- `{failure.source.file}:{failure.source.line}`: `{failure.source.text}`")
+    if failure.forward_source is not None:
+        parts.append(
+            f"- created in forward at `{failure.forward_source.file}:{failure.forward_source.line}`"
+            f": `{failure.forward_source.text}`"
+        )
+    facts = [
+        ("op", failure.op),
+        ("public call", failure.public_call),
+        ("module", failure.module),
+        ("phase", failure.phase),
+        ("training step", failure.step),
+    ]
+    parts += [f"- {name}: `{value}`" for name, value in facts if value is not None]
+    if failure.diagnosis:
+        parts += ["", failure.diagnosis]
+    parts += [
+        "",
+        "## Environment",
+        "",
+        f"- PyTorch: {env.torch}",
+        f"- CUDA: {env.cuda or 'none'}",
+        f"- GPU driver: {env.driver or 'none'}",
+        f"- GPU: {env.gpu or 'none'}",
+        f"- Python: {env.python}",
+        f"- OS: {env.os}",
+        "",
+    ]
+    return "\n".join(parts)

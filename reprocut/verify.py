@@ -1,0 +1,118 @@
+"""Does the final repro.py fail the same way under a plain `python repro.py`, every time?
+
+Each run is a fresh process (own process group, timeout) with no reprocut code in it, so the
+signature is read back from the traceback on stderr. A plain run has no attribution, so the op is
+not compared (the error type or CUDA code and the normalized message or assertion kind are).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from reprocut.case import Signature
+from reprocut.errors import ExitCode
+from reprocut.oracle import run_with_timeout
+from reprocut.signature import classify
+
+_EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: (?P<message>.*))?$")
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """One plain run: its exit code (None on timeout) and the signature its traceback shows."""
+
+    returncode: int | None
+    signature: Signature | None
+    seconds: float
+    stderr_tail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    runs: int
+    reproduced: int
+    outcomes: tuple[RunOutcome, ...]
+
+    @property
+    def rate(self) -> float:
+        return self.reproduced / self.runs if self.runs else 0.0
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if self.runs and self.reproduced == self.runs:
+            return ExitCode.OK
+        return ExitCode.FLAKY if self.reproduced else ExitCode.NOT_REPRODUCED
+
+    def describe(self) -> str:
+        return f"{self.reproduced}/{self.runs} plain runs failed with the expected signature"
+
+
+def last_exception(stderr: str) -> tuple[str, str] | None:
+    """(type, message) of the last traceback in `stderr`: the unindented line after its frames."""
+    lines = stderr.splitlines()
+    start = max(
+        (i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")), default=-1
+    )
+    if start < 0:
+        return None
+    for i in range(start + 1, len(lines)):
+        line = lines[i]
+        if not line or line[0].isspace():
+            continue
+        match = _EXCEPTION_LINE.match(line)
+        if match:
+            message = "\n".join([match["message"] or "", *lines[i + 1 :]]).strip()
+            return match["type"].rsplit(".", 1)[-1], message
+    return None
+
+
+def signature_from_stderr(stderr: str) -> Signature | None:
+    found = last_exception(stderr)
+    if found is None:
+        return None
+    error_type, message = found
+    return classify(error_type, message, stderr)
+
+
+def run_plain(script: Path, *, timeout: float = 120.0) -> RunOutcome:
+    """`python script` from the script's folder, in its own process group."""
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, script.name],
+        cwd=script.parent,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ),
+        start_new_session=True,
+    )
+    stderr_bytes = b""
+    try:
+        _, stderr_bytes = process.communicate(timeout=timeout)
+        returncode: int | None = process.returncode
+    except subprocess.TimeoutExpired:
+        returncode = run_with_timeout(process, 0)  # kills the group
+        returncode = None
+    stderr = stderr_bytes.decode("utf-8", "replace")
+    return RunOutcome(
+        returncode, signature_from_stderr(stderr), time.perf_counter() - started, stderr[-4000:]
+    )
+
+
+def verify(
+    script: Path, expected: Signature, *, runs: int = 3, timeout: float = 120.0
+) -> Verification:
+    """Run `script` `runs` times; count the runs whose signature matches `expected` (op aside)."""
+    outcomes = tuple(run_plain(script, timeout=timeout) for _ in range(runs))
+    reproduced = sum(
+        1
+        for outcome in outcomes
+        if outcome.signature is not None and outcome.signature.matches(expected, compare_op=False)
+    )
+    return Verification(runs, reproduced, outcomes)
