@@ -287,6 +287,11 @@ class Recorder:
     def _on_module_enter(self, module: torch.nn.Module, args: Any) -> None:
         if threading.get_ident() != self._main_thread:
             return
+        if not self.state.module_stack and not self.state.optimizer_seen:
+            # no optimizer: each top-level forward starts a step (an evaluation batch)
+            if self.state.root_forwards:
+                self._end_step()
+            self.state.root_forwards += 1
         name = self.module_names.get(module)
         if name is None:
             name = self._name_root(module)
@@ -296,9 +301,6 @@ class Recorder:
         if threading.get_ident() != self._main_thread or not self.state.module_stack:
             return
         self.state.module_stack.pop()
-        if not self.state.module_stack and not self.state.optimizer_seen:
-            self.state.root_forwards += 1
-            self._end_step()  # no optimizer: a top-level forward is a step
 
     def _name_root(self, module: torch.nn.Module) -> str:
         """Name a module first seen outside any other: after the user's variable, if any."""
