@@ -1,0 +1,113 @@
+"""Properties of the shrink loop on generated cases: it never accepts a non-matching candidate,
+never grows, and stops at a fixed point."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reprocut.case import Generated, Literal, ReproCase, TensorSpec
+from reprocut.passes import PASSES
+from reprocut.shrinker import Shrinker, sort_key
+
+DTYPES = st.sampled_from(["float32", "float16", "float64", "int64", "int32"])
+
+
+@st.composite
+def tensor_specs(draw: st.DrawFn) -> TensorSpec:
+    shape = tuple(draw(st.lists(st.integers(1, 6), min_size=1, max_size=3)))
+    dtype = draw(DTYPES)
+    numel = 1
+    for size in shape:
+        numel *= size
+    if dtype.startswith("int"):
+        values = draw(
+            st.one_of(
+                st.just(Generated("zeros")),
+                st.lists(st.integers(-20, 20), min_size=numel, max_size=numel).map(
+                    lambda v: Literal(tuple(v))
+                ),
+            )
+        )
+    else:
+        values = draw(st.sampled_from([Generated("randn"), Generated("ones"), Generated("zeros")]))
+    offset = draw(st.integers(0, 2))
+    return TensorSpec(
+        shape,
+        storage_offset=offset,
+        dtype=dtype,
+        device=draw(st.sampled_from(["cpu", "cuda"])),
+        values=values,
+    )
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> ReproCase:
+    target = draw(st.sampled_from(["torch.nn.functional.embedding", "torch.gather", "torch.op"]))
+    args = tuple(draw(st.lists(tensor_specs(), min_size=1, max_size=3)))
+    kwargs = tuple((f"k{i}", i) for i in range(draw(st.integers(0, 2))))
+    return ReproCase(target, args, kwargs)
+
+
+def predicate_from(seed: int):
+    """A deterministic property of a case (some hold for small cases, some for large)."""
+
+    def holds(case: ReproCase) -> bool:
+        return (
+            hash((seed, case.total_numel() % 3, case.num_args(), len(case.kwargs))) % 4
+        ) != 0 or case.total_numel() > 40
+
+    return holds
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(), st.integers(0, 1000))
+def test_never_accepts_a_failing_candidate_and_never_grows(case: ReproCase, seed: int) -> None:
+    holds = predicate_from(seed)
+    accepted: list[ReproCase] = []
+    checked: list[tuple[ReproCase, bool]] = []
+
+    def recording(candidate: ReproCase) -> bool:
+        result = holds(candidate)
+        checked.append((candidate, result))
+        return result
+
+    shrinker = Shrinker(
+        case, recording, on_accept=accepted.append, max_checks=300, cpu_visible=True
+    )
+    best = shrinker.run()
+    # every accepted candidate satisfied the predicate, and each was strictly smaller than the last
+    previous = case
+    for candidate in accepted:
+        assert holds(candidate)
+        assert sort_key(candidate) < sort_key(previous)
+        previous = candidate
+    assert best == (accepted[-1] if accepted else case)
+    assert sort_key(best) <= sort_key(case)
+    # candidates the predicate rejected never became best
+    rejected = {c for c, ok in checked if not ok}
+    assert best not in rejected or best == case
+    # no check was paid for a candidate that was not strictly smaller than the best at the time
+    assert shrinker.checks == len(checked)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_reaches_a_fixed_point(case: ReproCase) -> None:
+    def always(candidate: ReproCase) -> bool:
+        return True
+
+    best = Shrinker(case, always, max_checks=10_000, max_time=60, cpu_visible=True).run()
+    again = Shrinker(best, always, max_checks=10_000, max_time=60, cpu_visible=True)
+    assert again.run() == best
+    assert again.checks == 0  # any strictly smaller candidate would have been accepted
+    # with an always-true predicate every tensor ends at one element
+    assert all(spec.numel == 1 for _, spec in best.tensors())
+
+
+@settings(max_examples=30, deadline=None)
+@given(cases(), st.integers(1, 20))
+def test_budget_bounds_the_number_of_checks(case: ReproCase, budget: int) -> None:
+    shrinker = Shrinker(case, lambda c: True, max_checks=budget, passes=PASSES)
+    shrinker.run()
+    assert shrinker.checks <= budget
