@@ -1,0 +1,137 @@
+"""The oracle against a real fork server and real fresh processes: every outcome is a Verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reprocut.case import Generated, Literal, ReproCase, Signature, TensorSpec
+from reprocut.oracle import Crashed, Oracle, OtherFailure, Passed, Reproduced, TimedOut
+
+EMBEDDING = Signature("IndexError", None, "aten::embedding", "index out of range in self")
+
+
+def embedding_case(ids: tuple[int, ...] = (1000,), device: str = "cpu") -> ReproCase:
+    return ReproCase(
+        "torch.nn.functional.embedding",
+        (
+            TensorSpec((len(ids),), dtype="int64", device=device, values=Literal(ids)),
+            TensorSpec((10, 3), device=device, values=Generated("randn")),
+        ),
+        expected=EMBEDDING,
+        aten_op="aten::embedding",
+    )
+
+
+@pytest.fixture(scope="module")
+def oracle() -> Iterator[Oracle]:
+    with Oracle(timeout=60) as shared:
+        yield shared
+
+
+def run(oracle: Oracle, code: str, tmp_path: Path, timeout: float | None = None):
+    return oracle.check_source(
+        code, filename=str(tmp_path / "candidate.py"), cwd=tmp_path, timeout=timeout
+    )
+
+
+def test_passing_case(oracle: Oracle) -> None:
+    verdict = oracle.check_case(embedding_case((1, 2)))
+    assert isinstance(verdict, Passed)
+
+
+def test_cpu_index_error_reproduces_with_the_op_attributed(oracle: Oracle) -> None:
+    verdict = oracle.check_case(embedding_case((1, 1000)))
+    assert isinstance(verdict, Reproduced)
+    assert verdict.signature.op == "aten::embedding"
+    assert verdict.signature.kind == "index out of range in self"
+
+
+def test_a_different_error_is_other_failure(oracle: Oracle) -> None:
+    case = ReproCase(
+        "torch.nn.functional.one_hot",
+        (TensorSpec((1,), dtype="int64", values=Literal((5,))), 3),
+        expected=EMBEDDING,
+    )
+    verdict = oracle.check_case(case)
+    assert isinstance(verdict, OtherFailure)
+    assert verdict.signature.op == "torch.nn.functional.one_hot"  # composite: no aten op raised
+    assert verdict.signature.error_type == "RuntimeError"
+
+
+def test_hang_times_out_and_the_server_keeps_working(oracle: Oracle, tmp_path: Path) -> None:
+    verdict = run(oracle, "import time\ntime.sleep(600)\n", tmp_path, timeout=1.0)
+    assert isinstance(verdict, TimedOut)
+    assert isinstance(oracle.check_case(embedding_case()), Reproduced)
+
+
+def test_abort_is_crashed_and_the_server_keeps_working(oracle: Oracle, tmp_path: Path) -> None:
+    verdict = run(oracle, "import os\nos.abort()\n", tmp_path)
+    assert isinstance(verdict, Crashed)
+    assert verdict.returncode == -6
+    assert isinstance(oracle.check_case(embedding_case()), Reproduced)
+
+
+def test_script_sees_main_argv_cwd_and_its_own_stdout(oracle: Oracle, tmp_path: Path) -> None:
+    (tmp_path / "helper.py").write_text("VALUE = 42\n")
+    code = (
+        "import os, sys\n"
+        "import helper\n"
+        "print(__name__, sys.argv[1:], os.getcwd() == os.path.dirname(__file__), helper.VALUE)\n"
+    )
+    verdict = oracle.check_source(
+        code, filename=str(tmp_path / "train.py"), cwd=tmp_path, argv=["--epochs", "3"]
+    )
+    assert isinstance(verdict, Passed)
+    assert verdict.stdout.strip() == "__main__ ['--epochs', '3'] True 42"
+
+
+def test_the_server_is_restarted_when_it_dies(tmp_path: Path) -> None:
+    with Oracle(timeout=30) as oracle:
+        assert isinstance(oracle.check_case(embedding_case()), Reproduced)
+        assert oracle._server is not None
+        oracle._server.kill()
+        oracle._server.wait()
+        assert isinstance(oracle.check_case(embedding_case()), Reproduced)
+        assert oracle.checks == 2
+
+
+def test_no_fork_mode_gives_the_same_verdicts(tmp_path: Path) -> None:
+    with Oracle(fork=False, timeout=60) as oracle:
+        assert isinstance(oracle.check_case(embedding_case()), Reproduced)
+        assert isinstance(oracle.check_case(embedding_case((1,))), Passed)
+        assert isinstance(
+            run(oracle, "import time\ntime.sleep(600)\n", tmp_path, timeout=2.0), TimedOut
+        )
+        assert isinstance(run(oracle, "import os\nos.abort()\n", tmp_path), Crashed)
+        assert oracle.checks == 4
+
+
+# --- on a GPU (the lead runs these on the H200) ------------------------------------------------
+
+CUDA_ASSERT = Signature("AcceleratorError", 710, "aten::embedding", "index out of bounds")
+
+
+@pytest.mark.cuda
+def test_device_assert_in_one_child_leaves_the_next_child_unharmed() -> None:
+    with Oracle(timeout=120) as oracle:
+        bad = embedding_case((1000,), device="cuda")
+        verdict = oracle.check_case(bad, expected=CUDA_ASSERT)
+        assert isinstance(verdict, Reproduced), verdict
+        assert verdict.signature.error_code == 710
+        assert isinstance(oracle.check_case(embedding_case((1,), device="cuda")), Passed)
+        assert isinstance(oracle.check_case(bad, expected=CUDA_ASSERT), Reproduced)
+
+
+@pytest.mark.cuda
+def test_device_assert_kind_survives_a_kernel_change() -> None:
+    """One element goes through indexSelectSmallIndex, many through another kernel: same kind."""
+    with Oracle(timeout=120) as oracle:
+        small = oracle.check_case(embedding_case((1000,), device="cuda"), expected=CUDA_ASSERT)
+        large = oracle.check_case(
+            embedding_case((1,) * 4095 + (1000,), device="cuda"), expected=CUDA_ASSERT
+        )
+        assert isinstance(small, Reproduced), small
+        assert isinstance(large, Reproduced), large
