@@ -1,0 +1,230 @@
+"""`reprocut shrink` end to end on hand-made recordings: repro.py is small, standalone, verified."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from reprocut.case import (
+    Captured,
+    Generated,
+    Literal,
+    ReproCase,
+    Signature,
+    SourceLocation,
+    TensorSpec,
+)
+from reprocut.cli import main
+from reprocut.emitter import count_statements
+from reprocut.errors import ExitCode
+from reprocut.oracle import Oracle, OtherFailure
+from reprocut.recording import ErrorInfo, Failure, RunDir
+from reprocut.verify import signature_from_stderr
+
+EMBEDDING = Signature("IndexError", None, "aten::embedding", "index out of range in self")
+
+
+def make_run_dir(
+    root: Path,
+    case: ReproCase,
+    signature: Signature,
+    inputs: dict[str, torch.Tensor],
+    *,
+    message: str = "",
+    device: str = "cpu",
+) -> RunDir:
+    run = RunDir.create(root / ".reprocut", "case")
+    if inputs:
+        torch.save(inputs, run.inputs_path)
+    failure = Failure(
+        status="localized",
+        error=ErrorInfo(signature.error_type, message or signature.kind, code=signature.error_code),
+        signature=signature,
+        op=signature.op,
+        public_call=case.target,
+        step=3,
+        phase="forward",
+        module="model.embed",
+        source=SourceLocation("train.py", 12, "x = self.embed(ids)"),
+        cases=(case,),
+        script="train.py",
+        cwd=str(root),
+        device=device,
+    )
+    run.write_failure(failure)
+    return run
+
+
+def embedding_recording(root: Path) -> RunDir:
+    ids = torch.randint(0, 50, (4, 16))
+    ids[2, 5] = 1000
+    case = ReproCase(
+        "torch.nn.functional.embedding",
+        (
+            TensorSpec((4, 16), dtype="int64", values=Captured("ids")),
+            TensorSpec((50, 32), requires_grad=True, values=Generated("randn")),
+        ),
+        kwargs=(("padding_idx", 0),),
+        expected=EMBEDDING,
+        aten_op="aten::embedding",
+        inputs_file="inputs.pt",
+    )
+    return make_run_dir(root, case, EMBEDDING, {"ids": ids})
+
+
+def run_shrink(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:
+    code = main(["shrink", *args, "--json", "--timeout", "60"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip().startswith("{") else {}
+
+
+def run_standalone(repro: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Copy repro.py alone into an empty directory and run it with plain python."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    shutil.copy(repro, empty / "repro.py")
+    return subprocess.run(
+        [sys.executable, "repro.py"], cwd=empty, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.slow
+def test_embedding_recording_shrinks_to_a_small_standalone_repro(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = embedding_recording(tmp_path)
+    code, result = run_shrink([str(run.path)], capsys)
+    assert code == ExitCode.OK
+    assert result["status"] == "verified"
+    assert result["verified"] == {"runs": 3, "reproduced": 3}
+    assert result["statements"] <= 6
+    assert result["tensor_elements"] <= 64
+    assert result["signature"]["kind"] == "index out of range in self"
+    assert result["cpu_reproduces"] is True
+    repro = Path(result["repro"])
+    text = repro.read_text()
+    assert count_statements(text) == result["statements"]
+    assert "torch.tensor([[1000]])" in text  # the offending id is kept
+    assert (run.path / "report.md").exists()
+    assert "index out of range in self" in (run.path / "report.md").read_text()
+    done = run_standalone(repro, tmp_path)
+    signature = signature_from_stderr(done.stderr)
+    assert signature is not None and signature.matches(EMBEDDING, compare_op=False), done.stderr
+
+
+@pytest.mark.slow
+def test_out_dir_and_latest_recording_and_no_fork(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    embedding_recording(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    code, result = run_shrink(["--out", str(out), "--no-fork", "--max-checks", "20"], capsys)
+    assert code == ExitCode.OK, result
+    assert Path(result["repro"]) == (out / "repro.py").resolve()
+    assert (out / "report.md").exists()
+    assert result["checks"] <= 20 + 2  # the initial check and the CPU check come on top
+
+
+def test_missing_run_dir_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["shrink", str(tmp_path / "nope")]) == ExitCode.USAGE_ERROR
+    assert "no-recording" in capsys.readouterr().err
+
+
+def test_corrupt_recording_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = RunDir.create(tmp_path / ".reprocut", "bad")
+    run.failure_path.write_text("{not json")
+    assert main(["shrink", str(run.path)]) == ExitCode.USAGE_ERROR
+    assert "corrupt-recording" in capsys.readouterr().err
+
+
+def test_a_case_that_does_not_reproduce_keeps_the_unshrunk_repro(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    case = ReproCase(
+        "torch.nn.functional.embedding",
+        (
+            TensorSpec((2,), dtype="int64", values=Literal((1, 2))),
+            TensorSpec((10, 3), values=Generated("zeros")),
+        ),
+        expected=EMBEDDING,
+    )
+    run = make_run_dir(tmp_path, case, EMBEDDING, {})
+    code, result = run_shrink([str(run.path), "--runs", "1"], capsys)
+    assert code == ExitCode.NOT_REPRODUCED
+    assert result["status"] == "not-reproduced"
+    assert "torch.tensor([1, 2])" in (run.path / "repro.py").read_text()
+    assert "--source" in (run.path / "report.md").read_text()
+
+
+# --- device-side assert families on a GPU (hand-made recordings on cuda) -------------------------
+
+
+def _cuda_families() -> list[tuple[str, ReproCase, dict[str, torch.Tensor], str]]:
+    ids = torch.randint(0, 50, (8, 32))
+    ids[3, 7] = 1000
+    target = torch.randint(0, 5, (64,))
+    target[17] = 7
+    index = torch.randint(0, 3, (16, 3))
+    index[9, 1] = 5
+    labels = torch.randint(0, 10, (128,))
+    labels[100] = 255
+    probs = torch.softmax(torch.randn(4, 100), dim=-1)
+    probs[2, 40] = float("nan")
+    bce = torch.rand(32)
+    bce[20] = 1.5
+    cuda = "cuda"
+
+    def tensor(shape: tuple[int, ...], key: str, dtype: str = "int64") -> TensorSpec:
+        return TensorSpec(shape, dtype=dtype, device=cuda, values=Captured(key))
+
+    def noise(*shape: int) -> TensorSpec:
+        return TensorSpec(shape, device=cuda, values=Generated("randn"))
+
+    return [
+        ("embedding", ReproCase("torch.nn.functional.embedding", (tensor((8, 32), "ids"), noise(50, 16))), {"ids": ids}, "index out of bounds"),
+        ("cross_entropy", ReproCase("torch.nn.functional.cross_entropy", (noise(64, 5), tensor((64,), "target"))), {"target": target}, "target out of bounds"),
+        ("gather", ReproCase("torch.gather", (noise(16, 3), 1, tensor((16, 3), "index"))), {"index": index}, "index out of bounds"),
+        ("scatter_add", ReproCase("torch.Tensor.scatter_add_", (noise(16, 3), 1, tensor((16, 3), "index"), noise(16, 3))), {"index": index}, "index out of bounds"),
+        ("one_hot", ReproCase("torch.nn.functional.one_hot", (tensor((128,), "labels"), 10)), {"labels": labels}, "index out of bounds"),
+        ("multinomial", ReproCase("torch.multinomial", (tensor((4, 100), "probs", "float32"), 1)), {"probs": probs}, "invalid probability distribution"),
+        ("bce", ReproCase("torch.nn.functional.binary_cross_entropy", (tensor((32,), "bce", "float32"), TensorSpec((32,), device=cuda, values=Generated("rand")))), {"bce": bce}, "input outside [0, 1]"),
+    ]  # fmt: skip
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("family", _cuda_families(), ids=lambda family: family[0])
+def test_cuda_device_assert_family_shrinks_and_verifies(
+    family: tuple[str, ReproCase, dict[str, torch.Tensor], str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, case, inputs, kind = family
+    with Oracle(timeout=120) as oracle:  # what the recording would have seen
+        seen = oracle.check_case(case, inputs)
+    assert isinstance(seen, OtherFailure), seen
+    signature = seen.signature
+    assert signature.error_code == 710 and signature.kind == kind, signature
+    from dataclasses import replace
+
+    run = make_run_dir(
+        tmp_path, replace(case, expected=signature), signature, inputs, device="cuda"
+    )
+    code, result = run_shrink([str(run.path), "--max-time", "120"], capsys)
+    assert code == ExitCode.OK, result
+    assert result["statements"] <= 6
+    assert result["tensor_elements"] <= 64
+    done = run_standalone(Path(result["repro"]), tmp_path)
+    found = signature_from_stderr(done.stderr)
+    assert found is not None and found.matches(signature, compare_op=False), done.stderr
