@@ -60,9 +60,14 @@ def parse(code: str) -> cst.Module | None:
         return None
 
 
-def transform(code: str, transformer: cst.CSTTransformer) -> str | None:
-    """The code after `transformer`, or None when it cannot apply (invalid tree, bad syntax)."""
-    module = parse(code)
+def transform(
+    code: str, transformer: cst.CSTTransformer, module: cst.Module | None = None
+) -> str | None:
+    """The code after `transformer`, or None when it cannot apply (invalid tree, bad syntax).
+
+    Pass `module` (the parse of `code`) when the transformer matches nodes by identity.
+    """
+    module = parse(code) if module is None else module
     if module is None:
         return None
     try:
@@ -80,8 +85,9 @@ def transform(code: str, transformer: cst.CSTTransformer) -> str | None:
 
 def sweep(
     code: str, count: Callable[[str], int], apply_at: Callable[[str, int], str | None]
-) -> Generator[str, bool, None]:
-    """Try `apply_at(code, i)` for every site i, from the last to the first.
+) -> Generator[str, bool, str]:
+    """Try `apply_at(code, i)` for every site i, from the last to the first; returns the code
+    as it stands after the sweep.
 
     Going backwards keeps the indices of sites not yet tried stable when one is removed.
     """
@@ -91,6 +97,7 @@ def sweep(
         if candidate is not None and (yield candidate):
             code = candidate
         i = min(i - 1, count(code) - 1)
+    return code
 
 
 def body_statements(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
@@ -444,11 +451,15 @@ def inline_sibling_imports(code: str, context: PassContext) -> Generator[str, bo
         module = parse(code)
         if module is None:
             return
-        pending = [s for s in sibling_imports(module, context.search_dirs) if s.code not in tried]
+        pending = [
+            s
+            for s in sibling_imports(module, context.search_dirs)
+            if module.code_for_node(s) not in tried
+        ]
         if not pending:
             return
         line = pending[0]
-        tried.add(line.code)
+        tried.add(module.code_for_node(line))
         candidate = _inline_import(code, module, line, context.search_dirs)
         if candidate is not None and (yield candidate):
             code = candidate
@@ -842,7 +853,7 @@ def shrink_integers(code: str, context: PassContext) -> Generator[str, bool, Non
             continue
         improved = False
         for value in smaller_integers(integer_value(found[i])):
-            candidate = transform(code, _SetInteger(found[i], value))
+            candidate = transform(code, _SetInteger(found[i], value), module)
             if candidate is not None and (yield candidate):
                 code, improved = candidate, True
                 break
@@ -905,7 +916,7 @@ def drop_arguments(code: str, context: PassContext) -> Generator[str, bool, None
         module.visit(visitor)
         if index >= len(visitor.found):
             return None
-        return transform(code, _DropArg(visitor.found[index]))
+        return transform(code, _DropArg(visitor.found[index]), module)
 
     yield from sweep(code, lambda c: len(droppable_arguments(c)), apply_at)
 
@@ -1011,30 +1022,43 @@ def _focus_callee(focus: str | None) -> str | None:
     return cst.Module(body=[]).code_for_node(call.func)
 
 
+def calls_focus(code: str, focus: str | None) -> bool | None:
+    """Does the code still make the failing call? None when there is no focus call to look for."""
+    callee = _focus_callee(focus)
+    module = parse(code)
+    if callee is None or module is None:
+        return None
+    return any(
+        module.code_for_node(call.func) == callee  # type: ignore[attr-defined]
+        for call in m.findall(module, m.Call())
+    )
+
+
 class _SpecSites(cst.CSTVisitor):
-    """Call arguments that are expressions (not constants), of the focus call when there is one."""
+    """Call arguments that are expressions (not constants), of the focus call when there is one,
+    each with its position in the call (the position of the recorded spec to try first)."""
 
     def __init__(self, module: cst.Module, callee: str | None) -> None:
         self.module, self.callee = module, callee
-        self.found: list[cst.Arg] = []
+        self.found: list[tuple[cst.Arg, int]] = []
 
     def visit_Call(self, node: cst.Call) -> None:
         if self.callee is not None and self.module.code_for_node(node.func) != self.callee:
             return
-        for arg in node.args:
+        for position, arg in enumerate(node.args):
             if (
                 not arg.star
                 and not is_constant(arg.value)
                 and not isinstance(arg.value, cst.Lambda)
             ):
-                self.found.append(arg)
+                self.found.append((arg, position))
 
 
-def spec_sites(module: cst.Module, focus: str | None) -> list[cst.Arg]:
+def spec_sites(module: cst.Module, focus: str | None) -> list[tuple[cst.Arg, int]]:
     callee = _focus_callee(focus)
     visitor = _SpecSites(module, callee)
     module.visit(visitor)
-    if not visitor.found and callee is not None:
+    if not visitor.found and callee is not None and not calls_focus(module.code, focus):
         visitor = _SpecSites(module, None)
         module.visit(visitor)
     return visitor.found
@@ -1055,7 +1079,7 @@ class _ReplaceArg(cst.CSTTransformer):
 
 def replace_with_specs(code: str, context: PassContext) -> Generator[str, bool, None]:
     """Replace an argument of the failing call by a tensor built from a recorded spec, so what
-    computed it (model, data pipeline) can go. The i-th argument tries the i-th spec first."""
+    computed it (model, data pipeline) can go. The spec at the argument's position goes first."""
     if not context.specs:
         return
     specs = context.specs
@@ -1067,13 +1091,139 @@ def replace_with_specs(code: str, context: PassContext) -> Generator[str, bool, 
         sites = spec_sites(module, context.focus)
         if i >= len(sites):
             return
-        order = [specs[i % len(specs)], *(s for s in specs if s is not specs[i % len(specs)])]
-        for spec in order:
-            candidate = transform(code, _ReplaceArg(sites[i], spec_expression(spec)))
+        arg, position = sites[i]
+        first = specs[position] if position < len(specs) else specs[0]
+        accepted = False
+        for spec in [first, *(s for s in specs if s is not first)]:
+            candidate = transform(code, _ReplaceArg(arg, spec_expression(spec)), module)
+            if candidate is not None and (yield candidate):
+                code, accepted = candidate, True
+                break
+        if not accepted:
+            i += 1  # an accepted site became a constant: it is no longer in the list
+
+
+# --- simplify_expressions ------------------------------------------------------------------
+
+SIMPLE_VALUES = ("0", "None")
+
+
+class _ValueSites(cst.CSTVisitor):
+    """Right-hand sides of assignments and call arguments that are not constants already."""
+
+    def __init__(self) -> None:
+        self.found: list[cst.BaseExpression] = []
+
+    def _add(self, value: cst.BaseExpression) -> None:
+        if not is_constant(value) and not isinstance(value, cst.Lambda):
+            self.found.append(value)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        self._add(node.value)
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if not node.star:
+            self._add(node.value)
+
+
+class _ReplaceExpression(cst.CSTTransformer):
+    def __init__(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        super().__init__()
+        self.target, self.value = target, value
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+        return self.value if original_node is self.target else updated_node
+
+
+def simplify_expressions(code: str, context: PassContext) -> Generator[str, bool, None]:
+    """Replace a computed value (an assignment's right side, an argument) by `0` or `None`."""
+    i = 0
+    while True:
+        module = parse(code)
+        if module is None:
+            return
+        visitor = _ValueSites()
+        module.visit(visitor)
+        if i >= len(visitor.found):
+            return
+        for text in SIMPLE_VALUES:
+            replacement = cst.parse_expression(text)
+            candidate = transform(code, _ReplaceExpression(visitor.found[i], replacement), module)
             if candidate is not None and (yield candidate):
                 code = candidate
                 break
         i += 1
+
+
+# --- hoist_subexpressions -------------------------------------------------------------------
+
+
+def _children(node: cst.CSTNode) -> list[cst.BaseExpression]:
+    """Sub-expressions that may stand in for a node: `a.m(x)` -> `a`, `a[i]` -> `a`, ..."""
+    if isinstance(node, cst.Call):
+        options = [a.value for a in node.args if a.keyword is None and not a.star][:1]
+        if isinstance(node.func, cst.Attribute):
+            options.insert(0, node.func.value)
+        return options
+    if isinstance(node, cst.Subscript):
+        return [node.value]
+    if isinstance(node, cst.BinaryOperation | cst.BooleanOperation):
+        return [node.left, node.right]
+    if isinstance(node, cst.Comparison):
+        return [node.left]
+    if isinstance(node, cst.UnaryOperation):
+        return [node.expression]
+    return []
+
+
+class _HoistSites(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found: list[cst.BaseExpression] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.BaseExpression) and is_constant(node):
+            return False
+        if _children(node):
+            self.found.append(node)  # type: ignore[arg-type]
+        return True
+
+
+def _value_statement(statement: cst.BaseStatement) -> list[cst.BaseStatement] | None:
+    """`x = f(a)` or `x += f(a)` -> `f(a)`: the call may matter, the name may not."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    if isinstance(small, cst.Assign | cst.AugAssign) and m.findall(small.value, m.Call()):
+        return [statement.with_changes(body=[cst.Expr(small.value)])]
+    return None
+
+
+def hoist_subexpressions(code: str, context: PassContext) -> Generator[str, bool, None]:
+    """Replace an expression by one of its parts (`(model(x).argmax() == y).sum()` -> `model(x)`)
+    and an assignment whose name is not needed by its value."""
+    code = yield from sweep(
+        code,
+        count_statements,
+        lambda code, i: _statement_site(code, i, lambda _, s: _value_statement(s)),
+    )
+    i = 0
+    while True:
+        module = parse(code)
+        if module is None:
+            return
+        visitor = _HoistSites()
+        module.visit(visitor)
+        if i >= len(visitor.found):
+            return
+        site = visitor.found[i]
+        accepted = False
+        for child in _children(site):
+            candidate = transform(code, _ReplaceExpression(site, child), module)
+            if candidate is not None and (yield candidate):
+                code, accepted = candidate, True
+                break
+        if not accepted:
+            i += 1
 
 
 # --- strip_comments --------------------------------------------------------------------------
@@ -1104,6 +1254,8 @@ PASSES: tuple[SourcePass, ...] = (
     inline_calls,
     replace_with_specs,
     remove_unused_definitions,
+    simplify_expressions,
+    hoist_subexpressions,
     drop_arguments,
     shrink_integers,
 )

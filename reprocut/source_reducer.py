@@ -10,13 +10,10 @@ through `on_event` so the caller can save it.
 
 from __future__ import annotations
 
-import json
-import os
+import contextlib
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,12 +24,12 @@ import libcst as cst
 
 from reprocut.case import Signature, TensorSpec
 from reprocut.errors import NotReproducedError
-from reprocut.signature import classify
 from reprocut.source_passes import (
     COMPOUND,
     PASSES,
     PassContext,
     SourcePass,
+    calls_focus,
     integer_value,
     is_constant,
     parse,
@@ -158,6 +155,18 @@ def signature_of(verdict: Any) -> Signature | None:
     return signature if isinstance(signature, Signature) else None
 
 
+def reproduces(verdict: Any, expected: Signature) -> bool:
+    """Same bug? The oracle's Verdict says so itself (Reproduced); a bare Signature from a
+    plain check is compared with `expected`."""
+    if isinstance(verdict, Signature):
+        return verdict.matches(expected)
+    if verdict is None:
+        return False
+    from reprocut.oracle import Reproduced
+
+    return isinstance(verdict, Reproduced)
+
+
 @dataclass
 class SourceReducer:
     """Greedy reduction to a fixed point; `best` changes only in `consider`."""
@@ -178,13 +187,20 @@ class SourceReducer:
     def key(self, code: str) -> tuple[int, ...]:
         return sort_key(code, self.context.search_dirs)
 
+    def drops_focus(self, candidate: str) -> bool:
+        """Would the candidate lose the failing call (the launch) the best still makes? A repro
+        must keep calling the kernel or helper that failed, not re-raise its error by hand."""
+        focus = self.context.focus
+        return bool(calls_focus(self.best, focus)) and calls_focus(candidate, focus) is False
+
     def is_same_failure(self, verdict: Any) -> bool:
-        signature = signature_of(verdict)
-        return signature is not None and signature.matches(self.expected)
+        return reproduces(verdict, self.expected)
 
     def consider(self, candidate: str, pass_name: str = "") -> bool:
         if candidate in self._seen or self.key(candidate) >= self.key(self.best):
             return False  # no run for a repeat or a non-improvement
+        if self.drops_focus(candidate):
+            return False
         if self.checks >= self.max_checks:
             raise _OutOfBudget("max checks")
         if time.monotonic() - self._started >= self.max_time:
@@ -248,8 +264,8 @@ def reduce_source(
 ) -> SourceResult:
     """Cut `script_path` down to a small standalone script failing with `expected`.
 
-    `check(code)` runs a candidate; without one, the oracle's `check_source` (fork server) does,
-    and without an oracle, a fresh Python process per candidate (slow: it imports torch each time).
+    `check(code)` runs a candidate; without one, `oracle.check_source` does (an Oracle with its
+    fork server is started, and stopped at the end, when none is given).
     `specs` are the tensors recorded at the failing call (`focus`: that line's text): arguments
     there may be replaced by tensors built from them, strides and storage offsets kept.
     Raises NotReproducedError when the script does not fail that way to begin with.
@@ -257,15 +273,49 @@ def reduce_source(
     script_path = Path(script_path).resolve()
     cwd = Path(cwd).resolve()
     original = script_path.read_text() if code is None else code
-    if check is None:
-        check = _default_check(script_path, cwd, list(argv), oracle, timeout)
+    with contextlib.ExitStack() as stack:
+        if check is None:
+            if oracle is None:
+                from reprocut.oracle import Oracle  # the fork server: torch imported once
+
+                oracle = stack.enter_context(Oracle(expected, timeout=timeout))
+            check = _oracle_check(oracle, script_path, cwd, list(argv), expected, timeout)
+        return _reduce(
+            original,
+            script_path=script_path,
+            cwd=cwd,
+            expected=expected,
+            check=check,
+            max_checks=max_checks,
+            max_time=max_time,
+            on_event=on_event,
+            specs=specs,
+            focus=focus,
+            passes=passes,
+        )
+
+
+def _reduce(
+    original: str,
+    *,
+    script_path: Path,
+    cwd: Path,
+    expected: Signature,
+    check: Check,
+    max_checks: int,
+    max_time: float,
+    on_event: Callable[[SourceEvent], None] | None,
+    specs: Sequence[TensorSpec],
+    focus: str | None,
+    passes: Sequence[SourcePass],
+) -> SourceResult:
     started = time.monotonic()
     context = PassContext(
         search_dirs=tuple(dict.fromkeys((script_path.parent, cwd))),
         specs=tuple(specs),
         focus=focus,
     )
-    if not _reproduces(check(original), expected):
+    if not reproduces(check(original), expected):
         raise NotReproducedError(
             f"{script_path.name} does not fail with {expected.describe()}",
             hint="record it again: the failure may depend on the environment or be flaky",
@@ -285,9 +335,10 @@ def reduce_source(
     stopped = reducer.run()
     final = reducer.best
     formatted = format_code(final)
-    if formatted != final and _reproduces(check(formatted), expected):
+    if formatted != final:
         reducer.checks += 1
-        final = formatted
+        if reproduces(check(formatted), expected):
+            final = formatted
     return SourceResult(
         code=final,
         statements=count_small_statements(final),
@@ -298,11 +349,6 @@ def reduce_source(
         stopped=stopped,
         original_lines=count_lines(original),
     )
-
-
-def _reproduces(verdict: Any, expected: Signature) -> bool:
-    signature = signature_of(verdict)
-    return signature is not None and signature.matches(expected)
 
 
 def format_code(code: str) -> str:
@@ -321,85 +367,19 @@ def format_code(code: str) -> str:
 # --- checks ----------------------------------------------------------------------------------
 
 
-def _default_check(
-    script_path: Path, cwd: Path, argv: list[str], oracle: Any, timeout: float
+def _oracle_check(
+    oracle: Any, script_path: Path, cwd: Path, argv: list[str], expected: Signature, timeout: float
 ) -> Check:
-    if oracle is not None and hasattr(oracle, "check_source"):
+    """Each candidate runs as `python script.py argv...` from `cwd` would run it, in a child."""
 
-        def with_oracle(code: str) -> Any:
-            return oracle.check_source(
-                code, filename=str(script_path), cwd=cwd, argv=argv, timeout=timeout
-            )
+    def check(code: str) -> Any:
+        return oracle.check_source(
+            code,
+            filename=str(script_path),
+            cwd=cwd,
+            argv=argv,
+            timeout=timeout,
+            expected=expected,
+        )
 
-        return with_oracle
-    return ScriptCheck(script_path, cwd, tuple(argv), timeout)
-
-
-_RUNNER = r"""
-import json, os, sys, traceback
-result_path, filename, code_path = sys.argv[1:4]
-sys.argv = [filename, *sys.argv[4:]]
-sys.path[0] = os.path.dirname(filename)
-with open(code_path) as handle:
-    code = handle.read()
-status = {"status": "passed"}
-try:
-    exec(compile(code, filename, "exec"), {"__name__": "__main__", "__file__": filename})
-except SystemExit as exc:
-    status = {"status": "exit", "code": str(exc.code)}
-except BaseException as exc:
-    traceback.print_exc()
-    code = getattr(exc, "error_code", None)
-    status = {"status": "failed", "type": type(exc).__name__, "message": str(exc),
-              "code": code if isinstance(code, int) else None}
-with open(result_path, "w") as handle:
-    json.dump(status, handle)
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class ScriptCheck:
-    """Run a candidate in a fresh Python process, as `python script.py argv...` would.
-
-    The slow path (it pays `import torch` per check): the oracle's fork server is the fast one.
-    The child has its own process group, killed whole on timeout; CUDA_LAUNCH_BLOCKING=1 makes
-    a kernel fault surface at its launch line. Returns the Signature seen, or None.
-    """
-
-    script_path: Path
-    cwd: Path
-    argv: tuple[str, ...] = ()
-    timeout: float = 60.0
-    env: tuple[tuple[str, str], ...] = (("CUDA_LAUNCH_BLOCKING", "1"),)
-
-    def __call__(self, code: str) -> Signature | None:
-        with tempfile.TemporaryDirectory(prefix="reprocut-source-") as tmp:
-            code_path, result_path = Path(tmp, "candidate.py"), Path(tmp, "result.json")
-            code_path.write_text(code)
-            command = [sys.executable, "-c", _RUNNER, str(result_path), str(self.script_path),
-                       str(code_path), *self.argv]  # fmt: skip
-            process = subprocess.Popen(
-                command,
-                cwd=self.cwd,
-                env={**os.environ, **dict(self.env)},
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-            try:
-                _, stderr = process.communicate(timeout=self.timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.communicate()
-                return None
-            try:
-                status = json.loads(result_path.read_text())
-            except (OSError, ValueError):
-                return None  # died without reporting (abort, segfault): not this bug's signature
-        if status["status"] != "failed":
-            return None
-        return classify(status["type"], status["message"], stderr, error_code=status["code"])
+    return check
