@@ -1,0 +1,150 @@
+"""The corpus on disk: one folder per case with `case.toml` (ground truth) and its scripts.
+
+The culprit line is not written in case.toml: it is wherever the single `# reprocut: culprit`
+comment sits, so editing a script cannot silently desynchronise the truth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "corpus"
+MARKER = "# reprocut: culprit"
+DEVICES = ("cpu", "cuda")
+EXPECTS = ("fail", "pass", "flaky", "silent-cuda")
+
+
+class CaseFormatError(ValueError):
+    """A case.toml that is missing something the harness needs."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTruth:
+    """What a device shows: the signature fields and, where it differs, the op."""
+
+    op: str | None = None
+    error_type: str | None = None
+    error_code: int | None = None
+    kind: str | None = None
+    surfaced_error: str | None = None
+    verified: bool = True  # False: written without running on that device
+
+
+@dataclass(frozen=True, slots=True)
+class CorpusCase:
+    name: str
+    folder: Path
+    domain: str
+    family: str
+    devices: tuple[str, ...]
+    args: tuple[str, ...]
+    expect: str
+    op: str | None = None
+    public_call: str | None = None
+    kernel: str | None = None  # custom kernels: no aten op, scored by kernel name
+    file: str | None = None
+    step: int | None = None
+    phase: str | None = None
+    module: str | None = None
+    facts: tuple[str, ...] = ()
+    per_device: dict[str, DeviceTruth] = field(default_factory=dict)
+    record_args: tuple[str, ...] = ()
+
+    @property
+    def script(self) -> Path:
+        return self.folder / "train.py"
+
+    def applies_to(self, device: str) -> bool:
+        return device in self.devices
+
+    def truth(self, device: str) -> DeviceTruth:
+        return self.per_device.get(device, DeviceTruth())
+
+    def expected_op(self, device: str) -> str | None:
+        return self.truth(device).op or self.op
+
+    def expects_failure(self, device: str) -> bool:
+        """Whether a run on `device` must fail (flaky cases may or may not)."""
+        if self.expect == "fail":
+            return True
+        if self.expect == "silent-cuda":
+            return device != "cuda" and self.truth(device).error_type is not None
+        return False
+
+    def culprit(self) -> tuple[str, int] | None:
+        """(file relative to the case folder, line) of the single culprit marker."""
+        found = culprit_markers(self.folder)
+        return found[0] if len(found) == 1 else None
+
+
+def culprit_markers(folder: Path) -> list[tuple[str, int]]:
+    hits = []
+    for path in sorted(folder.rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if MARKER in line:
+                hits.append((str(path.relative_to(folder)), number))
+    return hits
+
+
+def _device_truth(data: dict[str, Any]) -> DeviceTruth:
+    return DeviceTruth(
+        op=data.get("op"),
+        error_type=data.get("error_type"),
+        error_code=data.get("error_code"),
+        kind=data.get("kind"),
+        surfaced_error=data.get("surfaced_error"),
+        verified=bool(data.get("verified", True)),
+    )
+
+
+def load_case(folder: Path) -> CorpusCase:
+    path = folder / "case.toml"
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise CaseFormatError(f"{path}: {exc}") from exc
+    for key in ("name", "domain", "family", "devices", "expect"):
+        if key not in data:
+            raise CaseFormatError(f"{path}: missing '{key}'")
+    if data["name"] != folder.name:
+        raise CaseFormatError(f"{path}: name {data['name']!r} is not the folder name")
+    if data["expect"] not in EXPECTS:
+        raise CaseFormatError(f"{path}: expect must be one of {EXPECTS}")
+    unknown = set(data["devices"]) - set(DEVICES)
+    if unknown:
+        raise CaseFormatError(f"{path}: unknown devices {sorted(unknown)}")
+    expected = data.get("expected", {})
+    per_device = {d: _device_truth(expected[d]) for d in DEVICES if d in expected}
+    return CorpusCase(
+        name=data["name"],
+        folder=folder,
+        domain=data["domain"],
+        family=data["family"],
+        devices=tuple(data["devices"]),
+        args=tuple(data.get("args", ())),
+        expect=data["expect"],
+        op=expected.get("op"),
+        public_call=expected.get("public_call"),
+        kernel=expected.get("kernel"),
+        file=expected.get("file"),
+        step=expected.get("step"),
+        phase=expected.get("phase"),
+        module=expected.get("module"),
+        facts=tuple(data.get("capture", {}).get("facts", ())),
+        per_device=per_device,
+        record_args=tuple(data.get("record_args", ())),
+    )
+
+
+def load_cases(root: Path = CORPUS, names: list[str] | None = None) -> list[CorpusCase]:
+    """Every case under `root`, sorted by name; `names` keeps those containing any of them."""
+    folders = sorted(p.parent for p in root.glob("*/case.toml"))
+    cases = [load_case(folder) for folder in folders]
+    if names:
+        cases = [c for c in cases if any(n in c.name for n in names)]
+    return cases
