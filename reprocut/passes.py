@@ -173,12 +173,14 @@ def valid_range(case: ReproCase, path: Path) -> tuple[float, float] | None:
 
     Known for the ops whose range checks cause device-side asserts; None where unknown.
     """
-    if path[0] != "args" or len(path) > 2:
-        if case.target == "torch.Tensor.__getitem__" and path[:2] == ("args", 1):
-            base = _tensor(case, 0)
-            position = path[2] if len(path) > 2 else 0
-            if base is not None and position < len(base.shape):
-                return (-base.shape[position], base.shape[position])
+    if path[0] != "args" or len(path) > 3:
+        return None
+    if len(path) == 3:  # a list of index tensors: x[i, j], index_put_(x, [i, j], v)
+        name = case.target.rsplit(".", 1)[-1]
+        indexing = ("__getitem__", "__setitem__", "index_put", "index_put_", "_index_put_impl_")
+        base = _tensor(case, 0)
+        if name in indexing and path[1] == 1 and base is not None and path[2] < len(base.shape):
+            return (-base.shape[path[2]], base.shape[path[2]])
         return None
     index = path[1]
     target = case.target.rsplit(".", 1)[-1]

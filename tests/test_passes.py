@@ -194,3 +194,18 @@ def test_passes_that_must_keep_a_property_leave_it_alone() -> None:
     assert (
         shrink(case, needs_layout, [simplify_dtype, make_contiguous, zero_storage_offset]) == case
     )
+
+
+def test_offenders_of_index_lists_use_the_indexed_dimension() -> None:
+    from reprocut.case import ArgList
+
+    index_put = ReproCase(
+        "torch.Tensor.index_put_",
+        (
+            TensorSpec((4, 3)),
+            ArgList((TensorSpec((2,), dtype="int64"), TensorSpec((2,), dtype="int64"))),
+            TensorSpec((2,)),
+        ),
+    )
+    assert offenders(index_put, ("args", 1, 0), [3, 4]) == [1]
+    assert offenders(index_put, ("args", 1, 1), [3, 2]) == [0]
