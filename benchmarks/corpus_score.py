@@ -190,6 +190,14 @@ def score_case(
     return _with_shrink(score, shrink)
 
 
+def _runs_all_reproduced(verified: Any) -> bool:
+    """shrink reports `verified` as {"runs": n, "reproduced": k} (or a bool)."""
+    if isinstance(verified, dict):
+        runs = verified.get("runs")
+        return bool(runs) and verified.get("reproduced") == runs
+    return verified is not False
+
+
 def _with_shrink(score: CaseScore, shrink: RunOutput | None) -> CaseScore:
     if shrink is None:
         return score
@@ -199,7 +207,7 @@ def _with_shrink(score: CaseScore, shrink: RunOutput | None) -> CaseScore:
         not shrink.timed_out
         and shrink.returncode == 0
         and status not in {"not-reproduced", "flaky", "failed", "error", "unverified"}
-        and data.get("verified", True) is not False
+        and _runs_all_reproduced(data.get("verified", True))
     )
     notes = list(score.notes)
     if shrink.timed_out:

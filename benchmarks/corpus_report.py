@@ -1,0 +1,104 @@
+"""Render corpus scores as the committed markdown table and its JSON twin."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from benchmarks.corpus_score import CHECKS, CaseScore, Totals, totals
+
+MARKS = {True: "✓", False: "✗", None: "·"}
+COLUMNS = (
+    "case",
+    "expect",
+    "outcome",
+    "op",
+    "line",
+    "step",
+    "signature",
+    "facts",
+    "verified",
+    "module",
+    "statements",
+    "tensor elements",
+    "checks",
+    "record s",
+    "shrink s",
+    "notes",
+)
+
+
+def _cell(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return MARKS[value]
+    return str(value)
+
+
+def _row(score: CaseScore) -> list[str]:
+    return [
+        score.case + (" **pass**" if score.passed else ""),
+        score.expect,
+        *(_cell(getattr(score, name)) for name in ("outcome", "op", "line", "step")),
+        *(_cell(getattr(score, name)) for name in ("signature", "facts", "verified", "module")),
+        _cell(score.statements),
+        _cell(score.tensor_elements),
+        _cell(score.checks),
+        _cell(score.record_seconds),
+        _cell(score.shrink_seconds),
+        "; ".join(score.notes).replace("|", "/"),
+    ]
+
+
+def _totals_lines(summary: Totals) -> list[str]:
+    parts = [f"{name} {r}/{n}" for name, (r, n) in summary.right.items() if n]
+    lines = [
+        f"**{summary.passed}/{summary.cases} cases pass** (every scored check right).",
+        "",
+        "Right / scored: " + ", ".join(parts) + ".",
+        "",
+        f"Record time {summary.record_seconds} s in total, shrink time {summary.shrink_seconds} s.",
+    ]
+    if summary.median_statements is not None:
+        lines.append(
+            f"Median repro: {summary.median_statements} statements, "
+            f"{summary.median_tensor_elements} tensor elements."
+        )
+    return lines
+
+
+def render_markdown(scores: list[CaseScore], meta: dict[str, Any]) -> str:
+    header = [
+        f"# reprocut corpus results: {meta['device']} ({meta['date']})",
+        "",
+        f"- device: {meta['device_name']}",
+        f"- torch {meta['torch']}, Python {meta['python']}, {meta['platform']}",
+        f"- command: `{meta['command']}`",
+        f"- commit: {meta.get('commit', '?')}",
+        "",
+        "✓ right, ✗ wrong, · not scored for this case. A case passes when every scored check "
+        f"({', '.join(CHECKS)}) is right; `module` is informational. Cases the tool gets wrong "
+        "stay in the table.",
+        "",
+    ]
+    table = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    table += ["| " + " | ".join(_row(s)) + " |" for s in scores]
+    return "\n".join([*header, *table, "", "## Totals", "", *_totals_lines(totals(scores)), ""])
+
+
+def write_results(
+    scores: list[CaseScore], meta: dict[str, Any], out_dir: Path
+) -> tuple[Path, Path]:
+    """Write corpus-<device>-<date>.md and .json; returns both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"corpus-{meta['device']}-{meta['date']}"
+    markdown, twin = stem.with_suffix(".md"), stem.with_suffix(".json")
+    markdown.write_text(render_markdown(scores, meta))
+    payload = {
+        "meta": meta,
+        "totals": asdict(totals(scores)),
+        "cases": [s.to_json() for s in scores],
+    }
+    twin.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    return markdown, twin

@@ -1,0 +1,263 @@
+"""Score reprocut (record + shrink) on every corpus case for one device; write the table.
+
+    python benchmarks/run_corpus.py --device cpu                 # CI machine
+    python benchmarks/run_corpus.py --device cuda --jobs 1       # on the GPU
+    python benchmarks/run_corpus.py --device cpu --cases gnn lm --no-shrink
+
+Each case runs in its own scratch directory (its own `.reprocut/`), as subprocesses with a
+timeout and their own process group, so a hung or crashed run is a scored failure, not a hung
+harness. This process never imports torch or touches CUDA: the device facts come from a child.
+Writes benchmarks/results/corpus-<device>-<date>.md and .json; `--baseline FILE` exits 1 if a
+check that passed in the baseline fails now, `--update-baseline FILE` rewrites it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.corpus_cases import CORPUS, REPO, CorpusCase, load_cases
+from benchmarks.corpus_report import write_results
+from benchmarks.corpus_score import CaseScore, RunOutput, regressions, score_case
+
+RESULTS = REPO / "benchmarks" / "results"
+ENV_PROBE = (
+    "import json, platform, sys, torch\n"
+    "name = platform.processor() or platform.machine()\n"
+    "if sys.argv[1] == 'cuda':\n"
+    "    name = torch.cuda.get_device_name(0)\n"
+    "print(json.dumps({'torch': torch.__version__, 'device_name': name,"
+    " 'python': platform.python_version(), 'platform': platform.platform()}))\n"
+)
+
+
+def run_json(command: list[str], cwd: Path, timeout: float) -> RunOutput:
+    """Run `command`, kill its whole process group after `timeout`, parse its JSON stdout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    start = time.perf_counter()
+    process = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+        returncode: int | None = process.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        returncode = None
+    seconds = time.perf_counter() - start
+    return RunOutput(returncode, parse_json(stdout), seconds, stderr[-2000:])
+
+
+def parse_json(stdout: str) -> dict[str, Any] | None:
+    """The JSON object a `--json` command printed (the whole stdout, or its last object)."""
+    text = stdout.strip()
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+        return data if isinstance(data, dict) else None
+    except json.JSONDecodeError:
+        pass
+    start = text.rfind("\n{")
+    while start != -1:
+        try:
+            data = json.loads(text[start + 1 :])
+            return data if isinstance(data, dict) else None
+        except json.JSONDecodeError:
+            start = text.rfind("\n{", 0, start)
+    return None
+
+
+def record_command(case: CorpusCase, device: str, extra: list[str], timeout: float) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "reprocut",
+        "record",
+        "--json",
+        "--quiet",
+        "--timeout",
+        str(int(timeout)),
+        *case.record_args,
+        *extra,
+        str(case.script),
+        *case.args,
+        "--device",
+        device,
+    ]
+
+
+def shrink_command(run_dir: str, out: Path, timeout: float) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "reprocut",
+        "shrink",
+        "--json",
+        "--out",
+        str(out),
+        "--max-time",
+        str(int(timeout * 0.8)),
+        run_dir,
+    ]
+
+
+def run_case(
+    case: CorpusCase,
+    device: str,
+    *,
+    timeout: float,
+    shrink: bool,
+    record_extra: list[str],
+    workdir: Path,
+) -> CaseScore:
+    """Record (and shrink, if it recorded a failure) one case in its own scratch directory."""
+    scratch = workdir / case.name
+    scratch.mkdir(parents=True, exist_ok=True)
+    record = run_json(record_command(case, device, record_extra, timeout), scratch, timeout + 30)
+    shrunk = None
+    run_dir = (record.data or {}).get("run_dir")
+    if shrink and run_dir and record.returncode == 0:
+        run_dir = str((scratch / run_dir).resolve())  # no-op when already absolute
+        shrunk = run_json(shrink_command(run_dir, scratch / "repro", timeout), scratch, timeout)
+    return score_case(case, device, record, shrunk)
+
+
+def run_cases(
+    cases: list[CorpusCase],
+    device: str,
+    *,
+    jobs: int,
+    timeout: float,
+    shrink: bool | set[str],
+    record_extra: list[str] | None = None,
+    workdir: Path | None = None,
+    on_score: Any = None,
+) -> list[CaseScore]:
+    """Score `cases` (those that apply to `device`), `jobs` at a time, in case order.
+
+    `shrink` is True (all), False (none) or the set of case names to shrink.
+    """
+    applicable = [c for c in cases if c.applies_to(device)]
+    owned = workdir is None
+    root = Path(tempfile.mkdtemp(prefix="reprocut-corpus-")) if owned else workdir
+
+    def one(case: CorpusCase) -> CaseScore:
+        wants_shrink = shrink if isinstance(shrink, bool) else case.name in shrink
+        score = run_case(
+            case,
+            device,
+            timeout=timeout,
+            shrink=wants_shrink,
+            record_extra=record_extra or [],
+            workdir=root,
+        )
+        if on_score is not None:
+            on_score(score)
+        return score
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, applicable))
+
+
+def environment(device: str) -> dict[str, Any]:
+    probe = subprocess.run(
+        [sys.executable, "-c", ENV_PROBE, device], capture_output=True, text=True, timeout=120
+    )
+    facts = parse_json(probe.stdout) or {"torch": "?", "device_name": "?", "python": "?"}
+    facts.setdefault("platform", "?")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
+    ).stdout.strip()
+    return {**facts, "commit": commit or "?"}
+
+
+def load_baseline(path: Path, device: str) -> dict[str, list[str]]:
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text()).get(device, {})
+
+
+def save_baseline(path: Path, device: str, scores: list[CaseScore]) -> None:
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[device] = {s.case: s.passing_checks() for s in scores if s.passing_checks()}
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--cases", nargs="*", help="only cases whose name contains one of these")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per command")
+    parser.add_argument("--jobs", type=int, default=None, help="cases at once (cpu 2, cuda 1)")
+    parser.add_argument("--no-shrink", action="store_true", help="score record only")
+    parser.add_argument("--record-arg", action="append", default=[], help="extra record flag")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder")
+    parser.add_argument("--baseline", type=Path, help="fail if a check passing here regresses")
+    parser.add_argument("--update-baseline", type=Path, help="write passing checks here")
+    parser.add_argument("--corpus", type=Path, default=CORPUS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse_args(argv)
+    cases = load_cases(options.corpus, options.cases)
+    jobs = options.jobs or (2 if options.device == "cpu" else 1)
+    started = time.perf_counter()
+
+    def progress(score: CaseScore) -> None:
+        verdict = "pass" if score.passed else "FAIL"
+        print(f"{verdict:4} {score.case} ({score.record_seconds}s)", file=sys.stderr, flush=True)
+
+    scores = run_cases(
+        cases,
+        options.device,
+        jobs=jobs,
+        timeout=options.timeout,
+        shrink=not options.no_shrink,
+        record_extra=options.record_arg,
+        on_score=progress,
+    )
+    meta = {
+        "device": options.device,
+        "date": dt.date.today().isoformat(),
+        "command": " ".join(["python benchmarks/run_corpus.py", *(argv or sys.argv[1:])]),
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        **environment(options.device),
+    }
+    markdown, twin = write_results(scores, meta, options.out)
+    print(f"wrote {markdown.relative_to(REPO) if markdown.is_relative_to(REPO) else markdown}")
+    print(f"wrote {twin.name}")
+    if options.update_baseline:
+        save_baseline(options.update_baseline, options.device, scores)
+    if options.baseline:
+        lost = regressions(load_baseline(options.baseline, options.device), scores)
+        for line in lost:
+            print(f"regression: {line}", file=sys.stderr)
+        return 1 if lost else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
