@@ -1,0 +1,270 @@
+"""Scoring rules of the corpus harness, on canned `record --json` / `shrink --json` output."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.corpus_cases import (  # noqa: E402
+    CorpusCase,
+    DeviceTruth,
+    culprit_markers,
+    load_case,
+)
+from benchmarks.corpus_report import render_markdown  # noqa: E402
+from benchmarks.corpus_score import (  # noqa: E402
+    RunOutput,
+    base_op,
+    regressions,
+    score_case,
+    totals,
+)
+from benchmarks.run_corpus import parse_json  # noqa: E402
+
+
+@pytest.fixture
+def case(tmp_path: Path) -> CorpusCase:
+    folder = tmp_path / "emb_case"
+    folder.mkdir()
+    (folder / "train.py").write_text("import model\nmodel.run()\n")
+    (folder / "model.py").write_text("def run():\n    x = emb(ids)  # reprocut: culprit\n")
+    return CorpusCase(
+        name="emb_case",
+        folder=folder,
+        domain="lm",
+        family="embedding",
+        devices=("cpu", "cuda"),
+        args=(),
+        expect="fail",
+        op="aten::embedding",
+        public_call="torch.nn.functional.embedding",
+        file="model.py",
+        step=9,
+        phase="forward",
+        module="model.embed",
+        facts=("512",),
+        per_device={
+            "cpu": DeviceTruth(error_type="IndexError", kind="index out of range in self"),
+            "cuda": DeviceTruth(error_code=710, kind="index out of bounds", verified=False),
+        },
+    )
+
+
+def record_json(**overrides: object) -> dict:
+    data = {
+        "status": "localized",
+        "op": "aten::embedding",
+        "public_call": "torch.nn.functional.embedding",
+        "step": 9,
+        "phase": "forward",
+        "module": "model.embed",
+        "source": {"file": "/somewhere/corpus/emb_case/model.py", "line": 2, "text": "x = ..."},
+        "signature": {
+            "error_type": "IndexError",
+            "error_code": None,
+            "op": "aten::embedding",
+            "kind": "index out of range in self",
+        },
+        "facts": ["index max 512 ≥ 512 rows at [5, 18]"],
+        "run_dir": "/tmp/x/.reprocut/runs/1",
+    }
+    data.update(overrides)
+    return data
+
+
+SHRINK_OK = {
+    "status": "verified",
+    "statements": 3,
+    "tensor_elements": 2,
+    "checks": 24,
+    "verified": {"runs": 3, "reproduced": 3},
+}
+
+
+def test_a_fully_right_run_passes_every_check(case: CorpusCase) -> None:
+    score = score_case(case, "cpu", RunOutput(0, record_json(), 12.0), RunOutput(0, SHRINK_OK, 9))
+    assert score.passed
+    assert score.passing_checks() == [
+        "outcome",
+        "op",
+        "line",
+        "step",
+        "signature",
+        "facts",
+        "verified",
+    ]
+    assert (score.statements, score.tensor_elements, score.checks) == (3, 2, 24)
+    assert score.module is True
+
+
+@pytest.mark.parametrize(
+    ("overrides", "wrong"),
+    [
+        ({"op": "aten::index_select"}, "op"),
+        ({"source": {"file": "/x/corpus/emb_case/train.py", "line": 2}}, "line"),
+        ({"source": {"file": "/x/corpus/emb_case/model.py", "line": 3}}, "line"),
+        ({"source": {"file": "/x/corpus/other_case/model.py", "line": 2}}, "line"),
+        ({"step": 10}, "step"),
+        ({"facts": ["index max 511"]}, "facts"),
+        (
+            {"signature": {"error_type": "RuntimeError", "kind": "index out of range in self"}},
+            "signature",
+        ),
+    ],
+)
+def test_each_wrong_field_fails_its_own_check(
+    case: CorpusCase, overrides: dict, wrong: str
+) -> None:
+    score = score_case(case, "cpu", RunOutput(0, record_json(**overrides), 1.0))
+    assert getattr(score, wrong) is False
+    assert not score.passed
+    others = {"op", "line", "step", "signature", "facts"} - {wrong}
+    assert all(getattr(score, name) is True for name in others)
+
+
+def test_overload_names_compare_equal() -> None:
+    assert base_op("aten::embedding.default") == "aten::embedding"
+    assert base_op("aten.scatter_.value") == "aten::scatter_"
+    assert base_op("torch.nn.functional.one_hot") == "torch.nn.functional.one_hot"
+
+
+def test_public_call_truth_accepts_either_field(case: CorpusCase) -> None:
+    one_hot = replace(case, op="torch.nn.functional.one_hot", public_call=None)
+    data = record_json(op=None, public_call="torch.nn.functional.one_hot")
+    assert score_case(one_hot, "cpu", RunOutput(0, data, 1)).op is True
+    data = record_json(op="torch.nn.functional.one_hot", public_call=None)
+    assert score_case(one_hot, "cpu", RunOutput(0, data, 1)).op is True
+
+
+def test_cuda_uses_its_own_op_and_signature(case: CorpusCase) -> None:
+    cuda = replace(
+        case,
+        per_device={
+            "cuda": DeviceTruth(op="aten::scatter_", error_code=710, kind="index out of bounds")
+        },
+    )
+    data = record_json(
+        op="aten::scatter_.value",
+        signature={
+            "error_type": "AcceleratorError",
+            "error_code": 710,
+            "kind": "index out of bounds",
+        },
+    )
+    score = score_case(cuda, "cuda", RunOutput(0, data, 1))
+    assert score.op and score.signature
+    wrong_code = record_json(signature={"error_code": 700, "kind": "index out of bounds"})
+    assert score_case(cuda, "cuda", RunOutput(0, wrong_code, 1)).signature is False
+
+
+def test_unconfirmed_device_truth_is_noted(case: CorpusCase) -> None:
+    score = score_case(case, "cuda", RunOutput(0, record_json(), 1))
+    assert any("not yet confirmed" in note for note in score.notes)
+
+
+def test_kernel_cases_are_scored_by_kernel_name(case: CorpusCase) -> None:
+    triton = replace(case, op=None, public_call=None, kernel="add_cond_kernel")
+    found = record_json(op=None, public_call="kernels.add_cond_kernel[grid]")
+    assert score_case(triton, "cuda", RunOutput(0, found, 1)).op is True
+    missed = record_json(op="aten::add", public_call=None)
+    assert score_case(triton, "cuda", RunOutput(0, missed, 1)).op is False
+
+
+def test_a_missed_failure_is_a_wrong_outcome(case: CorpusCase) -> None:
+    score = score_case(case, "cpu", RunOutput(1, {"status": "passed"}, 3.0))
+    assert score.outcome is False and not score.passed
+    assert "record saw no failure" in score.notes
+
+
+def test_timeouts_and_crashes_fail_the_case(case: CorpusCase) -> None:
+    timed_out = score_case(case, "cpu", RunOutput(None, None, 300.0))
+    assert timed_out.outcome is False and "record timed out" in timed_out.notes
+    crashed = score_case(case, "cpu", RunOutput(3, None, 2.0))
+    assert crashed.outcome is False and not crashed.passed
+
+
+def test_negative_control_must_not_report_a_failure(case: CorpusCase) -> None:
+    control = replace(case, expect="pass", per_device={})
+    assert score_case(control, "cpu", RunOutput(1, {"status": "passed"}, 1)).passed
+    invented = score_case(control, "cpu", RunOutput(0, record_json(), 1))
+    assert invented.outcome is False and not invented.passed
+
+
+def test_silent_cuda_must_pass_on_cuda(case: CorpusCase) -> None:
+    silent = replace(case, expect="silent-cuda", per_device={})
+    assert silent.expects_failure("cuda") is False
+    assert score_case(silent, "cuda", RunOutput(1, {"status": "passed"}, 1)).passed
+    loud_on_cpu = replace(silent, per_device={"cpu": DeviceTruth(error_type="RuntimeError")})
+    assert loud_on_cpu.expects_failure("cpu") is True
+
+
+def test_flaky_accepts_both_outcomes_but_not_a_wrong_line(case: CorpusCase) -> None:
+    flaky = replace(case, expect="flaky", step=None)
+    assert score_case(flaky, "cpu", RunOutput(1, {"status": "passed"}, 1)).passed
+    assert score_case(flaky, "cpu", RunOutput(0, record_json(step=3), 1)).passed
+    wrong = record_json(source={"file": "/x/corpus/emb_case/train.py", "line": 1})
+    assert not score_case(flaky, "cpu", RunOutput(0, wrong, 1)).passed
+
+
+def test_unverified_shrink_fails_the_verified_check(case: CorpusCase) -> None:
+    partial = {**SHRINK_OK, "status": "flaky", "verified": {"runs": 3, "reproduced": 2}}
+    score = score_case(case, "cpu", RunOutput(0, record_json(), 1), RunOutput(8, partial, 5))
+    assert score.verified is False and not score.passed
+    hung = score_case(case, "cpu", RunOutput(0, record_json(), 1), RunOutput(None, None, 300))
+    assert hung.verified is False and "shrink timed out" in hung.notes
+
+
+def test_regressions_lists_only_lost_checks(case: CorpusCase) -> None:
+    now = [score_case(case, "cpu", RunOutput(0, record_json(step=4), 1))]
+    baseline = {"emb_case": ["outcome", "op", "step"], "not_run_this_time": ["op"]}
+    assert regressions(baseline, now) == ["emb_case: step"]
+
+
+def test_totals_and_markdown(case: CorpusCase) -> None:
+    good = score_case(case, "cpu", RunOutput(0, record_json(), 2.0), RunOutput(0, SHRINK_OK, 4))
+    bad = score_case(replace(case, name="other"), "cpu", RunOutput(1, {"status": "passed"}, 1.0))
+    summary = totals([good, bad])
+    assert summary.passed == 1 and summary.right["outcome"] == (1, 2)
+    assert summary.record_seconds == 3.0 and summary.median_statements == 3
+    meta = {
+        "device": "cpu",
+        "date": "2026-01-01",
+        "device_name": "x",
+        "torch": "2.13",
+        "python": "3.11",
+        "platform": "linux",
+        "command": "run",
+    }
+    text = render_markdown([good, bad], meta)
+    assert "| emb_case **pass** | fail | ✓ |" in text
+    assert "| other | fail | ✗ |" in text
+    assert "**1/2 cases pass**" in text
+
+
+def test_parse_json_finds_the_object_after_other_output() -> None:
+    assert parse_json('{"a": 1}') == {"a": 1}
+    assert parse_json('progress line\n{\n  "a": {"b": 2}\n}\n') == {"a": {"b": 2}}
+    assert parse_json("no json here") is None
+    assert parse_json("") is None
+
+
+def test_culprit_markers_and_case_loading(tmp_path: Path) -> None:
+    folder = tmp_path / "c1"
+    folder.mkdir()
+    (folder / "train.py").write_text("a = 1\nb = 2  # reprocut: culprit\n")
+    (folder / "case.toml").write_text(
+        'name = "c1"\ndomain = "d"\nfamily = "f"\ndevices = ["cpu"]\nexpect = "fail"\n'
+        '[expected]\nop = "aten::gather"\nfile = "train.py"\nstep = 2\n'
+        '[expected.cpu]\nerror_type = "RuntimeError"\nkind = "k"\n[capture]\nfacts = ["5"]\n'
+    )
+    assert culprit_markers(folder) == [("train.py", 2)]
+    loaded = load_case(folder)
+    assert loaded.culprit() == ("train.py", 2)
+    assert loaded.truth("cpu").kind == "k" and loaded.facts == ("5",)
+    assert not loaded.applies_to("cuda")
