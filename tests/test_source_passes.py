@@ -1,0 +1,351 @@
+"""Each source pass alone, on small code, against an in-process predicate: exact results."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import libcst as cst
+import pytest
+import torch
+
+from reprocut.case import Generated, Signature, TensorSpec
+from reprocut.source_passes import (
+    PassContext,
+    SourcePass,
+    candidates,
+    delete_statements,
+    drop_arguments,
+    inline_calls,
+    inline_sibling_imports,
+    is_constant,
+    remove_unused_definitions,
+    replace_with_specs,
+    shrink_integers,
+    spec_expression,
+    strip_comments,
+    unwrap_blocks,
+)
+from reprocut.source_reducer import SourceReducer, sort_key
+
+VALUE_ERROR = Signature("ValueError", None, None, "bad")
+
+
+def code(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def raises_bad(source: str) -> Signature | None:
+    """Run the code in this process: a ValueError('bad') is the bug under reduction."""
+    try:
+        exec(compile(source, "<candidate>", "exec"), {"__name__": "__main__"})
+    except ValueError as exc:
+        return Signature("ValueError", None, None, str(exc))
+    except Exception as exc:
+        return Signature(type(exc).__name__, None, None, str(exc))
+    return None
+
+
+def reduce_with(
+    passes: Sequence[SourcePass],
+    source: str,
+    check: Callable[[str], Signature | None] = raises_bad,
+    context: PassContext | None = None,
+) -> str:
+    reducer = SourceReducer(
+        best=source,
+        expected=VALUE_ERROR,
+        check=check,
+        context=context or PassContext(),
+        passes=passes,
+    )
+    assert reducer.run() == "fixed point"
+    return reducer.best
+
+
+def render(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def test_delete_statements_keeps_only_what_the_failure_needs():
+    source = code("""
+        a = 1
+        b = "bad"
+        c = [a] * 3
+        print(c)
+        raise ValueError(b)
+        print("never")
+    """)
+    assert reduce_with([delete_statements], source) == code("""
+        b = "bad"
+        raise ValueError(b)
+    """)
+
+
+def test_delete_statements_leaves_pass_in_an_emptied_block():
+    source = code("""
+        if True:
+            x = 1
+        raise ValueError("bad")
+    """)
+    # the whole `if` goes first; an emptied block is written as `pass` when only its body goes
+    found = list(candidates(delete_statements, source, PassContext()))
+    assert (
+        code("""
+        if True:
+            pass
+        raise ValueError("bad")
+    """)
+        in found
+    )
+    assert reduce_with([delete_statements], source) == 'raise ValueError("bad")\n'
+
+
+def test_unwrap_blocks_unrolls_a_loop_to_its_first_iteration():
+    source = code("""
+        for i, word in enumerate(["bad", "good"]):
+            raise ValueError(word)
+    """)
+    assert reduce_with([unwrap_blocks], source) == code("""
+        i, word = next(iter(enumerate(["bad", "good"])))
+        raise ValueError(word)
+    """)
+
+
+def test_unwrap_blocks_keeps_loops_that_break():
+    source = code("""
+        for word in ["good", "bad"]:
+            if word == "good":
+                continue
+            raise ValueError(word)
+    """)
+    unrolled = [c for c in candidates(unwrap_blocks, source, PassContext()) if "next(" in c]
+    assert unrolled == []
+
+
+def test_unwrap_blocks_takes_the_branch_that_fails():
+    source = code("""
+        n = 1
+        if n > 10:
+            x = "good"
+        elif n > 5:
+            x = "fine"
+        else:
+            x = "bad"
+        with open(__file__ if False else "/dev/null") as handle:
+            raise ValueError(x)
+    """)
+    assert reduce_with([unwrap_blocks], source) == code("""
+        n = 1
+        x = "bad"
+        handle = open(__file__ if False else "/dev/null")
+        raise ValueError(x)
+    """)
+
+
+def test_unwrap_blocks_flattens_the_main_guard_and_try():
+    source = code("""
+        if __name__ == "__main__":
+            try:
+                raise ValueError("bad")
+            except KeyError:
+                pass
+    """)
+    assert reduce_with([unwrap_blocks], source) == 'raise ValueError("bad")\n'
+
+
+def test_inline_sibling_imports_pastes_the_module(tmp_path: Path):
+    (tmp_path / "helpers.py").write_text(
+        code("""
+            from __future__ import annotations
+            LIMIT = 3
+
+            def check(n):
+                if n > LIMIT:
+                    raise ValueError("bad")
+
+            if __name__ == "__main__":
+                check(0)
+        """)
+    )
+    context = PassContext(search_dirs=(tmp_path,))
+    source = "from helpers import check as verify\nverify(5)\n"
+    [candidate] = candidates(inline_sibling_imports, source, context)
+    assert candidate == code("""
+        LIMIT = 3
+
+        def check(n):
+            if n > LIMIT:
+                raise ValueError("bad")
+        verify = check
+        verify(5)
+    """)
+    qualified = "import helpers as h\nh.check(h.LIMIT + 1)\n"
+    [candidate] = candidates(inline_sibling_imports, qualified, context)
+    assert candidate.endswith("check(LIMIT + 1)\n")
+    assert "import" not in candidate
+
+
+def test_inline_sibling_imports_leaves_installed_modules_alone(tmp_path: Path):
+    context = PassContext(search_dirs=(tmp_path,))
+    assert list(candidates(inline_sibling_imports, "import json\n", context)) == []
+
+
+def test_inline_calls_binds_parameters_and_drops_the_function():
+    source = code("""
+        def f(a, b=2):
+            c = a * b
+            return c + 1
+        x = f(i, b=3)
+    """)
+    assert list(candidates(inline_calls, source, PassContext())) == [
+        code("""
+            b = 3
+            c = i * b
+            x = c + 1
+        """)
+    ]
+
+
+def test_inline_calls_inlines_a_module_forward_through_its_instance():
+    source = code("""
+        class Model:
+            def forward(self, x):
+                h = self.scale(x)
+                return h * 2
+        model = Model()
+        y = model(batch)
+    """)
+    assert next(candidates(inline_calls, source, PassContext())) == code("""
+        class Model:
+            pass
+        model = Model()
+        h = model.scale(batch)
+        y = h * 2
+    """)
+
+
+def test_inline_calls_skips_functions_with_early_returns():
+    source = code("""
+        def f(a):
+            if a:
+                return 1
+            return 2
+        x = f(0)
+    """)
+    assert list(candidates(inline_calls, source, PassContext())) == []
+
+
+def test_shrink_integers_finds_the_smallest_failing_constant():
+    source = code("""
+        epochs = 100
+        batch = 64
+        if batch > 5:
+            raise ValueError("bad")
+    """)
+    assert reduce_with([shrink_integers], source) == code("""
+        epochs = 0
+        batch = 1
+        if batch > 0:
+            raise ValueError("bad")
+    """)
+
+
+def test_drop_arguments_lets_defaults_apply():
+    source = code("""
+        def f(a, b=1, *, mode="bad"):
+            raise ValueError(mode)
+        f(1, 2, mode="bad")
+    """)
+    assert reduce_with([drop_arguments], source) == code("""
+        def f(a, b=1, *, mode="bad"):
+            raise ValueError(mode)
+        f(1)
+    """)
+
+
+def test_remove_unused_definitions():
+    source = code("""
+        import os
+        import json as j, sys
+        from math import pi, tau
+        def unused():
+            return unused()
+        class Used:
+            pass
+        data = 3
+        raise ValueError(Used.__name__ and "bad" if sys else tau)
+    """)
+    assert reduce_with([remove_unused_definitions], source) == code("""
+        import json as j, sys
+        from math import pi, tau
+        class Used:
+            pass
+        raise ValueError(Used.__name__ and "bad" if sys else tau)
+    """)
+
+
+def test_strip_comments():
+    source = "# header\nx = 1  # why\n\n# lead\nraise ValueError('bad')\n"
+    assert list(candidates(strip_comments, source, PassContext())) == [
+        "x = 1\n\nraise ValueError('bad')\n"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (TensorSpec((4, 8)), "torch.randn((4, 8), dtype=torch.float32)"),
+        (
+            TensorSpec((4, 8), (0, 1), dtype="float16", device="cuda"),
+            "torch.randn((8,), dtype=torch.float16, device='cuda').as_strided((4, 8), (0, 1), 0)",
+        ),
+        (
+            TensorSpec((3,), storage_offset=1, dtype="int64"),
+            "torch.zeros((4,), dtype=torch.int64).as_strided((3,), (1,), 1)",
+        ),
+        (
+            TensorSpec((2, 2), dtype="int64", values=Generated("randint", 0, 7)),
+            "torch.randint(0, 7, (2, 2), dtype=torch.int64)",
+        ),
+    ],
+)
+def test_spec_expression_text(spec: TensorSpec, expected: str):
+    assert render(spec_expression(spec)) == expected
+
+
+def test_spec_expression_keeps_strides_and_offset():
+    spec = TensorSpec((3, 5), (1, 3), storage_offset=2, dtype="float64")
+    tensor = eval(render(spec_expression(spec)), {"torch": torch})
+    assert tuple(tensor.shape) == (3, 5)
+    assert tensor.stride() == (1, 3)
+    assert tensor.storage_offset() == 2
+    assert tensor.dtype == torch.float64
+    expanded = TensorSpec((4, 6), (0, 1))
+    tensor = eval(render(spec_expression(expanded)), {"torch": torch})
+    assert tensor.stride() == (0, 1)
+    assert tensor.untyped_storage().nbytes() == 6 * 4
+
+
+def test_replace_with_specs_targets_the_focus_call():
+    spec = TensorSpec((2, 3), (0, 1))
+    context = PassContext(specs=(spec,), focus="launch(bias, out)")
+    source = code("""
+        h = model(x)
+        launch(h.bias, out)
+    """)
+    found = list(candidates(replace_with_specs, source, context))
+    assert found[0] == code("""
+        h = model(x)
+        launch(torch.randn((3,), dtype=torch.float32).as_strided((2, 3), (0, 1), 0), out)
+    """)
+    assert all("model(torch" not in c for c in found)
+
+
+def test_a_tensor_built_from_literals_is_an_atom_for_the_size_order():
+    assert is_constant(cst.parse_expression("torch.randn((3,)).as_strided((2, 3), (0, 1), 0)"))
+    assert not is_constant(cst.parse_expression("torch.randn(n)"))
+    before = "launch(h.bias)\n"
+    after = "launch(torch.randn((3,), dtype=torch.float32).as_strided((2, 3), (0, 1), 0))\n"
+    assert sort_key(after) < sort_key(before)
