@@ -320,7 +320,10 @@ def parameter_names(case: ReproCase) -> list[str]:
         from reprocut.tensors import resolve
 
         func = resolve(case.target)
-        names = [p.name for p in inspect.signature(func).parameters.values()]
+        parameters = list(inspect.signature(func).parameters.values())
+        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
+            raise ValueError("no named parameters")  # OpOverload(*args, **kwargs)
+        names = [p.name for p in parameters]
     except (ValueError, TypeError, AttributeError, ImportError):
         names = _schema_names(case)
     if case.target.startswith("torch.Tensor.") and names[:1] != ["self"]:

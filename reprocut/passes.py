@@ -84,6 +84,14 @@ def with_dims(
     return case
 
 
+def op_name(case: ReproCase) -> str:
+    """`embedding` for `torch.nn.functional.embedding` and `torch.ops.aten.embedding.default`."""
+    parts = case.target.split(".")
+    if parts[:3] == ["torch", "ops", "aten"] and len(parts) >= 4:
+        return parts[3]
+    return parts[-1]
+
+
 def _scalar(case: ReproCase, index: int, name: str, default: Any = None) -> Any:
     if index < len(case.args):
         return case.args[index]
@@ -176,18 +184,22 @@ def valid_range(case: ReproCase, path: Path) -> tuple[float, float] | None:
     if path[0] != "args" or len(path) > 3:
         return None
     if len(path) == 3:  # a list of index tensors: x[i, j], index_put_(x, [i, j], v)
-        name = case.target.rsplit(".", 1)[-1]
+        name = op_name(case)
         indexing = ("__getitem__", "__setitem__", "index_put", "index_put_", "_index_put_impl_")
         base = _tensor(case, 0)
         if name in indexing and path[1] == 1 and base is not None and path[2] < len(base.shape):
             return (-base.shape[path[2]], base.shape[path[2]])
         return None
     index = path[1]
-    target = case.target.rsplit(".", 1)[-1]
+    target = op_name(case)
     first = _tensor(case, 0)
-    if target == "embedding" and index == 0:
-        weight = _tensor(case, 1)
-        return (0, weight.shape[0]) if weight is not None and weight.shape else None
+    if target in ("embedding", "embedding_bag", "_embedding_bag"):
+        # F.embedding(ids, weight) but aten::embedding(weight, ids)
+        ids_at, weight_at = (1, 0) if case.target.startswith("torch.ops.") else (0, 1)
+        weight = _tensor(case, weight_at)
+        if index == ids_at and weight is not None and weight.shape:
+            return (0, weight.shape[0])
+        return None
     if target in ("cross_entropy", "nll_loss") and index == 1 and first is not None:
         classes = first.shape[1] if len(first.shape) >= 2 else first.shape[0] if first.shape else 0
         return (0, classes)
@@ -215,7 +227,7 @@ def offenders(case: ReproCase, path: Path, values: Sequence[Any]) -> list[int]:
     """Positions of values that break the op's contract (out of range, NaN, negative probability)."""
     spec = case.get(path)
     assert isinstance(spec, TensorSpec)
-    target = case.target.rsplit(".", 1)[-1]
+    target = op_name(case)
     if spec.dtype in INT_DTYPES:
         bounds = valid_range(case, path)
         if bounds is None:

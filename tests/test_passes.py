@@ -209,3 +209,16 @@ def test_offenders_of_index_lists_use_the_indexed_dimension() -> None:
     )
     assert offenders(index_put, ("args", 1, 0), [3, 4]) == [1]
     assert offenders(index_put, ("args", 1, 1), [3, 2]) == [0]
+
+
+def test_aten_targets_use_the_schema_argument_order() -> None:
+    aten = ReproCase(
+        "torch.ops.aten.embedding.default",
+        (TensorSpec((10, 3)), TensorSpec((3,), dtype="int64")),
+    )
+    assert offenders(aten, ("args", 1), [1, 10, 2]) == [1]
+    index_add = ReproCase(
+        "torch.ops.aten.index_add_.default",
+        (TensorSpec((4, 2)), 0, TensorSpec((2,), dtype="int64"), TensorSpec((2, 2))),
+    )
+    assert offenders(index_add, ("args", 2), [3, 4]) == [1]
