@@ -59,7 +59,8 @@ def main(config_path: str) -> None:
     recorder = Recorder(
         RecorderConfig(
             run_dir=run_dir,
-            localize_step=config.get("localize_step"),
+            localize_from=config.get("localize_from"),
+            localize_to=config.get("localize_to"),
             snapshots=config.get("snapshots", True),
             tag_backward=config.get("tag_backward", True),
         )
@@ -98,7 +99,8 @@ def main(config_path: str) -> None:
     outcome["phase"] = recorder.state.phase() if outcome["status"] == "failed" else None
     outcome["compiled"] = compiled
     outcome["culprit"] = None if recorder.culprit is None else recorder.culprit.to_json()
-    outcome["snapshots"] = [_snapshot_json(s) for s in recorder.snapshots]
+    outcome["snapshots"] = [_snapshot_json(s) for s in recorder.all_snapshots()]
+    outcome["healthy_through"] = recorder.healthy_through
     if outcome["status"] == "failed":
         recorder.store.save(run_dir / "inputs.pt")
     _write(run_dir / OUTCOME_FILE, outcome)

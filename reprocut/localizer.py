@@ -136,14 +136,17 @@ def _rerun(
     options: LocalizeOptions, first: RunResult, outcome: dict[str, Any], progress: Progress
 ) -> Failure:
     step = outcome["step"]
-    progress(f"rerunning to step {step}, synchronizing after each op of that step")
+    first_suspect = min(step, outcome.get("healthy_through", step - 1) + 1)
+    span = f"step {step}" if first_suspect == step else f"steps {first_suspect}-{step}"
+    progress(f"rerunning to {span}, synchronizing around each op there")
     second = run_script(
         RunRequest(
             options.script,
             options.argv,
             options.run_dir.path,
             "localize",
-            localize_step=step,
+            localize_from=first_suspect,
+            localize_to=step,
             snapshots=False,
             launch_blocking=options.launch_blocking,
             timeout=options.timeout,
@@ -169,7 +172,6 @@ def _rerun(
             options.argv,
             options.run_dir.path,
             "localize-blocking",
-            localize_step=None,
             snapshots=False,
             launch_blocking=True,
             timeout=options.timeout,

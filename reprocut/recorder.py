@@ -197,7 +197,8 @@ class Culprit:
 @dataclass
 class RecorderConfig:
     run_dir: Path
-    localize_step: int | None = None  # localize mode: synchronize around ops of this step
+    localize_from: int | None = None  # localize mode: synchronize around ops of these steps
+    localize_to: int | None = None
     snapshots: bool = True  # record mode on CUDA: copy asserting ops' evidence as we go
     tag_backward: bool = True  # tag autograd nodes with their forward line and module
 
@@ -219,6 +220,9 @@ class Recorder:
         self.module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = (
             weakref.WeakKeyDictionary()
         )
+        self.pending: list[tuple[int, Any, list[Snapshot]]] = []
+        self.healthy_through = -1  # last step whose kernels are known to have completed
+        self._pid = os.getpid()
         self.seq = 0
         self.last_op: str | None = None
         self._main_thread = threading.get_ident()
@@ -270,10 +274,38 @@ class Recorder:
     # --- steps, phases, modules ----------------------------------------------------------------
 
     def _end_step(self) -> None:
+        if os.getpid() != self._pid:
+            return  # a forked DataLoader worker: the parent owns the trace
         self.trace.write_step(self.state.step, self.ops)
         self.ops = []
+        if torch.cuda.is_initialized():
+            event = torch.cuda.Event()
+            event.record()
+            self.pending.append((self.state.step, event, self.snapshots))
+            self._retire_completed_steps()
         self.snapshots = []
         self.state.step += 1
+
+    def _retire_completed_steps(self) -> None:
+        """Drop snapshots of steps whose kernels all finished: they cannot hold the fault.
+
+        CUDA errors surface late, possibly steps later (at a logging `.item()`), so snapshots
+        live until an event recorded after their step reports completion.
+        """
+        while self.pending:
+            step, event, _ = self.pending[0]
+            try:
+                done = event.query()
+            except Exception:
+                return  # a sticky error: it will surface in the user's code, keep everything
+            if not done:
+                return
+            self.healthy_through = step
+            self.pending.pop(0)
+
+    def all_snapshots(self) -> list[Snapshot]:
+        """Snapshots of every step not yet known to have completed, oldest first."""
+        return [s for _, _, snapshots in self.pending for s in snapshots] + self.snapshots
 
     def _on_optimizer_enter(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.state.optimizer_seen = True
@@ -449,27 +481,39 @@ class _OpRecorder(TorchDispatchMode):
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
+        self._names: dict[Any, str] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        # The hot path: keep it to a few dict lookups per op on healthy steps.
         kwargs = kwargs or {}
         recorder = self.recorder
         state = recorder.state
-        name = aten_name(func)
+        name = self._names.get(func)
+        if name is None:
+            name = self._names[func] = aten_name(func)
         recorder.last_op = name
-        localizing = recorder.config.localize_step == state.step
-        on_cuda = _touches_cuda(args, kwargs)
-
+        config = recorder.config
+        localizing = config.localize_from is not None and config.localize_from <= state.step <= (
+            config.localize_to or state.step
+        )
         call = None
-        if localizing and on_cuda:
-            self._synchronize_before(func, name)
-            call = _named(func, capture_call(args, kwargs, name, recorder.store, everything=True))
-        elif on_cuda and recorder.config.snapshots and name in ASSERTING_OPS:
-            self._snapshot(func, name, args, kwargs)
+        on_cuda = None
+        if localizing or (config.snapshots and name in ASSERTING_OPS):
+            on_cuda = _touches_cuda(args, kwargs)
+            if on_cuda and localizing:
+                self._synchronize_before(func, name)
+                call = _named(
+                    func, capture_call(args, kwargs, name, recorder.store, everything=True)
+                )
+            elif on_cuda:
+                self._snapshot(func, name, args, kwargs)
         try:
             result = func(*args, **kwargs)
             if localizing and on_cuda:
                 torch.cuda.synchronize()
         except Exception as exc:
+            if on_cuda is None:
+                on_cuda = _touches_cuda(args, kwargs)
             synchronized = not on_cuda or localizing
             if recorder.culprit is None and (synchronized or not _is_cuda_error(exc)):
                 if call is None:
@@ -478,12 +522,13 @@ class _OpRecorder(TorchDispatchMode):
                     )
                 self._note(func, name, call, synchronized=synchronized)
             raise
+        stack = state.module_stack
         recorder.ops.append(
             (
                 name,
-                recorder.current_module(),
+                stack[-1] if stack else None,
                 state.phase(),
-                tuple(_spec_tuple(a) for a in args),
+                tuple(map(_spec_tuple, args)),
             )
         )
         return result

@@ -49,7 +49,8 @@ class RunRequest:
     argv: tuple[str, ...]
     run_dir: Path
     attempt: str  # "record", "localize", "localize-blocking": names the config and log files
-    localize_step: int | None = None
+    localize_from: int | None = None  # synchronize around every op of these steps
+    localize_to: int | None = None
     snapshots: bool = True
     launch_blocking: bool = False
     timeout: float | None = None
@@ -83,7 +84,8 @@ def run_script(
                 "run_dir": str(request.run_dir),
                 "script": str(request.script),
                 "argv": list(request.argv),
-                "localize_step": request.localize_step,
+                "localize_from": request.localize_from,
+                "localize_to": request.localize_to,
                 "snapshots": request.snapshots,
             }
         )

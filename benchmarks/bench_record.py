@@ -1,0 +1,215 @@
+"""Benchmark `reprocut record`: overhead on healthy runs, and time to culprit on a late failure.
+
+    python benchmarks/bench_record.py [--device cuda] [--repeats 3] [--out benchmarks/results]
+
+Overhead: the training loop's own wall time (printed by the workload as LOOP_SECONDS, warm-up
+excluded) under `reprocut record` over a plain `python` run; total process time alongside.
+Time to culprit: a script failing at step >= 100, `reprocut record` (one pass + localization)
+against the plain `CUDA_LAUNCH_BLOCKING=1 python train.py` rerun a user would do by hand.
+Writes markdown (and JSON) with the machine and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKLOADS = HERE / "workloads"
+TIMEOUT = 600
+
+
+def run(
+    command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+) -> tuple[float, str, int]:
+    start = time.perf_counter()
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    return time.perf_counter() - start, done.stdout + done.stderr, done.returncode
+
+
+def loop_seconds(output: str) -> float:
+    match = re.search(r"LOOP_SECONDS ([\d.]+)", output)
+    if not match:
+        raise RuntimeError(f"workload printed no LOOP_SECONDS:\n{output[-2000:]}")
+    return float(match.group(1))
+
+
+def overhead(workload: str, device: str, repeats: int, workdir: Path) -> dict[str, float]:
+    script = str(WORKLOADS / workload)
+    plain_loop, plain_total, rec_loop, rec_total = [], [], [], []
+    for _ in range(repeats):
+        seconds, out, code = run([sys.executable, script, "--device", device])
+        assert code == 0, out[-2000:]
+        plain_loop.append(loop_seconds(out))
+        plain_total.append(seconds)
+        seconds, out, code = run(
+            [
+                sys.executable,
+                "-m",
+                "reprocut",
+                "record",
+                "--root",
+                str(workdir / "rec"),
+                script,
+                "--device",
+                device,
+            ],
+            cwd=workdir,
+        )
+        assert code == 1, out[-2000:]  # healthy: "nothing to reproduce"
+        rec_loop.append(loop_seconds(out))
+        rec_total.append(seconds)
+    return {
+        "plain_loop_s": statistics.median(plain_loop),
+        "record_loop_s": statistics.median(rec_loop),
+        "loop_ratio": statistics.median(rec_loop) / statistics.median(plain_loop),
+        "plain_total_s": statistics.median(plain_total),
+        "record_total_s": statistics.median(rec_total),
+        "total_ratio": statistics.median(rec_total) / statistics.median(plain_total),
+    }
+
+
+def time_to_culprit(device: str, fail_at: int, workdir: Path) -> dict[str, object]:
+    script = str(WORKLOADS / "fails_late.py")
+    args = ["--fail-at", str(fail_at), "--device", device]
+    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
+    plain_first, _, _ = run([sys.executable, script, *args])
+    blocking, out, code = run([sys.executable, script, *args], env=env)
+    results: dict[str, object] = {
+        "fail_at": fail_at,
+        "plain_run_s": plain_first,
+        "blocking_rerun_s": blocking,
+    }
+    for label, flags in (("record_snapshots", []), ("record_rerun", ["--no-snapshots"])):
+        seconds, out, code = run(
+            [
+                sys.executable,
+                "-m",
+                "reprocut",
+                "record",
+                "--json",
+                "--quiet",
+                "--root",
+                str(workdir / "rec"),
+                *flags,
+                script,
+                *args,
+            ],
+            cwd=workdir,
+        )
+        report = {}
+        try:
+            report = json.loads(out[: out.rindex("}") + 1][out.index("{") :])
+        except ValueError:
+            pass
+        results[f"{label}_s"] = seconds
+        results[f"{label}_ratio"] = seconds / blocking
+        results[f"{label}_op"] = report.get("op")
+        results[f"{label}_step"] = report.get("step")
+        results[f"{label}_localization"] = report.get("localization")
+    return results
+
+
+def device_name(device: str) -> str:
+    if device != "cuda":
+        return platform.processor() or platform.machine()
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return out.stdout.strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--fail-at", type=int, default=150)
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    options = parser.parse_args()
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        figures = {
+            "gpu_bound": overhead("gpu_bound.py", options.device, options.repeats, workdir),
+            "launch_bound": overhead("launch_bound.py", options.device, options.repeats, workdir),
+            "time_to_culprit": time_to_culprit(options.device, options.fail_at, workdir),
+        }
+    today = dt.date.today().isoformat()
+    meta = {
+        "date": today,
+        "device": options.device,
+        "device_name": device_name(options.device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    options.out.mkdir(parents=True, exist_ok=True)
+    stem = options.out / f"record-{options.device}-{today}"
+    stem.with_suffix(".json").write_text(json.dumps({**meta, **figures}, indent=2))
+    stem.with_suffix(".md").write_text(render(meta, figures))
+    print(render(meta, figures))
+
+
+def render(meta: dict[str, str], figures: dict[str, dict]) -> str:
+    lines = [
+        f"# reprocut record benchmark: {meta['device_name']} ({meta['device']})",
+        "",
+        f"Date {meta['date']}, torch {meta['torch']}, Python {meta['python']}. "
+        "Medians; loop = the training loop's own time (warm-up excluded); total = whole process.",
+        "",
+        "## Overhead on healthy runs",
+        "",
+        "| workload | plain loop s | record loop s | loop ratio | plain total s | record total s | total ratio | target |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, target in (("gpu_bound", "≤ 1.15x"), ("launch_bound", "≤ 2x")):
+        f = figures[name]
+        lines.append(
+            f"| {name} | {f['plain_loop_s']:.3f} | {f['record_loop_s']:.3f} | {f['loop_ratio']:.2f}x "
+            f"| {f['plain_total_s']:.2f} | {f['record_total_s']:.2f} | {f['total_ratio']:.2f}x | {target} |"
+        )
+    t = figures["time_to_culprit"]
+    lines += [
+        "",
+        f"## Time to culprit (failure at step {t['fail_at']})",
+        "",
+        "| way | seconds | vs blocking rerun | op found | step | localization |",
+        "|---|---|---|---|---|---|",
+        f"| plain run (the failure, for scale) | {t['plain_run_s']:.2f} | | | | |",
+        f"| `CUDA_LAUNCH_BLOCKING=1 python train.py` | {t['blocking_rerun_s']:.2f} | 1.00x | (traceback) | | |",
+    ]
+    for label in ("record_snapshots", "record_rerun"):
+        lines.append(
+            f"| reprocut record{' --no-snapshots' if label == 'record_rerun' else ''} "
+            f"| {t[f'{label}_s']:.2f} | {t[f'{label}_ratio']:.2f}x | {t[f'{label}_op']} "
+            f"| {t[f'{label}_step']} | {t[f'{label}_localization']} |"
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
