@@ -16,6 +16,7 @@ from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
+import libcst.metadata
 
 from reprocut.case import Generated, Literal, TensorSpec
 
@@ -531,7 +532,10 @@ class _Facts(cst.CSTVisitor):
 
 
 def _inlinable(func: cst.FunctionDef) -> bool:
-    if func.decorators or func.asynchronous is not None:
+    plain = all(
+        m.matches(d, m.Decorator(decorator=m.Name("staticmethod"))) for d in func.decorators
+    )
+    if not plain or func.asynchronous is not None:
         return False
     params = func.params
     if params.star_arg is not cst.MaybeSentinel.DEFAULT and params.star_arg is not None:
@@ -576,6 +580,16 @@ def _methods(module: cst.Module) -> dict[str, list[cst.FunctionDef]]:
     return found
 
 
+def _class_method(module: cst.Module, class_name: str, method: str) -> cst.FunctionDef | None:
+    for statement in module.body:
+        if m.matches(statement, m.ClassDef(name=m.Name(class_name))):
+            assert isinstance(statement, cst.ClassDef)
+            for item in body_statements(statement.body):
+                if m.matches(item, m.FunctionDef(name=m.Name(method))):
+                    return item  # type: ignore[return-value]
+    return None
+
+
 def _call_site(statement: cst.BaseStatement) -> tuple[cst.Call, cst.BaseExpression | None] | None:
     """The call and its assignment target, for `f(...)` and `x = f(...)` lines."""
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
@@ -605,6 +619,11 @@ def _callee(
             return functions[func.value], None
         if func.value not in classes and len(methods.get("forward", ())) == 1:
             return methods["forward"][0], func  # an nn.Module called as `model(x)`
+    if m.matches(func, m.Attribute(value=m.Name(), attr=m.Name("apply"))):
+        assert isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
+        forward = _class_method(module, func.value.value, "forward")
+        if forward is not None:
+            return forward, cst.Name("None")  # autograd.Function: forward(ctx, ...) with ctx=None
     if (
         isinstance(func, cst.Attribute)
         and isinstance(func.value, cst.Name)
@@ -1077,6 +1096,73 @@ class _ReplaceArg(cst.CSTTransformer):
         )
 
 
+class _SpecForName(cst.CSTTransformer):
+    """Every read of `name` inside `scope` becomes the spec's tensor (writes stay)."""
+
+    METADATA_DEPENDENCIES = (cst.metadata.ExpressionContextProvider,)
+
+    def __init__(self, scope: cst.CSTNode, name: str, value: cst.BaseExpression) -> None:
+        super().__init__()
+        self.scope, self.name, self.value = scope, name, value
+        self.depth = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if node is self.scope:
+            self.depth += 1
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+        if original_node is self.scope:
+            self.depth -= 1
+        if (
+            self.depth
+            and isinstance(original_node, cst.Name)
+            and original_node.value == self.name
+            and self.get_metadata(cst.metadata.ExpressionContextProvider, original_node, None)
+            == cst.metadata.ExpressionContext.LOAD
+        ):
+            return self.value
+        return updated_node
+
+
+class _Enclosing(cst.CSTVisitor):
+    """The innermost function around a node (the module when there is none)."""
+
+    def __init__(self, target: cst.CSTNode) -> None:
+        self.target = target
+        self.stack: list[cst.CSTNode] = []
+        self.found: cst.CSTNode | None = None
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.stack.append(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.stack.pop()
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if node is self.target and self.found is None:
+            self.found = self.stack[-1] if self.stack else None
+        return super().on_visit(node)
+
+
+def _spec_candidate(
+    code: str, module: cst.Module, arg: cst.Arg, value: cst.BaseExpression
+) -> str | None:
+    """A Name argument is replaced wherever its function reads it (so what computed it can
+    go, `n = x.numel()` included); any other argument only where it is."""
+    if isinstance(arg.value, cst.Name):
+        enclosing = _Enclosing(arg)
+        module.visit(enclosing)
+        scope = enclosing.found if enclosing.found is not None else module
+        wrapper = cst.metadata.MetadataWrapper(module, unsafe_skip_copy=True)
+        try:
+            new = wrapper.visit(_SpecForName(scope, arg.value.value, value)).code
+        except (cst.CSTValidationError, ValueError, TypeError):
+            return None
+        return new if new != code and parse(new) is not None else None
+    return transform(code, _ReplaceArg(arg, value), module)
+
+
 def replace_with_specs(code: str, context: PassContext) -> Generator[str, bool, None]:
     """Replace an argument of the failing call by a tensor built from a recorded spec, so what
     computed it (model, data pipeline) can go. The spec at the argument's position goes first."""
@@ -1095,7 +1181,7 @@ def replace_with_specs(code: str, context: PassContext) -> Generator[str, bool, 
         first = specs[position] if position < len(specs) else specs[0]
         accepted = False
         for spec in [first, *(s for s in specs if s is not first)]:
-            candidate = transform(code, _ReplaceArg(arg, spec_expression(spec)), module)
+            candidate = _spec_candidate(code, module, arg, spec_expression(spec))
             if candidate is not None and (yield candidate):
                 code, accepted = candidate, True
                 break

@@ -280,6 +280,7 @@ def reduce_source(
 
                 oracle = stack.enter_context(Oracle(expected, timeout=timeout))
             check = _oracle_check(oracle, script_path, cwd, list(argv), expected, timeout)
+            stack.callback(candidate_path(script_path).unlink, missing_ok=True)
         return _reduce(
             original,
             script_path=script_path,
@@ -367,18 +368,27 @@ def format_code(code: str) -> str:
 # --- checks ----------------------------------------------------------------------------------
 
 
+def candidate_path(script_path: Path) -> Path:
+    """Where candidates are written: beside the script, so `__file__`, `sys.path[0]` and
+    `inspect.getsource` (which `@triton.jit` reads) all see the candidate, not the original."""
+    return script_path.with_name(f".reprocut-candidate-{script_path.name}")
+
+
 def _oracle_check(
     oracle: Any, script_path: Path, cwd: Path, argv: list[str], expected: Signature, timeout: float
 ) -> Check:
     """Each candidate runs as `python script.py argv...` from `cwd` would run it, in a child."""
+    path = candidate_path(script_path)
 
     def check(code: str) -> Any:
+        path.write_text(code)
         return oracle.check_source(
             code,
-            filename=str(script_path),
+            filename=str(path),
             cwd=cwd,
             argv=argv,
             timeout=timeout,
+            sys_path0=str(script_path.parent),
             expected=expected,
         )
 
