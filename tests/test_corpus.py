@@ -1,0 +1,134 @@
+"""The corpus as a regression suite.
+
+- Every case.toml is well formed and its culprit marker exists exactly once (fast).
+- The ground truth itself holds on CPU: an independent observer (benchmarks/truth_probe.py)
+  sees each CPU case fail at its marked line, step, op and error (slow).
+- reprocut record (and shrink on a few cases) over the CPU corpus: no check that passes in
+  corpus/baseline.json may regress (slow; skipped only while the record command is missing).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.corpus_cases import CORPUS, CorpusCase, culprit_markers, load_cases  # noqa: E402
+from benchmarks.corpus_score import base_op, regressions  # noqa: E402
+from benchmarks.run_corpus import run_cases  # noqa: E402
+from benchmarks.truth_probe import MARKER as PROBE_MARKER  # noqa: E402
+
+BASELINE = CORPUS / "baseline.json"
+CASES = load_cases()
+CPU_CASES = [c for c in CASES if c.applies_to("cpu")]
+# Shrink is the slow half (25-100 s a case on 2 cores): CI shrinks only these.
+SHRINK_IN_CI = {"lm_grown_vocab", "rl_dqn_gather"}
+
+
+def test_the_corpus_is_large_and_covers_the_required_kinds() -> None:
+    assert len(CASES) >= 20
+    assert sum(c.devices == ("cuda",) for c in CASES) >= 4
+    assert {"pass", "flaky", "silent-cuda"} <= {c.expect for c in CASES}
+    domains = {c.domain.split()[0] for c in CASES}
+    assert len(domains) >= 8, domains
+    phases = {c.phase for c in CASES}
+    assert {"forward", "backward", "optimizer"} <= phases
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_case_is_well_formed(case: CorpusCase) -> None:
+    assert case.script.exists()
+    markers = culprit_markers(case.folder)
+    if case.expect == "pass":
+        assert markers == []
+        return
+    assert len(markers) == 1, f"need exactly one culprit marker, found {markers}"
+    assert markers[0][0] == case.file, "case.toml `file` disagrees with the marker"
+    for device in case.devices:
+        if case.expects_failure(device) or case.expect == "flaky":
+            truth = case.truth(device)
+            assert truth.kind, f"no expected kind for {device}"
+            assert truth.error_type or truth.error_code is not None
+    if case.expect == "fail":
+        assert case.step is not None and case.phase in ("forward", "backward", "optimizer")
+        assert case.op or case.kernel
+        assert case.facts, "say which values/strides must be captured"
+
+
+def _probe(case: CorpusCase) -> dict:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "truth_probe.py"),
+            str(case.script),
+            *case.args,
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=case.folder,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith(PROBE_MARKER)]
+    assert lines, f"{case.name}: probe printed nothing\n{done.stderr[-2000:]}"
+    return json.loads(lines[-1][len(PROBE_MARKER) :])
+
+
+@pytest.mark.slow
+def test_ground_truth_holds_on_cpu() -> None:
+    checked = [c for c in CPU_CASES if c.expect != "flaky"]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = dict(zip([c.name for c in checked], pool.map(_probe, checked), strict=True))
+    problems = []
+    for case in checked:
+        got = results[case.name]
+        if not case.expects_failure("cpu"):
+            if got["status"] != "passed":
+                problems.append(f"{case.name}: must pass on CPU, got {got}")
+            continue
+        truth = case.truth("cpu")
+        want_op = base_op(case.expected_op("cpu"))
+        expected = {
+            "status": "failed",
+            "file": case.culprit()[0],
+            "line": case.culprit()[1],
+            "steps": case.step,
+            "error_type": truth.error_type,
+            "kind": truth.kind,
+        }
+        for key, value in expected.items():
+            if got.get(key) != value:
+                problems.append(f"{case.name}: {key} is {got.get(key)!r}, case says {value!r}")
+        if want_op not in (got.get("op"), got.get("public_call")):
+            problems.append(f"{case.name}: op {got.get('op')!r}, case says {want_op!r}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (REPO / "reprocut" / "commands" / "record.py").exists(),
+    reason="reprocut record is not written yet",
+)
+def test_record_and_shrink_do_not_regress_on_the_cpu_corpus(tmp_path: Path) -> None:
+    baseline = json.loads(BASELINE.read_text()).get("cpu", {}) if BASELINE.exists() else {}
+    # Cases not shrunk here cannot lose "verified"; everything else must hold.
+    baseline = {
+        case: [c for c in checks if c != "verified" or case in SHRINK_IN_CI]
+        for case, checks in baseline.items()
+    }
+    scores = run_cases(CPU_CASES, "cpu", jobs=2, timeout=240, shrink=SHRINK_IN_CI, workdir=tmp_path)
+    assert len(scores) == len(CPU_CASES)
+    lost = regressions(baseline, scores)
+    summary = "\n".join(
+        f"{s.case}: {'pass' if s.passed else 'FAIL'} {s.passing_checks()} {list(s.notes)}"
+        for s in scores
+    )
+    assert not lost, "regressed against corpus/baseline.json:\n" + "\n".join(lost) + "\n" + summary
