@@ -92,7 +92,8 @@ def write_results(
 ) -> tuple[Path, Path]:
     """Write corpus-<device>-<date>.md and .json; returns both paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"corpus-{meta['device']}-{meta['date']}"
+    tag = f"-{meta['tag']}" if meta.get("tag") else ""
+    stem = out_dir / f"corpus-{meta['device']}-{meta['date']}{tag}"
     markdown, twin = stem.with_suffix(".md"), stem.with_suffix(".json")
     markdown.write_text(render_markdown(scores, meta))
     payload = {

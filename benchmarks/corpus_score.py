@@ -9,7 +9,7 @@ for this case, e.g. the step of a flaky case or the repro of a case that must pa
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import PurePath
 from typing import Any
 
@@ -73,6 +73,13 @@ class CaseScore:
         data["notes"] = list(self.notes)
         data["passed"] = self.passed
         return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CaseScore:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["notes"] = tuple(values.get("notes", ()))
+        return cls(**values)
 
 
 def base_op(name: str | None) -> str | None:

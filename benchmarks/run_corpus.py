@@ -217,11 +217,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--baseline", type=Path, help="fail if a check passing here regresses")
     parser.add_argument("--update-baseline", type=Path, help="write passing checks here")
     parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument("--tag", help="suffix for the result files (a partial run)")
+    parser.add_argument(
+        "--merge", nargs="+", type=Path, metavar="JSON", help="combine partial results, run nothing"
+    )
     return parser.parse_args(argv)
+
+
+def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
+    """One table from several partial runs (the device allows 10 minutes per command)."""
+    parts = [json.loads(p.read_text()) for p in paths]
+    by_case = {}
+    for part in parts:  # later files win for a case run twice
+        for data in part["cases"]:
+            by_case[data["case"]] = CaseScore.from_json(data)
+    meta = dict(parts[-1]["meta"])
+    meta.pop("tag", None)
+    meta["command"] = " + ".join(p["meta"]["command"] for p in parts)
+    meta["wall_seconds"] = round(sum(p["meta"].get("wall_seconds", 0) for p in parts), 1)
+    return write_results([by_case[name] for name in sorted(by_case)], meta, out)
 
 
 def main(argv: list[str] | None = None) -> int:
     options = parse_args(argv)
+    if options.merge:
+        for path in merge(options.merge, options.out):
+            print(f"wrote {path}")
+        return 0
     cases = load_cases(options.corpus, options.cases)
     jobs = options.jobs or (2 if options.device == "cpu" else 1)
     started = time.perf_counter()
@@ -246,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": round(time.perf_counter() - started, 1),
         **environment(options.device),
     }
+    if options.tag:
+        meta["tag"] = options.tag
     markdown, twin = write_results(scores, meta, options.out)
     print(f"wrote {markdown.relative_to(REPO) if markdown.is_relative_to(REPO) else markdown}")
     print(f"wrote {twin.name}")

@@ -268,3 +268,13 @@ def test_culprit_markers_and_case_loading(tmp_path: Path) -> None:
     assert loaded.culprit() == ("train.py", 2)
     assert loaded.truth("cpu").kind == "k" and loaded.facts == ("5",)
     assert not loaded.applies_to("cuda")
+
+
+def test_scores_round_trip_through_json_for_merging(case: CorpusCase) -> None:
+    from benchmarks.corpus_score import CaseScore
+
+    score = score_case(
+        case, "cpu", RunOutput(0, record_json(step=4), 2.0), RunOutput(0, SHRINK_OK, 4)
+    )
+    again = CaseScore.from_json(score.to_json())
+    assert again == score and again.passed == score.passed
