@@ -65,16 +65,22 @@ def test_cut_index_to_offender_reads_captured_values() -> None:
 
 def test_cut_index_to_offender_bisects_when_no_rule_knows_the_range() -> None:
     case = ReproCase(
-        "torch.some_op",
-        (TensorSpec((6,), dtype="float32", values=Literal((1.0, 2.0, 3.0, 4.0, 5.0, 6.0))),),
+        "torch.some_op", (TensorSpec((6,), dtype="int64", values=Literal((1, 2, 5, 3, 4, 6))),)
     )
 
     def has_five(c: ReproCase) -> bool:
         values = c.args[0].values
-        return isinstance(values, Literal) and 5.0 in values.values
+        return isinstance(values, Literal) and 5 in values.values
 
     shrunk = shrink(case, has_five, [cut_index_to_offender])
-    assert shrunk.args[0].values == Literal((5.0,))
+    assert shrunk.args[0].values == Literal((5,))
+
+
+def test_cut_index_to_offender_leaves_float_data_without_bad_values_alone() -> None:
+    case = ReproCase("torch.some_op", (TensorSpec((4,), values=Literal((1.0, 2.0, 3.0, 4.0))),))
+    shrinker = Shrinker(case, lambda c: True, passes=[cut_index_to_offender])
+    assert shrinker.run() == case
+    assert shrinker.checks == 0
 
 
 def test_cut_target_also_cuts_the_batch_of_the_input() -> None:

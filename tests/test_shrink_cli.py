@@ -228,3 +228,36 @@ def test_cuda_device_assert_family_shrinks_and_verifies(
     done = run_standalone(Path(result["repro"]), tmp_path)
     found = signature_from_stderr(done.stderr)
     assert found is not None and found.matches(signature, compare_op=False), done.stderr
+
+
+# --- record -> shrink -> python repro.py on realistic scripts (corpus/) ---------------------------
+
+CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+END_TO_END = ("lm_grown_vocab", "rl_dqn_gather", "llm_sampling_nan", "gnn_degree_scatter")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", END_TO_END)
+def test_record_then_shrink_gives_a_small_standalone_repro(name: str, tmp_path: Path) -> None:
+    tomllib = pytest.importorskip("tomllib")
+    expected = tomllib.loads((CORPUS / name / "case.toml").read_text())["expected"]["cpu"]
+    work = tmp_path / name
+    shutil.copytree(CORPUS / name, work, ignore=shutil.ignore_patterns("__pycache__"))
+    record = subprocess.run(
+        [sys.executable, "-m", "reprocut", "record", "--json", "train.py"],
+        cwd=work, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert json.loads(record.stdout)["status"] == "localized", record.stderr[-2000:]
+    shrink = subprocess.run(
+        [sys.executable, "-m", "reprocut", "shrink", "--json", "--max-time", "120"],
+        cwd=work, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert shrink.returncode == ExitCode.OK, shrink.stderr[-2000:]
+    result = json.loads(shrink.stdout)
+    assert result["status"] == "verified"
+    assert result["statements"] <= 6
+    assert result["tensor_elements"] <= 64
+    done = run_standalone(Path(result["repro"]), tmp_path)
+    found = signature_from_stderr(done.stderr)
+    assert found is not None, done.stderr
+    assert (found.error_type, found.kind) == (expected["error_type"], expected["kind"])
