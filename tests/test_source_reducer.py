@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -197,212 +198,13 @@ def test_reduce_source_formats_the_result(tmp_path: Path):
 
 # --- real scripts, run by the oracle ---------------------------------------------------------
 
-HELPERS = code('''
-    """Data utilities shared by the training scripts."""
-
-    import torch
-
-    PAD = 0
+CASES = Path(__file__).resolve().parent.parent / "benchmarks" / "source_cases"
 
 
-    def make_vocab(words):
-        return {word: index + 1 for index, word in enumerate(sorted(set(words)))}
-
-
-    def encode(sentence, vocab):
-        return [vocab.get(word, PAD) for word in sentence.split()]
-
-
-    def pad_batch(rows, width):
-        """Pad token rows to `width`: the attention kernel we ship needs a fixed width."""
-        padded = []
-        for row in rows:
-            if len(row) > width:
-                raise ValueError(f"sequence of {len(row)} tokens does not fit width {width}")
-            padded.append(row + [PAD] * (width - len(row)))
-        return torch.tensor(padded)
-
-
-    def warmup_lr(step, base, warmup):
-        return base * min(1.0, (step + 1) / warmup)
-''')
-
-TRAIN_CLASSIFIER = code('''
-    """Train a bag-of-words classifier on a synthetic corpus."""
-
-    import argparse
-    import random
-
-    import torch
-    from torch import nn
-
-    from helpers import encode, make_vocab, pad_batch, warmup_lr
-
-    WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
-
-
-    class Classifier(nn.Module):
-        def __init__(self, vocab_size, dim, classes):
-            super().__init__()
-            self.embed = nn.Embedding(vocab_size, dim)
-            self.head = nn.Linear(dim, classes)
-
-        def forward(self, tokens):
-            hidden = self.embed(tokens).mean(dim=1)
-            return self.head(hidden)
-
-
-    def make_corpus(n, seed):
-        rng = random.Random(seed)
-        sentences = []
-        for i in range(n):
-            length = 3 + i % 5 + (12 if i == 37 else 0)  # one long review in the data
-            sentences.append(" ".join(rng.choice(WORDS) for _ in range(length)))
-        return sentences
-
-
-    def main():
-        parser = argparse.ArgumentParser()
-        parser.add_argument("--epochs", type=int, default=2)
-        parser.add_argument("--batch-size", type=int, default=8)
-        args = parser.parse_args()
-
-        torch.manual_seed(0)
-        sentences = make_corpus(64, seed=1)
-        vocab = make_vocab(word for sentence in sentences for word in sentence.split())
-        model = Classifier(len(vocab) + 1, 32, 4)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        loss_fn = nn.CrossEntropyLoss()
-
-        step = 0
-        for epoch in range(args.epochs):
-            for start in range(0, len(sentences), args.batch_size):
-                rows = [encode(s, vocab) for s in sentences[start : start + args.batch_size]]
-                tokens = pad_batch(rows, width=12)
-                labels = torch.tensor([len(row) % 4 for row in rows])
-                for group in optimizer.param_groups:
-                    group["lr"] = warmup_lr(step, 0.1, 10)
-                loss = loss_fn(model(tokens), labels)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                step += 1
-                if step % 5 == 0:
-                    print(f"epoch {epoch} step {step} loss {loss.item():.3f}")
-        print("done")
-
-
-    if __name__ == "__main__":
-        main()
-''')
-
-FUSED_EXTENSION = code('''
-    """A fused bias + GELU "kernel": a numpy stand-in for a compiled CUDA extension.
-
-    Like the real kernel it walks each input's memory as a flat, contiguous buffer and never looks
-    at strides, so a view whose storage is smaller than its element count (an expand()ed tensor)
-    makes it read past the end of the buffer: on a GPU an illegal memory access, here an error.
-    """
-
-    import math
-
-    import numpy as np
-    import torch
-
-    BLOCK = 128
-
-
-    def _flat_buffer(tensor):
-        storage = torch.empty(0, dtype=tensor.dtype).set_(tensor.untyped_storage())
-        return storage[tensor.storage_offset() :].numpy()
-
-
-    def fused_bias_gelu(x, bias):
-        n = x.numel()
-        xs, bs = _flat_buffer(x.detach()), _flat_buffer(bias.detach())
-        for buffer in (xs, bs):
-            if buffer.size < n:
-                raise RuntimeError(
-                    f"fused_bias_gelu: illegal memory access (read {n} elements from a buffer of {buffer.size})"
-                )
-        out = np.empty(n, dtype=xs.dtype)
-        for start in range(0, n, BLOCK):
-            block = xs[start : start + BLOCK] + bs[start : start + BLOCK]
-            out[start : start + BLOCK] = 0.5 * block * (1 + np.tanh(math.sqrt(2 / math.pi) * block))
-        return torch.from_numpy(out).view(x.shape)
-''')
-
-TRAIN_FUSED_MLP = code('''
-    """Train a small MLP whose hidden layer uses our fused bias + GELU kernel at evaluation."""
-
-    import argparse
-    import os
-    import sys
-
-    import torch
-    from torch import nn
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor"))
-    from fusedext import fused_bias_gelu  # noqa: E402  (our compiled extension)
-
-
-    class FusedMLP(nn.Module):
-        def __init__(self, dim_in, hidden, dim_out):
-            super().__init__()
-            self.proj = nn.Linear(dim_in, hidden, bias=False)
-            self.bias = nn.Parameter(torch.zeros(hidden))
-            self.out = nn.Linear(hidden, dim_out)
-
-        def forward(self, x):
-            hidden = self.proj(x)
-            if self.training:
-                hidden = torch.nn.functional.gelu(hidden + self.bias)
-            else:
-                out = fused_bias_gelu(hidden, self.bias.expand_as(hidden))
-                hidden = out
-            return self.out(hidden)
-
-
-    def batches(n, batch_size, dim):
-        generator = torch.Generator().manual_seed(0)
-        for _ in range(n):
-            x = torch.randn(batch_size, dim, generator=generator)
-            y = (x.sum(dim=1) > 0).long()
-            yield x, y
-
-
-    def evaluate(model, data):
-        model.eval()
-        correct = total = 0
-        with torch.no_grad():
-            for x, y in data:
-                correct += (model(x).argmax(dim=1) == y).sum().item()
-                total += len(y)
-        model.train()
-        return correct / total
-
-
-    def main():
-        parser = argparse.ArgumentParser()
-        parser.add_argument("--epochs", type=int, default=3)
-        parser.add_argument("--hidden", type=int, default=64)
-        args = parser.parse_args()
-
-        model = FusedMLP(32, args.hidden, 2)
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-        for epoch in range(args.epochs):
-            for x, y in batches(20, 16, 32):
-                loss = nn.functional.cross_entropy(model(x), y)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-            accuracy = evaluate(model, batches(4, 16, 32))
-            print(f"epoch {epoch}: accuracy {accuracy:.2f}")
-
-
-    if __name__ == "__main__":
-        main()
-''')
+def copy_case(name: str, tmp_path: Path) -> Path:
+    project = tmp_path / "project"
+    shutil.copytree(CASES / name, project, ignore=shutil.ignore_patterns("__pycache__"))
+    return project
 
 
 def run_python(path: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -413,11 +215,8 @@ def run_python(path: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_an_error_in_a_sibling_helper_reduces_to_one_small_file(tmp_path: Path):
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "helpers.py").write_text(HELPERS)
+    project = copy_case("helper_error", tmp_path)
     script = project / "train.py"
-    script.write_text(TRAIN_CLASSIFIER)
     expected = Signature("ValueError", None, None, "sequence of <n> tokens does not fit width <n>")
     result = reduce_source(
         script,
@@ -439,11 +238,8 @@ def test_an_error_in_a_sibling_helper_reduces_to_one_small_file(tmp_path: Path):
 
 @pytest.mark.slow
 def test_a_stride_ignoring_kernel_keeps_its_expanded_input(tmp_path: Path):
-    project = tmp_path / "project"
-    (project / "vendor").mkdir(parents=True)
-    (project / "vendor" / "fusedext.py").write_text(FUSED_EXTENSION)
+    project = copy_case("numpy_kernel", tmp_path)
     script = project / "train.py"
-    script.write_text(TRAIN_FUSED_MLP)
     expected = Signature(
         "RuntimeError",
         None,

@@ -1,0 +1,375 @@
+"""Benchmark source-level reduction: reprocut's libcst reducer vs a generic reducer (shrinkray).
+
+Both get the same failing scripts, the same time limit and the same notion of "the same bug"
+(reprocut's signature of a fresh run); each result is then run again in a fresh `python`, in a
+clean copy of the case folder, to verify it. Reported: checks, seconds, final size, verified.
+
+    python benchmarks/bench_source.py                       # CPU cases, 180 s each
+    python benchmarks/bench_source.py --device cuda         # + corpus Triton / CuPy cases (GPU)
+    python benchmarks/bench_source.py --no-generic          # reprocut only
+
+shrinkray is installed for the benchmark only (`pip install shrinkray`); without it, its rows say
+so. Corpus cases that are missing are skipped with a note. Every child runs with a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from reprocut.case import Signature, TensorSpec  # noqa: E402
+from reprocut.signature import classify  # noqa: E402
+from reprocut.source_passes import parse, sibling_imports  # noqa: E402
+from reprocut.source_reducer import count_lines, reduce_source  # noqa: E402
+
+CASES = ROOT / "benchmarks" / "source_cases"
+CORPUS = ROOT / "corpus"
+GPU_CASES = ("cuda_triton_expand_bias", "cuda_cupy_misaligned_vec4", "cuda_cupy_contiguous_pe")
+MARKER = "# reprocut: culprit"
+
+
+@dataclass(frozen=True)
+class SourceCase:
+    name: str
+    folder: Path
+    expected: Signature
+    script: str = "train.py"
+    argv: tuple[str, ...] = ()
+    focus: str | None = None
+    specs: tuple[TensorSpec, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+
+def cpu_cases() -> list[SourceCase]:
+    return [
+        SourceCase(
+            "helper_error",
+            CASES / "helper_error",
+            Signature("ValueError", None, None, "sequence of <n> tokens does not fit width <n>"),
+            argv=("--epochs", "2"),
+            focus="tokens = pad_batch(rows, width=12)",
+        ),
+        SourceCase(
+            "numpy_kernel",
+            CASES / "numpy_kernel",
+            Signature(
+                "RuntimeError",
+                None,
+                None,
+                "fused_bias_gelu: illegal memory access (read <n> elements from a buffer of <n>)",
+            ),
+            focus="out = fused_bias_gelu(hidden, self.bias.expand_as(hidden))",
+            specs=(TensorSpec((16, 64)), TensorSpec((16, 64), (0, 1))),
+        ),
+    ]
+
+
+def corpus_case(name: str) -> SourceCase | str:
+    """A corpus CUDA case, or why it cannot be benchmarked."""
+    folder = CORPUS / name
+    if not (folder / "case.toml").exists():
+        return f"{name}: not in corpus/ (skipped)"
+    import tomllib
+
+    data = tomllib.loads((folder / "case.toml").read_text())
+    truth = data.get("expected", {}).get("cuda", {})
+    if truth.get("error_code") is None:
+        return f"{name}: case.toml has no [expected.cuda] error_code (skipped)"
+    focus = None
+    for path in sorted(folder.rglob("*.py")):
+        for line in path.read_text().splitlines():
+            if MARKER in line:
+                focus = line.split(MARKER)[0].strip()
+    expected = Signature(
+        truth.get("error_type", "RuntimeError"), truth["error_code"], None, truth["kind"]
+    )
+    notes = () if truth.get("verified", True) else ("truth written blind (verified = false)",)
+    return SourceCase(
+        name, folder, expected, argv=tuple(data.get("args", ())), focus=focus, notes=notes
+    )
+
+
+# --- running one candidate in a fresh process (the generic reducer's check, and verification) --
+
+RUNNER = r"""
+import json, os, sys, traceback
+result_path, filename = sys.argv[1:3]
+sys.argv = [filename, *sys.argv[3:]]
+sys.path[0] = os.path.dirname(os.path.abspath(filename))
+status = {"status": "passed"}
+try:
+    with open(filename) as handle:
+        code = compile(handle.read(), filename, "exec")
+    exec(code, {"__name__": "__main__", "__file__": filename})
+except SystemExit as exc:
+    status = {"status": "exit", "code": str(exc.code)}
+except BaseException as exc:
+    traceback.print_exc()
+    error_code = getattr(exc, "error_code", None)
+    status = {"status": "failed", "type": type(exc).__name__, "message": str(exc),
+              "code": error_code if isinstance(error_code, int) else None}
+with open(result_path, "w") as handle:
+    json.dump(status, handle)
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
+"""
+
+
+def fresh_signature(script: Path, argv: tuple[str, ...], timeout: float) -> Signature | None:
+    """Run `python script argv...` from its folder; the signature of its failure, or None."""
+    with tempfile.TemporaryDirectory(prefix="bench-source-") as tmp:
+        result = Path(tmp) / "result.json"
+        env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+        process = subprocess.Popen(
+            [sys.executable, "-c", RUNNER, str(result), str(script), *argv],
+            cwd=script.parent,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            _, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.communicate()
+            return None
+        try:
+            status = json.loads(result.read_text())
+        except (OSError, ValueError):
+            return None
+    if status["status"] != "failed":
+        return None
+    return classify(status["type"], status["message"], stderr, error_code=status["code"])
+
+
+INTERESTING = r"""#!{python}
+# shrinkray's test: the candidate arrives on stdin; exit 0 when it fails with the signature.
+import json, shutil, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from benchmarks.bench_source import fresh_signature
+from reprocut.case import Signature
+with open({counter!r}, "a") as handle:
+    handle.write("1\n")
+code = sys.stdin.read()
+with tempfile.TemporaryDirectory(prefix="bench-generic-") as tmp:
+    work = Path(tmp) / "case"
+    shutil.copytree({folder!r}, work)
+    (work / {script!r}).write_text(code)
+    seen = fresh_signature(work / {script!r}, tuple({argv!r}), {timeout!r})
+expected = Signature(**json.loads({expected!r}))
+sys.exit(0 if seen is not None and seen.matches(expected) else 1)
+"""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    reducer: str
+    seconds: float
+    checks: int
+    lines: int
+    standalone: bool
+    verified: bool
+    status: str
+    code: str = ""
+
+
+def standalone(code: str, folder: Path) -> bool:
+    module = parse(code)
+    return module is not None and not sibling_imports(module, (folder,))
+
+
+def verify(case: SourceCase, code: str, timeout: float) -> bool:
+    with tempfile.TemporaryDirectory(prefix="bench-verify-") as tmp:
+        work = Path(tmp) / "case"
+        shutil.copytree(
+            case.folder, work, ignore=shutil.ignore_patterns("__pycache__", ".reprocut")
+        )
+        (work / case.script).write_text(code)
+        seen = fresh_signature(work / case.script, case.argv, timeout)
+    return seen is not None and seen.matches(case.expected)
+
+
+def run_reprocut(case: SourceCase, work: Path, time_limit: float, timeout: float) -> Outcome:
+    started = time.perf_counter()
+    try:
+        result = reduce_source(
+            work / case.script,
+            cwd=work,
+            argv=list(case.argv),
+            expected=case.expected,
+            specs=case.specs,
+            focus=case.focus,
+            max_time=time_limit,
+            timeout=timeout,
+        )
+    except Exception as exc:  # a benchmark row, not a crash of the whole benchmark
+        return Outcome("reprocut", time.perf_counter() - started, 0, 0, False, False, repr(exc))
+    return Outcome(
+        "reprocut",
+        result.seconds,
+        result.checks,
+        result.lines,
+        standalone(result.code, case.folder),
+        verify(case, result.code, timeout),
+        result.stopped,
+        result.code,
+    )
+
+
+def run_shrinkray(case: SourceCase, work: Path, time_limit: float, timeout: float) -> Outcome:
+    if shutil.which("shrinkray") is None:
+        return Outcome("shrinkray", 0.0, 0, 0, False, False, "shrinkray not installed")
+    counter = work.parent / "checks.txt"
+    test = work.parent / "interesting.py"
+    expected = json.dumps({name: getattr(case.expected, name) for name in
+                           ("error_type", "error_code", "op", "kind")})  # fmt: skip
+    test.write_text(
+        INTERESTING.format(
+            python=sys.executable,
+            root=str(ROOT),
+            counter=str(counter),
+            folder=str(case.folder),
+            script=case.script,
+            argv=list(case.argv),
+            timeout=timeout,
+            expected=expected,
+        )
+    )
+    test.chmod(0o755)
+    target = work.parent / "reduced.py"
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        ["shrinkray", "--timeout", str(timeout), "--parallelism", "1", "--target", str(target),
+         str(test), str(work / case.script)],
+        cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        process.wait(timeout=time_limit)
+        status = "finished"
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.wait()
+        status = "stopped at the time limit"
+    seconds = time.perf_counter() - started
+    checks = len(counter.read_text().splitlines()) if counter.exists() else 0
+    code = target.read_text() if target.exists() else ""
+    if not code:
+        return Outcome("shrinkray", seconds, checks, 0, False, False, status + ", no output")
+    return Outcome(
+        "shrinkray",
+        seconds,
+        checks,
+        count_lines(code),
+        standalone(code, case.folder),
+        verify(case, code, timeout),
+        status,
+        code,
+    )
+
+
+def bench(
+    cases: list[SourceCase], time_limit: float, timeout: float, generic: bool
+) -> list[tuple[SourceCase, int, Outcome]]:
+    rows = []
+    runners = [run_reprocut, run_shrinkray] if generic else [run_reprocut]
+    for case in cases:
+        original = count_lines((case.folder / case.script).read_text())
+        for runner in runners:
+            with tempfile.TemporaryDirectory(prefix=f"bench-{case.name}-") as tmp:
+                work = Path(tmp) / "case"
+                shutil.copytree(
+                    case.folder, work, ignore=shutil.ignore_patterns("__pycache__", ".reprocut")
+                )
+                outcome = runner(case, work, time_limit, timeout)
+            print(f"{case.name}: {outcome.reducer} {outcome}", file=sys.stderr, flush=True)
+            rows.append((case, original, outcome))
+    return rows
+
+
+def report(
+    rows: list[tuple[SourceCase, int, Outcome]], skipped: list[str], options: argparse.Namespace
+) -> str:
+    lines = [
+        f"# Source reduction: reprocut vs a generic reducer ({options.device})",
+        "",
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+        f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cores; "
+        f"time limit {options.max_time:.0f} s per case and reducer, {options.timeout:.0f} s per check.",
+        "",
+        "Both reducers accept a candidate only when a run fails with the recorded signature "
+        "(reprocut: its oracle's fork server; shrinkray: a fresh `python` per check). "
+        "`verified`: the result, run again in a fresh process in a clean copy of the case folder, "
+        "fails the same way. `standalone`: no import of the user's own modules left. "
+        "Lines are non-blank lines of the main script.",
+        "",
+        "| case | original lines | reducer | checks | seconds | final lines | standalone | verified | stopped |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case, original, o in rows:
+        lines.append(
+            f"| {case.name} | {original} | {o.reducer} | {o.checks} | {o.seconds:.1f} | "
+            f"{o.lines} | {'yes' if o.standalone else 'no'} | {'yes' if o.verified else 'no'} | "
+            f"{o.status} |"
+        )
+    if skipped:
+        lines += ["", "Skipped:", *(f"- {reason}" for reason in skipped)]
+    notes = [f"- {case.name}: {note}" for case, _, o in rows if o.reducer == "reprocut"
+             for note in case.notes]  # fmt: skip
+    if notes:
+        lines += ["", "Notes:", *notes]
+    lines += ["", "## Results", ""]
+    for case, _, o in rows:
+        if o.code:
+            lines += [f"### {case.name}: {o.reducer}", "", "```python", o.code.rstrip(), "```", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--max-time", type=float, default=180.0, help="seconds per case, each")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per check")
+    parser.add_argument("--no-generic", action="store_true", help="reprocut only")
+    parser.add_argument("--cases", nargs="*", default=None, help="names to run (default: all)")
+    parser.add_argument("--out", type=Path, default=None)
+    options = parser.parse_args()
+
+    cases, skipped = cpu_cases(), []
+    if options.device == "cuda":
+        for name in GPU_CASES:
+            found = corpus_case(name)
+            if isinstance(found, str):
+                skipped.append(found)
+            else:
+                cases.append(found)
+    if options.cases:
+        cases = [c for c in cases if c.name in options.cases]
+    rows = bench(cases, options.max_time, options.timeout, not options.no_generic)
+    text = report(rows, skipped, options)
+    out = options.out or ROOT / "benchmarks" / "results" / f"source-{options.device}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
