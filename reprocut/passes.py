@@ -148,11 +148,16 @@ def _try_size(shrinker: Shrinker, path: Path, dim: int, new: int) -> bool:
     if spec is None or dim >= len(spec.shape) or not 1 <= new < spec.shape[dim]:
         return False
     size = spec.shape[dim]
-    others = linked_dims(shrinker.best, size, skip=path)
+    everywhere = linked_dims(shrinker.best, size)  # square images: H and W of every tensor
+    others = linked_dims(shrinker.best, size, skip=path)  # batch or classes shared by tensors
     alone = with_dim(shrinker, shrinker.best, path, dim, new)
-    if others and shrinker.consider(with_dims(shrinker, alone, others, new)):
-        return True
-    return shrinker.consider(alone)
+    candidates = []
+    if len(everywhere) > len(others) + 1:
+        candidates.append(with_dims(shrinker, shrinker.best, everywhere, new))
+    if others:
+        candidates.append(with_dims(shrinker, alone, others, new))
+    candidates.append(alone)
+    return any(shrinker.consider(candidate) for candidate in candidates)
 
 
 def _shrink_one_dimension(shrinker: Shrinker, path: Path, dim: int) -> None:
