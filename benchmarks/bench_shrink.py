@@ -204,6 +204,43 @@ def run_shrinkray(script_dir: Path, time_limit: float) -> tuple[float, str, str]
     return seconds, text, status + ("" if text else ", no output")
 
 
+def bench_corpus(time_limit: float) -> list[str]:
+    """record -> shrink -> verify on every failing corpus script (CPU)."""
+    rows = [
+        "| case | record status | op | shrink status | statements | tensor elements | checks | shrink s | verified |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for source in sorted((ROOT / "corpus").iterdir()):
+        if not (source / "train.py").exists() or source.name.startswith("control_"):
+            continue
+        with tempfile.TemporaryDirectory(prefix=f"bench-{source.name}-") as tmp:
+            work = Path(tmp) / source.name
+            shutil.copytree(source, work, ignore=shutil.ignore_patterns("__pycache__"))
+            try:
+                record = subprocess.run(
+                    [sys.executable, "-m", "reprocut", "record", "--json", "train.py"],
+                    cwd=work, capture_output=True, text=True, timeout=600, env=env,
+                )  # fmt: skip
+                recorded = json.loads(record.stdout) if record.stdout.strip() else {}
+                shrink = subprocess.run(
+                    [sys.executable, "-m", "reprocut", "shrink", "--json", "--max-time", str(time_limit)],
+                    cwd=work, capture_output=True, text=True, timeout=time_limit + 300, env=env,
+                )  # fmt: skip
+                result = json.loads(shrink.stdout) if shrink.stdout.strip() else {}
+            except (subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+                rows.append(f"| {source.name} | {type(exc).__name__} | | | | | | | |")
+                continue
+        verified = result.get("verified", {})
+        rows.append(
+            f"| {source.name} | {recorded.get('status')} | {recorded.get('op')} | "
+            f"{result.get('status', 'failed')} | {result.get('statements', '')} | "
+            f"{result.get('tensor_elements', '')} | {result.get('checks', '')} | "
+            f"{result.get('seconds', '')} | {verified.get('reproduced', 0)}/{verified.get('runs', 0)} |"
+        )
+    return rows
+
+
 def bench_generic(time_limit: float) -> list[str]:
     rows = [
         f"Time limit per script: {time_limit:.0f} s each (reprocut: record + shrink + verify).",
@@ -240,6 +277,7 @@ def main() -> None:
     parser.add_argument(
         "--generic", type=float, default=0.0, help="seconds per script for the comparison"
     )
+    parser.add_argument("--corpus", action="store_true", help="record + shrink every corpus case")
     parser.add_argument("--out", type=Path, default=None)
     options = parser.parse_args()
     today = datetime.date.today().isoformat()
@@ -260,6 +298,8 @@ def main() -> None:
         *bench_families(options.device, options.max_time, options.timeout),
         "",
     ]
+    if options.corpus:
+        lines += ["## record -> shrink on the corpus", "", *bench_corpus(options.max_time), ""]
     if options.generic:
         lines += [
             "## Generic reducer on the same failing scripts",
