@@ -14,15 +14,18 @@ from reprocut.case import Generated, Signature, TensorSpec
 from reprocut.source_passes import (
     PassContext,
     SourcePass,
+    calls_focus,
     candidates,
     delete_statements,
     drop_arguments,
+    hoist_subexpressions,
     inline_calls,
     inline_sibling_imports,
     is_constant,
     remove_unused_definitions,
     replace_with_specs,
     shrink_integers,
+    simplify_expressions,
     spec_expression,
     strip_comments,
     unwrap_blocks,
@@ -349,3 +352,64 @@ def test_a_tensor_built_from_literals_is_an_atom_for_the_size_order():
     before = "launch(h.bias)\n"
     after = "launch(torch.randn((3,), dtype=torch.float32).as_strided((2, 3), (0, 1), 0))\n"
     assert sort_key(after) < sort_key(before)
+
+
+def test_replace_with_specs_replaces_a_name_wherever_its_function_reads_it():
+    spec = TensorSpec((2, 3), (0, 1))
+    context = PassContext(specs=(TensorSpec((2, 3)), spec), focus="kernel[grid](x, cond)")
+    source = code("""
+        def forward(x, cond):
+            n = cond.numel()
+            kernel[grid](x, cond)
+            cond = None
+            return n
+    """)
+    found = list(candidates(replace_with_specs, source, context))
+    built = "torch.randn((3,), dtype=torch.float32).as_strided((2, 3), (0, 1), 0)"
+    assert found[2] == code(f"""
+        def forward(x, cond):
+            n = {built}.numel()
+            kernel[grid](x, {built})
+            cond = None
+            return n
+    """)
+
+
+def test_inline_calls_runs_an_autograd_function_forward_in_place():
+    source = code("""
+        class AddCond(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, cond):
+                out = launch(x, cond)
+                return out
+
+        y = AddCond.apply(h, c)
+    """)
+    assert next(candidates(inline_calls, source, PassContext())) == code("""
+        class AddCond(torch.autograd.Function):
+            pass
+        out = launch(h, c)
+        y = out
+    """)
+
+
+def test_simplify_expressions_and_hoist_subexpressions():
+    source = code("""
+        def model(x):
+            raise ValueError("bad")
+        data = load("train.csv")
+        total = (model(data).argmax() == 3).sum()
+    """)
+    assert reduce_with([simplify_expressions, hoist_subexpressions], source) == code("""
+        def model(x):
+            raise ValueError("bad")
+        data = 0
+        model(0)
+    """)
+
+
+def test_calls_focus_names_the_failing_call():
+    focus = "add_kernel[grid](x, y, out, n, BLOCK=1024)  # reprocut: culprit"
+    assert calls_focus("add_kernel[grid](a, b)\n", focus) is True
+    assert calls_focus("add_kernel[other](a, b)\n", focus) is False
+    assert calls_focus("x = 1\n", None) is None
