@@ -138,6 +138,10 @@ def _signature_right(case: CorpusCase, device: str, data: dict[str, Any]) -> boo
     return truth.error_code is None or got.get("error_code") == truth.error_code
 
 
+def _kind(data: dict[str, Any]) -> str | None:
+    return (data.get("signature") or {}).get("kind")
+
+
 def _facts_right(case: CorpusCase, data: dict[str, Any]) -> bool:
     text = " ".join(str(f) for f in data.get("facts") or ())
     return all(fact in text for fact in case.facts)
@@ -163,7 +167,11 @@ def score_case(
         device=device,
         expect=case.expect,
         record_seconds=round(record.seconds, 2),
-        got={k: data.get(k) for k in ("status", "op", "public_call", "step", "phase", "module")},
+        got={
+            k: data.get(k)
+            for k in ("status", "op", "public_call", "step", "phase", "module", "facts")
+        }
+        | {"source": (data.get("source") or {}).get("line"), "kind": _kind(data)},
     )
     if case.expect == "flaky":
         # Either outcome is fine; when it failed, it must name the right op and line.
