@@ -42,6 +42,9 @@ def _launch(x: torch.Tensor, pe: torch.Tensor, scale: float) -> torch.Tensor:
     n = x.numel()
     threads = 256
     blocks = (n + threads - 1) // threads
-    args = (cupy.asarray(x), cupy.asarray(pe), cupy.asarray(out), np.float32(scale), np.int64(n))
+    args = (
+        cupy.asarray(x.detach()), cupy.asarray(pe.detach()), cupy.asarray(out),
+        np.float32(scale), np.int64(n),
+    )
     _KERNEL((blocks,), (threads,), args)  # reprocut: culprit
     return out
