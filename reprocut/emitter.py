@@ -215,7 +215,8 @@ def _generator_call(values: Generated, shape: tuple[int, ...], spec: TensorSpec)
     kwargs = _tensor_kwargs(spec, implied="float32" if kind != "arange" else "int64")
     if kind in ("randn", "rand", "zeros", "ones"):
         return _call(f"torch.{kind}", *(literal(s) for s in shape), **kwargs)
-    if kind == "full":
+    if kind == "full":  # the fill value's type would pick the dtype: always name it
+        kwargs = _tensor_kwargs(spec, implied=None)
         return _call("torch.full", _shape(shape), literal(values.low), **kwargs)
     if kind == "randint":
         kwargs = _tensor_kwargs(spec, implied="int64")
@@ -548,7 +549,6 @@ def count_statements(code: str) -> int:
 
 __all__ = [
     "INLINE_LIMIT",
-    "INT_DTYPES",
     "SIDECAR_NAME",
     "Emitted",
     "Environment",

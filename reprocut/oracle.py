@@ -140,7 +140,7 @@ class Oracle:
         self._tmp = tempfile.TemporaryDirectory(prefix="reprocut-oracle-")
         self.workdir = Path(self._tmp.name)
         self._server: subprocess.Popen[str] | None = None
-        self._sidecar_keys: tuple[str, ...] | None = None
+        self._sidecar_keys: tuple[tuple[str, ...], int] | None = None
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -206,7 +206,7 @@ class Oracle:
     # --- sidecar ------------------------------------------------------------------------------
 
     def _write_sidecar(self, keys: tuple[str, ...], inputs: Mapping[str, Any]) -> None:
-        if self._sidecar_keys == keys:
+        if self._sidecar_keys == (keys, id(inputs)):
             return
         import torch
 
@@ -214,7 +214,7 @@ class Oracle:
         if missing:
             raise KeyError(f"captured tensors missing from the inputs file: {missing}")
         torch.save({key: inputs[key].detach().cpu() for key in keys}, self.workdir / SIDECAR_NAME)
-        self._sidecar_keys = keys
+        self._sidecar_keys = (keys, id(inputs))
 
     # --- fork server ----------------------------------------------------------------------------
 

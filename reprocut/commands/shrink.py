@@ -35,6 +35,11 @@ class SourceReducerMissingError(ReprocutError):
     slug = "no-source-reducer"
 
 
+class ShrinkInterruptedError(ReprocutError):
+    slug = "interrupted"
+    exit_code = ExitCode.INTERRUPTED
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", nargs="?", type=Path, help="a recording (default: the latest)")
     parser.add_argument("--out", type=Path, help="where to write repro.py and report.md")
@@ -270,7 +275,9 @@ def shrink_case(
         return isinstance(oracle.check_case(candidate, inputs, expected=expected), Reproduced)
 
     def save(best: ReproCase) -> None:
+        """Every accepted case goes to disk: an interrupted shrink keeps its best repro."""
         atomic_write(out / BEST_FILE, best.dumps())
+        atomic_write(out / "repro.py", write_case(best, inputs, out, header).code)
 
     shrinker = Shrinker(
         case,
@@ -282,7 +289,12 @@ def shrink_case(
         on_accept=save,
         cpu_visible=expected.error_code is None,
     )
-    best = shrinker.run()
+    try:
+        best = shrinker.run()
+    except KeyboardInterrupt:
+        raise ShrinkInterruptedError(
+            f"interrupted: the best case so far is in {out / 'repro.py'} (not verified)"
+        ) from None
     save(best)
     cpu_reproduces, cpu_message = cpu_behaviour(best, inputs, oracle)
     header = replace(header, cpu_reproduces=cpu_reproduces, cpu_message=cpu_message)
