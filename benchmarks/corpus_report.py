@@ -75,7 +75,8 @@ def render_markdown(scores: list[CaseScore], meta: dict[str, Any]) -> str:
         f"- device: {meta['device_name']}",
         f"- torch {meta['torch']}, Python {meta['python']}, {meta['platform']}",
         f"- command: `{meta['command']}`",
-        f"- commit: {meta.get('commit', '?')}",
+        f"- commit: {meta.get('commit', '?')}, wall time {meta.get('wall_seconds', '?')} s",
+        *([f"- **incomplete run: {meta['incomplete']}**"] if meta.get("incomplete") else []),
         "",
         "✓ right, ✗ wrong, · not scored for this case. A case passes when every scored check "
         f"({', '.join(CHECKS)}) is right; `module` is informational. Cases the tool gets wrong "

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -247,13 +248,30 @@ def main(argv: list[str] | None = None) -> int:
     cases = load_cases(options.corpus, options.cases)
     jobs = options.jobs or (2 if options.device == "cpu" else 1)
     started = time.perf_counter()
+    meta = {
+        "device": options.device,
+        "date": dt.date.today().isoformat(),
+        "command": " ".join(["python benchmarks/run_corpus.py", *(argv or sys.argv[1:])]),
+        **environment(options.device),
+    }
+    if options.tag:
+        meta["tag"] = options.tag
+    done: list[CaseScore] = []
+    lock = threading.Lock()
 
     def progress(score: CaseScore) -> None:
+        """Rewrite the table after every case, so a run killed by a time limit still leaves one."""
         verdict = "pass" if score.passed else "FAIL"
         print(f"{verdict:4} {score.case} ({score.record_seconds}s)", file=sys.stderr, flush=True)
+        with lock:
+            done.append(score)
+            partial = {**meta, "wall_seconds": round(time.perf_counter() - started, 1)}
+            partial["incomplete"] = f"{len(done)} of {len(applicable)} cases"
+            write_results(sorted(done, key=lambda s: s.case), partial, options.out)
 
+    applicable = [c for c in cases if c.applies_to(options.device)]
     scores = run_cases(
-        cases,
+        applicable,
         options.device,
         jobs=jobs,
         timeout=options.timeout,
@@ -261,15 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         record_extra=options.record_arg,
         on_score=progress,
     )
-    meta = {
-        "device": options.device,
-        "date": dt.date.today().isoformat(),
-        "command": " ".join(["python benchmarks/run_corpus.py", *(argv or sys.argv[1:])]),
-        "wall_seconds": round(time.perf_counter() - started, 1),
-        **environment(options.device),
-    }
-    if options.tag:
-        meta["tag"] = options.tag
+    meta["wall_seconds"] = round(time.perf_counter() - started, 1)
     markdown, twin = write_results(scores, meta, options.out)
     print(f"wrote {markdown.relative_to(REPO) if markdown.is_relative_to(REPO) else markdown}")
     print(f"wrote {twin.name}")
