@@ -132,3 +132,28 @@ def test_record_and_shrink_do_not_regress_on_the_cpu_corpus(tmp_path: Path) -> N
         for s in scores
     )
     assert not lost, "regressed against corpus/baseline.json:\n" + "\n".join(lost) + "\n" + summary
+
+
+EXAMPLES = [  # what examples/README.md promises
+    ("train_embedding.py", 12, "IndexError", "aten::embedding"),
+    ("train_classifier.py", 7, "IndexError", "aten::nll_loss_forward"),
+    ("train_onehot.py", 5, "RuntimeError", "torch.nn.functional.one_hot"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "step", "error_type", "op"), EXAMPLES)
+def test_examples_fail_as_documented(script: str, step: int, error_type: str, op: str) -> None:
+    path = REPO / "examples" / script
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "truth_probe.py"), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    line = next(x for x in done.stdout.splitlines() if x.startswith(PROBE_MARKER))
+    got = json.loads(line[len(PROBE_MARKER) :])
+    ((marker_file, marker_line),) = [m for m in culprit_markers(path.parent) if m[0] == script]
+    assert (got["file"], got["line"]) == (marker_file, marker_line)
+    assert (got["steps"], got["error_type"]) == (step, error_type)
+    assert op in (got["op"], got["public_call"])
