@@ -28,7 +28,10 @@ class PassContext:
     """What passes may know beyond the code: where sibling modules live, recorded tensors."""
 
     search_dirs: tuple[Path, ...] = ()  # the script's directory and cwd: sibling modules
-    specs: tuple[TensorSpec, ...] = ()  # tensors that reached the failing call, as recorded
+    # tensors that reached the failing call, by argument position (None: not a tensor)...
+    specs: tuple[TensorSpec | None, ...] = ()
+    # ...and the tensor parameters of the function that makes it, by name
+    named_specs: tuple[tuple[str, TensorSpec], ...] = ()
     focus: str | None = None  # the failing source line's text (its call is tried first)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -1154,21 +1157,50 @@ def _spec_candidate(
         enclosing = _Enclosing(arg)
         module.visit(enclosing)
         scope = enclosing.found if enclosing.found is not None else module
-        wrapper = cst.metadata.MetadataWrapper(module, unsafe_skip_copy=True)
-        try:
-            new = wrapper.visit(_SpecForName(scope, arg.value.value, value)).code
-        except (cst.CSTValidationError, ValueError, TypeError):
-            return None
-        return new if new != code and parse(new) is not None else None
+        return _replace_name(code, module, scope, arg.value.value, value)
     return transform(code, _ReplaceArg(arg, value), module)
 
 
+def _focus_scope(module: cst.Module, focus: str | None) -> cst.CSTNode | None:
+    """The function that makes the failing call (the module when it is made at top level)."""
+    callee = _focus_callee(focus)
+    if callee is None:
+        return None
+    for call in m.findall(module, m.Call()):
+        if module.code_for_node(call.func) == callee:  # type: ignore[attr-defined]
+            enclosing = _Enclosing(call)
+            module.visit(enclosing)
+            return enclosing.found if enclosing.found is not None else module
+    return None
+
+
+def _replace_name(
+    code: str, module: cst.Module, scope: cst.CSTNode, name: str, value: cst.BaseExpression
+) -> str | None:
+    wrapper = cst.metadata.MetadataWrapper(module, unsafe_skip_copy=True)
+    try:
+        new = wrapper.visit(_SpecForName(scope, name, value)).code
+    except (cst.CSTValidationError, ValueError, TypeError):
+        return None
+    return new if new != code and parse(new) is not None else None
+
+
 def replace_with_specs(code: str, context: PassContext) -> Generator[str, bool, None]:
-    """Replace an argument of the failing call by a tensor built from a recorded spec, so what
-    computed it (model, data pipeline) can go. The spec at the argument's position goes first."""
-    if not context.specs:
-        return
+    """Replace what reaches the failing call by tensors built from recorded specs, so what
+    computed it (model, data pipeline) can go: first the tensor parameters of the function
+    making the call, then the call's arguments (the spec at the argument's position first)."""
+    for name, spec in context.named_specs:
+        module = parse(code)
+        scope = None if module is None else _focus_scope(module, context.focus)
+        if module is None or scope is None:
+            break
+        candidate = _replace_name(code, module, scope, name, spec_expression(spec))
+        if candidate is not None and (yield candidate):
+            code = candidate
     specs = context.specs
+    tensors = [s for s in specs if s is not None]
+    if not tensors:
+        return
     i = 0
     while True:
         module = parse(code)
@@ -1178,9 +1210,12 @@ def replace_with_specs(code: str, context: PassContext) -> Generator[str, bool, 
         if i >= len(sites):
             return
         arg, position = sites[i]
-        first = specs[position] if position < len(specs) else specs[0]
+        if position < len(specs):  # recorded at this position: that spec, or not a tensor
+            order = [] if specs[position] is None else [specs[position]]
+        else:
+            order = tensors
         accepted = False
-        for spec in [first, *(s for s in specs if s is not first)]:
+        for spec in order:
             candidate = _spec_candidate(code, module, arg, spec_expression(spec))
             if candidate is not None and (yield candidate):
                 code, accepted = candidate, True
@@ -1335,10 +1370,10 @@ def strip_comments(code: str, context: PassContext) -> Generator[str, bool, None
 PASSES: tuple[SourcePass, ...] = (
     inline_sibling_imports,
     strip_comments,
+    replace_with_specs,
     delete_statements,
     unwrap_blocks,
     inline_calls,
-    replace_with_specs,
     remove_unused_definitions,
     simplify_expressions,
     hoist_subexpressions,

@@ -11,9 +11,11 @@ through `on_event` so the caller can save it.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
-from reprocut.case import Signature, TensorSpec
+from reprocut.case import Signature, TensorSpec, spec_from_json
 from reprocut.errors import NotReproducedError
 from reprocut.source_passes import (
     COMPOUND,
@@ -256,7 +259,8 @@ def reduce_source(
     max_checks: int = 500,
     max_time: float = 300,
     on_event: Callable[[SourceEvent], None] | None = None,
-    specs: Sequence[TensorSpec] = (),
+    specs: Sequence[TensorSpec | None] = (),
+    named_specs: Sequence[tuple[str, TensorSpec]] = (),
     focus: str | None = None,
     passes: Sequence[SourcePass] = PASSES,
     timeout: float = 60.0,
@@ -266,8 +270,9 @@ def reduce_source(
 
     `check(code)` runs a candidate; without one, `oracle.check_source` does (an Oracle with its
     fork server is started, and stopped at the end, when none is given).
-    `specs` are the tensors recorded at the failing call (`focus`: that line's text): arguments
-    there may be replaced by tensors built from them, strides and storage offsets kept.
+    `specs` are the tensors recorded at the failing call by argument position (`focus`: that
+    line's text) and `named_specs` the tensor parameters of the function making it (see
+    `probe_launch`): they may replace what computed them, strides and storage offsets kept.
     Raises NotReproducedError when the script does not fail that way to begin with.
     """
     script_path = Path(script_path).resolve()
@@ -291,6 +296,7 @@ def reduce_source(
             max_time=max_time,
             on_event=on_event,
             specs=specs,
+            named_specs=named_specs,
             focus=focus,
             passes=passes,
         )
@@ -306,7 +312,8 @@ def _reduce(
     max_checks: int,
     max_time: float,
     on_event: Callable[[SourceEvent], None] | None,
-    specs: Sequence[TensorSpec],
+    specs: Sequence[TensorSpec | None],
+    named_specs: Sequence[tuple[str, TensorSpec]],
     focus: str | None,
     passes: Sequence[SourcePass],
 ) -> SourceResult:
@@ -314,6 +321,7 @@ def _reduce(
     context = PassContext(
         search_dirs=tuple(dict.fromkeys((script_path.parent, cwd))),
         specs=tuple(specs),
+        named_specs=tuple(named_specs),
         focus=focus,
     )
     if not reproduces(check(original), expected):
@@ -393,3 +401,118 @@ def _oracle_check(
         )
 
     return check
+
+
+# --- what reaches the failing call -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpecs:
+    """The tensors at the failing call, seen just before it ran: its arguments by position
+    (None: not a tensor) and the tensor parameters of the function making it."""
+
+    args: tuple[TensorSpec | None, ...] = ()
+    params: tuple[tuple[str, TensorSpec], ...] = ()
+
+
+_PROBE = r"""
+import json, os, sys, threading
+result_path, filename, target_file, target_line, sources = sys.argv[1:6]
+sys.argv = [filename, *sys.argv[6:]]
+sys.path[0] = os.path.dirname(os.path.abspath(filename))
+target_file, target_line, sources = os.path.realpath(target_file), int(target_line), json.loads(sources)
+
+def spec(value):
+    import torch
+    from reprocut.case import spec_to_json
+    from reprocut.tensors import spec_of
+    return spec_to_json(spec_of(value)) if isinstance(value, torch.Tensor) else None
+
+def at_line(frame, event, arg):
+    if event == "line" and frame.f_lineno == target_line:
+        found = {"args": [], "params": []}
+        for source in sources:
+            try:
+                found["args"].append(spec(eval(source, frame.f_globals, frame.f_locals)))
+            except Exception:
+                found["args"].append(None)
+        code = frame.f_code
+        for name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
+            value = spec(frame.f_locals.get(name))
+            if value is not None:
+                found["params"].append([name, value])
+        with open(result_path, "w") as handle:
+            json.dump(found, handle)
+        os._exit(0)  # before the launch: nothing faults, nothing is torn down
+    return at_line
+
+def on_call(frame, event, arg):
+    if os.path.realpath(frame.f_code.co_filename) == target_file:
+        return at_line
+    return None
+
+sys.settrace(on_call)
+threading.settrace(on_call)
+with open(filename) as handle:
+    code = compile(handle.read(), filename, "exec")
+exec(code, {"__name__": "__main__", "__file__": filename})
+os._exit(3)
+"""
+
+
+def probe_launch(
+    script_path: Path,
+    *,
+    cwd: Path,
+    argv: Sequence[str],
+    file: Path,
+    line: int,
+    focus: str,
+    timeout: float = 600.0,
+) -> LaunchSpecs:
+    """Run the script under a line tracer up to `file:line` (the failing call, `focus` its text)
+    and read the specs of the tensors about to reach it; stop there, before the launch faults.
+
+    For custom kernels the recording knows only the launch line; this finds what the kernel was
+    given (an expand()ed or offset view included). Empty when the line is never reached.
+    """
+    from reprocut.oracle import child_environment
+
+    sources = call_argument_sources(focus)
+    with tempfile.TemporaryDirectory(prefix="reprocut-probe-") as tmp:
+        result = Path(tmp) / "specs.json"
+        command = [sys.executable, "-c", _PROBE, str(result), str(script_path), str(file),
+                   str(line), json.dumps(sources), *argv]  # fmt: skip
+        try:
+            subprocess.run(
+                command,
+                cwd=cwd,
+                env=child_environment(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=timeout,
+                start_new_session=True,
+            )
+        except subprocess.TimeoutExpired:
+            return LaunchSpecs()
+        try:
+            found = json.loads(result.read_text())
+        except (OSError, ValueError):
+            return LaunchSpecs()
+    return LaunchSpecs(
+        args=tuple(None if s is None else spec_from_json(s) for s in found["args"]),
+        params=tuple((name, spec_from_json(s)) for name, s in found["params"]),
+    )
+
+
+def call_argument_sources(focus: str) -> list[str]:
+    """The source text of each positional argument of the focus line's call."""
+    try:
+        statement = cst.parse_statement(focus.strip() + "\n")
+    except cst.ParserSyntaxError:
+        return []
+    calls = [c for c in m.findall(statement, m.Call()) if isinstance(c, cst.Call)]
+    if not calls:
+        return []
+    module = cst.Module(body=[])
+    return [module.code_for_node(a.value) for a in calls[0].args if a.keyword is None]

@@ -366,7 +366,8 @@ def test_replace_with_specs_replaces_a_name_wherever_its_function_reads_it():
     """)
     found = list(candidates(replace_with_specs, source, context))
     built = "torch.randn((3,), dtype=torch.float32).as_strided((2, 3), (0, 1), 0)"
-    assert found[2] == code(f"""
+    assert len(found) == 2  # each argument tries the spec recorded at its position
+    assert found[1] == code(f"""
         def forward(x, cond):
             n = {built}.numel()
             kernel[grid](x, {built})
@@ -413,3 +414,21 @@ def test_calls_focus_names_the_failing_call():
     assert calls_focus("add_kernel[grid](a, b)\n", focus) is True
     assert calls_focus("add_kernel[other](a, b)\n", focus) is False
     assert calls_focus("x = 1\n", None) is None
+
+
+def test_replace_with_specs_replaces_tensor_parameters_of_the_launching_function():
+    spec = TensorSpec((4,), storage_offset=3)
+    context = PassContext(named_specs=(("x", spec),), focus="launch((blocks,), args)")
+    source = code("""
+        def cmvn(x):
+            args = (asarray(x), x.numel())
+            launch((blocks,), args)
+        cmvn(feats[3:7])
+    """)
+    built = "torch.randn((7,), dtype=torch.float32).as_strided((4,), (1,), 3)"
+    assert next(candidates(replace_with_specs, source, context)) == code(f"""
+        def cmvn(x):
+            args = (asarray({built}), {built}.numel())
+            launch((blocks,), args)
+        cmvn(feats[3:7])
+    """)
