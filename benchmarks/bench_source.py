@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from reprocut.case import Signature, TensorSpec  # noqa: E402
 from reprocut.signature import classify  # noqa: E402
 from reprocut.source_passes import parse, sibling_imports  # noqa: E402
-from reprocut.source_reducer import count_lines, reduce_source  # noqa: E402
+from reprocut.source_reducer import count_lines, probe_launch, reduce_source  # noqa: E402
 
 CASES = ROOT / "benchmarks" / "source_cases"
 CORPUS = ROOT / "corpus"
@@ -49,8 +49,36 @@ class SourceCase:
     script: str = "train.py"
     argv: tuple[str, ...] = ()
     focus: str | None = None
-    specs: tuple[TensorSpec, ...] = ()
+    specs: tuple[TensorSpec | None, ...] = ()
+    named_specs: tuple[tuple[str, TensorSpec], ...] = ()
     notes: tuple[str, ...] = field(default=())
+
+
+def locate(folder: Path, focus: str) -> tuple[Path, int] | None:
+    """The file and line of the failing call, found by its text (culprit marker stripped)."""
+    for path in sorted(folder.rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if line.split(MARKER)[0].strip() == focus.strip():
+                return path, number
+    return None
+
+
+def with_probed_specs(case: SourceCase, timeout: float) -> SourceCase:
+    """The tensors reaching the failing call, read by `probe_launch` (what a recording of a
+    custom-kernel failure knows after its rerun to the launch line)."""
+    found = locate(case.folder, case.focus) if case.focus else None
+    if found is None:
+        return case
+    launch = probe_launch(
+        case.folder / case.script,
+        cwd=case.folder,
+        argv=case.argv,
+        file=found[0],
+        line=found[1],
+        focus=case.focus or "",
+        timeout=timeout,
+    )
+    return replace(case, specs=launch.args, named_specs=launch.params)
 
 
 def cpu_cases() -> list[SourceCase]:
@@ -72,7 +100,6 @@ def cpu_cases() -> list[SourceCase]:
                 "fused_bias_gelu: illegal memory access (read <n> elements from a buffer of <n>)",
             ),
             focus="out = fused_bias_gelu(hidden, self.bias.expand_as(hidden))",
-            specs=(TensorSpec((16, 64)), TensorSpec((16, 64), (0, 1))),
         ),
     ]
 
@@ -215,6 +242,7 @@ def run_reprocut(case: SourceCase, work: Path, time_limit: float, timeout: float
             argv=list(case.argv),
             expected=case.expected,
             specs=case.specs,
+            named_specs=case.named_specs,
             focus=case.focus,
             max_time=time_limit,
             timeout=timeout,
@@ -285,11 +313,16 @@ def run_shrinkray(case: SourceCase, work: Path, time_limit: float, timeout: floa
 
 
 def bench(
-    cases: list[SourceCase], time_limit: float, timeout: float, generic: bool
+    cases: list[SourceCase],
+    time_limit: float,
+    timeout: float,
+    generic: bool,
+    probe_timeout: float = 600.0,
 ) -> list[tuple[SourceCase, int, Outcome]]:
     rows = []
     runners = [run_reprocut, run_shrinkray] if generic else [run_reprocut]
     for case in cases:
+        case = with_probed_specs(case, probe_timeout)
         original = count_lines((case.folder / case.script).read_text())
         for runner in runners:
             with tempfile.TemporaryDirectory(prefix=f"bench-{case.name}-") as tmp:
@@ -317,7 +350,9 @@ def report(
         "(reprocut: its oracle's fork server; shrinkray: a fresh `python` per check). "
         "`verified`: the result, run again in a fresh process in a clean copy of the case folder, "
         "fails the same way. `standalone`: no import of the user's own modules left. "
-        "Lines are non-blank lines of the main script.",
+        "Lines are non-blank lines of the main script. reprocut also gets the tensors reaching "
+        "the failing call (`probe_launch`, one traced run stopped before the launch; not counted "
+        "in its checks or seconds).",
         "",
         "| case | original lines | reducer | checks | seconds | final lines | standalone | verified | stopped |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -332,6 +367,10 @@ def report(
         lines += ["", "Skipped:", *(f"- {reason}" for reason in skipped)]
     notes = [f"- {case.name}: {note}" for case, _, o in rows if o.reducer == "reprocut"
              for note in case.notes]  # fmt: skip
+    specs = [f"- {case.name}: {len([s for s in case.specs if s])} argument and "
+             f"{len(case.named_specs)} parameter tensor specs probed"
+             for case, _, o in rows if o.reducer == "reprocut"]  # fmt: skip
+    lines += ["", "Probed specs:", *specs]
     if notes:
         lines += ["", "Notes:", *notes]
     lines += ["", "## Results", ""]

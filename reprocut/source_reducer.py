@@ -446,10 +446,14 @@ def at_line(frame, event, arg):
         os._exit(0)  # before the launch: nothing faults, nothing is torn down
     return at_line
 
+mine = {}
+
 def on_call(frame, event, arg):
-    if os.path.realpath(frame.f_code.co_filename) == target_file:
-        return at_line
-    return None
+    name = frame.f_code.co_filename
+    hit = mine.get(name)
+    if hit is None:
+        hit = mine[name] = os.path.realpath(name) == target_file
+    return at_line if hit else None
 
 sys.settrace(on_call)
 threading.settrace(on_call)

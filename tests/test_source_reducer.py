@@ -19,6 +19,7 @@ from reprocut.source_reducer import (
     SourceChecked,
     SourceReducer,
     format_code,
+    probe_launch,
     reduce_source,
     sort_key,
 )
@@ -265,105 +266,73 @@ def test_a_stride_ignoring_kernel_keeps_its_expanded_input(tmp_path: Path):
     assert "RuntimeError: fused_bias_gelu: illegal memory access" in done.stderr
 
 
-# --- on the H200 -----------------------------------------------------------------------------
-
-TRITON_TRAIN = code('''
-    """Train an MLP whose bias add is a hand-written Triton kernel that ignores strides."""
-
-    import torch
-    import triton
-    import triton.language as tl
-    from torch import nn
-
-
-    @triton.jit
-    def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
-        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offsets < n
-        x = tl.load(x_ptr + offsets, mask=mask)
-        y = tl.load(y_ptr + offsets, mask=mask)  # assumes y is contiguous like x
-        tl.store(out_ptr + offsets, x + y, mask=mask)
+@pytest.mark.slow
+def test_probe_launch_reads_the_tensors_reaching_the_failing_call(tmp_path: Path):
+    project = copy_case("numpy_kernel", tmp_path)
+    script = project / "train.py"
+    focus = "out = fused_bias_gelu(hidden, self.bias.expand_as(hidden))"
+    line = script.read_text().splitlines().index(" " * 12 + focus) + 1
+    launch = probe_launch(
+        script, cwd=project, argv=[], file=script, line=line, focus=focus, timeout=120
+    )
+    hidden, bias = launch.args
+    assert hidden is not None and hidden.shape == (16, 64) and hidden.stride is None
+    assert bias is not None and bias.shape == (16, 64) and bias.stride == (0, 1)
+    assert [name for name, _ in launch.params] == ["x"]
 
 
-    def triton_add(x, y):
-        out = torch.empty_like(x)
-        n = out.numel()
-        add_kernel[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
-        return out
+# --- on the H200: the corpus's custom-kernel cases -------------------------------------------
+
+CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+MARKER = "# reprocut: culprit"
+GPU_CASES = ("cuda_triton_expand_bias", "cuda_cupy_misaligned_vec4", "cuda_cupy_contiguous_pe")
 
 
-    class BiasMLP(nn.Module):
-        def __init__(self, dim, hidden):
-            super().__init__()
-            self.proj = nn.Linear(dim, hidden, bias=False)
-            self.bias = nn.Parameter(torch.zeros(hidden))
-            self.head = nn.Linear(hidden, 1)
-
-        def forward(self, x):
-            h = self.proj(x)
-            h = triton_add(h, self.bias.expand_as(h))  # the bias is a stride-0 view
-            return self.head(torch.relu(h))
-
-
-    def main():
-        torch.manual_seed(0)
-        model = BiasMLP(256, 8192).cuda()
-        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-        for step in range(5):
-            x = torch.randn(4096, 256, device="cuda")
-            loss = model(x).pow(2).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            print(step, loss.item())
-
-
-    if __name__ == "__main__":
-        main()
-''')
+def culprit(folder: Path) -> tuple[Path, int, str]:
+    for path in sorted(folder.rglob("*.py")):
+        for number, text in enumerate(path.read_text().splitlines(), start=1):
+            if MARKER in text:
+                return path, number, text.split(MARKER)[0].strip()
+    raise AssertionError(f"no culprit marker in {folder}")
 
 
 @pytest.mark.cuda
 @pytest.mark.slow
-def test_triton_stride_fault_reduces_to_a_short_script(tmp_path: Path):
-    script = tmp_path / "train_triton.py"
-    script.write_text(TRITON_TRAIN)
-    env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
-    first = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert "illegal memory access" in first.stderr, first.stderr[-2000:]
-    expected = Signature("RuntimeError", 700, None, "an illegal memory access was encountered")
-    specs = [
-        TensorSpec((4096, 8192), device="cuda:0"),
-        TensorSpec((4096, 8192), (0, 1), device="cuda:0"),
-        TensorSpec((4096, 8192), device="cuda:0"),
-    ]
+@pytest.mark.parametrize("name", GPU_CASES)
+def test_a_custom_kernel_fault_reduces_to_a_short_verified_script(name: str, tmp_path: Path):
+    import tomllib
+
+    source = CORPUS / name
+    if not (source / "case.toml").exists():
+        pytest.skip(f"corpus/{name} is missing")
+    truth = tomllib.loads((source / "case.toml").read_text())["expected"]["cuda"]
+    expected = Signature("RuntimeError", truth["error_code"], None, truth["kind"])
+    project = tmp_path / name
+    shutil.copytree(source, project, ignore=shutil.ignore_patterns("__pycache__", ".reprocut"))
+    file, line, focus = culprit(project)
+    script = project / "train.py"
+    launch = probe_launch(script, cwd=project, argv=[], file=file, line=line, focus=focus)
     result = reduce_source(
         script,
-        cwd=tmp_path,
+        cwd=project,
         argv=[],
         expected=expected,
-        specs=specs,
-        focus="add_kernel[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)",
-        max_time=540,
+        specs=launch.args,
+        named_specs=launch.params,
+        focus=focus,
+        max_time=480,
         timeout=120,
     )
-    assert "@triton.jit" in result.code
-    assert result.lines <= 30
-    repro = tmp_path / "repro.py"
-    repro.write_text(result.code)
+    assert result.lines <= 30, result.code
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "repro.py").write_text(result.code)
     done = subprocess.run(
-        [sys.executable, str(repro)],
-        cwd=tmp_path,
+        [sys.executable, str(alone / "repro.py")],
+        cwd=alone,
         capture_output=True,
         text=True,
         timeout=300,
-        env=env,
+        env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"},
     )
-    assert "illegal memory access" in done.stderr, done.stderr[-2000:]
+    assert truth["kind"] in done.stderr, done.stderr[-2000:]
