@@ -182,10 +182,10 @@ class SourceReducer:
     max_checks: int = 500
     max_time: float = 300.0
     on_event: Callable[[SourceEvent], None] | None = None
-    checks: int = 0
+    checks: int = 0  # runs paid for so far (the caller may count its initial check)
+    started: float = field(default_factory=time.monotonic)
     accepted: dict[str, int] = field(default_factory=dict)
-    _seen: set[str] = field(default_factory=set)
-    _started: float = field(default_factory=time.monotonic)
+    seen: set[str] = field(default_factory=set, repr=False)
 
     def key(self, code: str) -> tuple[int, ...]:
         return sort_key(code, self.context.search_dirs)
@@ -200,15 +200,15 @@ class SourceReducer:
         return reproduces(verdict, self.expected)
 
     def consider(self, candidate: str, pass_name: str = "") -> bool:
-        if candidate in self._seen or self.key(candidate) >= self.key(self.best):
+        if candidate in self.seen or self.key(candidate) >= self.key(self.best):
             return False  # no run for a repeat or a non-improvement
         if self.drops_focus(candidate):
             return False
         if self.checks >= self.max_checks:
             raise _OutOfBudget("max checks")
-        if time.monotonic() - self._started >= self.max_time:
+        if time.monotonic() - self.started >= self.max_time:
             raise _OutOfBudget("max time")
-        self._seen.add(candidate)
+        self.seen.add(candidate)
         self.checks += 1
         ok = self.is_same_failure(self.check(candidate))
         self._emit(SourceChecked(pass_name, self.checks, ok))
@@ -339,7 +339,7 @@ def _reduce(
         max_time=max_time,
         on_event=on_event,
         checks=1,
-        _started=started,
+        started=started,
     )
     stopped = reducer.run()
     final = reducer.best
