@@ -228,6 +228,7 @@ class Recorder:
         self._main_thread = threading.get_ident()
         self._handles: list[Any] = []
         self._function_mode = _CallRecorder(self)
+        self._function_active = False
         self._dispatch_mode = _OpRecorder(self)
         self._original_optimizer_init: Any = None
 
@@ -252,7 +253,7 @@ class Recorder:
             original(optimizer, *args, **kwargs)
 
         torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
-        self._function_mode.__enter__()
+        self._set_function_mode(True)
         self._dispatch_mode.__enter__()
         return self
 
@@ -262,9 +263,10 @@ class Recorder:
     def close(self) -> None:
         if self._original_optimizer_init is None:
             return
-        for mode in (self._dispatch_mode, self._function_mode):
-            with contextlib.suppress(Exception):  # the stack may be unwound by the exception
-                mode.__exit__(None, None, None)
+        with contextlib.suppress(Exception):  # the stack may be unwound by the exception
+            self._dispatch_mode.__exit__(None, None, None)
+        with contextlib.suppress(Exception):
+            self._set_function_mode(False)
         for handle in self._handles:
             handle.remove()
         torch.optim.Optimizer.__init__ = self._original_optimizer_init  # type: ignore[method-assign]
@@ -285,6 +287,8 @@ class Recorder:
             self._retire_completed_steps()
         self.snapshots = []
         self.state.step += 1
+        step = self.state.step
+        self._set_function_mode(not torch.cuda.is_initialized() or self._in_localize_window(step))
 
     def _retire_completed_steps(self) -> None:
         """Drop snapshots of steps whose kernels all finished: they cannot hold the fault.
@@ -372,7 +376,7 @@ class Recorder:
     def public_context(self) -> tuple[str | None, dict[str, Any] | None]:
         """The outermost public call in flight, with its arguments captured (once)."""
         if not self.public_stack:
-            return None, None
+            return self._public_from_frames()
         _func, name, args, kwargs = self.public_stack[0]
         key = id(self.public_stack[0])
         captured = self.public_captured.get(key)
@@ -387,6 +391,69 @@ class Recorder:
             )
             self.public_captured[key] = captured
         return name, captured
+
+
+    def _public_from_frames(self) -> tuple[str | None, dict[str, Any] | None]:
+        """Without the function mode (GPU runs after step 0), find the public call on the stack:
+        the torch function that user code called, with its arguments from the frame's locals."""
+        frame: FrameType | None = sys._getframe(2)
+        library_frame = None
+        while frame is not None:
+            code = frame.f_code
+            if is_user_file(code.co_filename):
+                break
+            if code.co_filename.startswith(_TORCH_DIR):
+                library_frame = frame
+            frame = frame.f_back
+        if library_frame is None or frame is None:
+            return None, None
+        code = library_frame.f_code
+        module = library_frame.f_globals.get("__name__", "")
+        path = f"{module}.{code.co_name}"
+        name = _public_path(path)
+        if name is None:
+            return None, None
+        names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        values = library_frame.f_locals
+        args = tuple(values[n] for n in names[: code.co_argcount] if n in values)
+        kwargs = {n: values[n] for n in names[code.co_argcount :] if n in values}
+        cpu = _on_cpu(args, kwargs)
+        captured = capture_call(
+            args, kwargs, name, self.store, everything=cpu, non_blocking=not cpu
+        )
+        captured["names"] = list(names)
+        return name, captured
+
+    def _in_localize_window(self, step: int) -> bool:
+        config = self.config
+        return config.localize_from is not None and config.localize_from <= step <= (
+            config.localize_to if config.localize_to is not None else step
+        )
+
+    def _set_function_mode(self, active: bool) -> None:
+        """The function mode costs a Python call per torch call: GPU runs keep it for the first
+        step and localized steps only (public calls are then found on the stack)."""
+        if active == self._function_active:
+            return
+        if active:
+            self._function_mode.__enter__()
+        else:
+            from torch.overrides import _get_current_function_mode
+
+            if _get_current_function_mode() is not self._function_mode:
+                return  # the user's own mode is on top: leave the stack alone
+            self._function_mode.__exit__(None, None, None)
+        self._function_active = active
+
+
+def _public_path(path: str) -> str | None:
+    """`torch.nn.functional.embedding` if that dotted path names a public torch callable."""
+    from reprocut.tensors import resolve
+
+    try:
+        return public_name(resolve(path))
+    except (AttributeError, ValueError):
+        return None
 
 
 def _on_cpu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -502,6 +569,7 @@ class _OpRecorder(TorchDispatchMode):
             on_cuda = _touches_cuda(args, kwargs)
             if on_cuda and localizing:
                 self._synchronize_before(func, name)
+                recorder.public_context()  # copy the public call's inputs before any fault
                 call = _named(
                     func, capture_call(args, kwargs, name, recorder.store, everything=True)
                 )
@@ -586,7 +654,10 @@ class _OpRecorder(TorchDispatchMode):
 
     def _note(self, func: Any, name: str, call: dict[str, Any], *, synchronized: bool) -> None:
         recorder = self.recorder
-        public_call, public = recorder.public_context()
+        try:
+            public_call, public = recorder.public_context()
+        except Exception:  # after a sticky CUDA error nothing more can be copied
+            public_call, public = (recorder.public_stack[0][1] if recorder.public_stack else None), None
         tagged = _autograd_tag()
         phase = recorder.state.phase()
         forward_source = tagged[0] if tagged else None

@@ -23,9 +23,9 @@ def make_console(*, stderr: bool = True, color: bool | None = None) -> Console:
 
 
 def print_error(console: Console, exc: ReprocutError) -> None:
-    console.print(f"[bold red]error[/] ({exc.slug}): {exc}", markup=True, highlight=False)
+    console.print(f"[bold red]error[/] ({exc.slug}): {exc}", soft_wrap=True)
     if exc.hint:
-        console.print(f"[bold]hint[/]: {exc.hint}")
+        console.print(f"[bold]hint[/]: {exc.hint}", soft_wrap=True)
 
 
 def print_internal_error(console: Console) -> None:
