@@ -68,6 +68,11 @@ class CaseScore:
     def passing_checks(self) -> list[str]:
         return [name for name in CHECKS if getattr(self, name) is True]
 
+    def baseline_checks(self) -> list[str]:
+        """The checks a later run must keep: for a flaky case only that record coped."""
+        checks = self.passing_checks()
+        return [c for c in checks if c == "outcome"] if self.expect == "flaky" else checks
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["notes"] = list(self.notes)

@@ -191,6 +191,11 @@ def environment(device: str) -> dict[str, Any]:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
     ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "reprocut"], capture_output=True, text=True, cwd=REPO
+    ).stdout.strip()
+    if commit and dirty:
+        commit += " + uncommitted changes under reprocut/"
     return {**facts, "commit": commit or "?"}
 
 
@@ -202,7 +207,7 @@ def load_baseline(path: Path, device: str) -> dict[str, list[str]]:
 
 def save_baseline(path: Path, device: str, scores: list[CaseScore]) -> None:
     data = json.loads(path.read_text()) if path.exists() else {}
-    data[device] = {s.case: s.passing_checks() for s in scores if s.passing_checks()}
+    data[device] = {s.case: s.baseline_checks() for s in scores if s.baseline_checks()}
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 

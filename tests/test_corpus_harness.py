@@ -278,3 +278,10 @@ def test_scores_round_trip_through_json_for_merging(case: CorpusCase) -> None:
     )
     again = CaseScore.from_json(score.to_json())
     assert again == score and again.passed == score.passed
+
+
+def test_flaky_cases_only_keep_their_outcome_in_the_baseline(case: CorpusCase) -> None:
+    flaky = replace(case, expect="flaky", step=None)
+    score = score_case(flaky, "cpu", RunOutput(0, record_json(), 1))
+    assert score.passing_checks() == ["outcome", "op", "line"]
+    assert score.baseline_checks() == ["outcome"]
