@@ -41,6 +41,7 @@ class LocalizeOptions:
     launch_blocking: bool = False
     snapshots: bool = True
     rerun: bool = True
+    oracle: Any = None  # a warmed-up Oracle for snapshot replay, if the caller made one
 
 
 def environment_summary() -> dict[str, str]:
@@ -191,10 +192,10 @@ def _replay_snapshots(
         from reprocut.oracle import Oracle
     except ImportError:
         return None
-    snapshots = outcome["snapshots"]
-    progress(f"replaying {len(snapshots)} asserting op(s) of step {outcome['step']} from snapshots")
     inputs = _load_inputs(options.run_dir)
-    oracle = Oracle(timeout=options.timeout or 60.0)
+    snapshots = rank_snapshots(outcome["snapshots"], inputs)
+    progress(f"replaying up to {len(snapshots)} asserting op(s) from snapshots, likeliest first")
+    oracle = options.oracle or Oracle(timeout=options.timeout or 60.0)
     try:
         for snapshot in snapshots:
             case = _case(
@@ -215,8 +216,32 @@ def _replay_snapshots(
                     replay_stderr=getattr(verdict, "stderr", ""),
                 )
     finally:
-        oracle.close()
+        if options.oracle is None:
+            oracle.close()
     return None
+
+
+def rank_snapshots(snapshots: list[dict[str, Any]], inputs: dict[str, Any]) -> list[dict[str, Any]]:
+    """Snapshots whose captured evidence already shows a violation first, then in run order.
+
+    A replay costs a process; reading the captured indices costs nothing. The host copies of ops
+    queued after the fault may hold garbage, so evidence only orders the checks: a replay decides.
+    """
+
+    def violates(snapshot: dict[str, Any]) -> bool:
+        try:
+            tensors, _ = _explain({**snapshot, "synchronized": True}, inputs)
+        except Exception:
+            return False
+        return any(
+            "≥" in fact or "<" in fact or "NaN" in fact or "outside" in fact
+            for row in tensors
+            for fact in row.facts
+            if not fact.startswith("all ")
+        )
+
+    flagged = [s for s in snapshots if violates(s)]
+    return flagged + [s for s in snapshots if s not in flagged]
 
 
 def _case(

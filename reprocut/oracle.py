@@ -193,6 +193,11 @@ class Oracle:
         self.seconds += time.perf_counter() - started
         return verdict_from_reply(reply, expected or self.expected, compare_op=self.compare_op)
 
+    def warm_up(self) -> None:
+        """Start the fork server now (it imports torch: seconds), e.g. while a script runs."""
+        if self.fork and (self._server is None or self._server.poll() is not None):
+            self._server = self._start_server()
+
     def close(self) -> None:
         self._stop_server()
         self._tmp.cleanup()

@@ -10,16 +10,21 @@ diagnosis. Everything is stored under .reprocut/runs/<id>/ for `reprocut shrink`
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
+import os
+import platform
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
 from reprocut.display.failure import failure_json, show_failure
 from reprocut.errors import ExitCode, ReprocutError, ScriptDidNotFailError, ScriptNotFoundError
-from reprocut.localizer import LocalizeOptions, environment_summary, localize
 from reprocut.recording import DEFAULT_ROOT, RunDir
 from reprocut.runner import RunRequest, run_script
 
@@ -99,10 +104,48 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
             "cwd": str(cwd),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "status": "running",
-            "env": environment_summary(),
+            "env": {"python": platform.python_version(), "platform": platform.platform()},
         }
     )
 
+    # The localizer needs torch (seconds to import): import it while the script runs.
+    threading.Thread(
+        target=importlib.import_module, args=("reprocut.localizer",), daemon=True
+    ).start()
+    oracle, warming = None, None
+    if options.snapshots and gpu_present():
+        # Snapshot replay needs the fork server (torch import: seconds): start it now.
+        from reprocut.oracle import Oracle
+
+        oracle = Oracle(timeout=options.timeout or 60.0)
+        warming = threading.Thread(target=_quietly, args=(oracle.warm_up,), daemon=True)
+        warming.start()
+    try:
+        return _record(options, console, script, cwd, run_dir, oracle, warming)
+    finally:
+        if oracle is not None:
+            oracle.close()
+
+
+def gpu_present() -> bool:
+    """An NVIDIA device node exists: asks no CUDA API (the parent must never touch CUDA)."""
+    return os.path.exists("/dev/nvidiactl")
+
+
+def _quietly(function: Any) -> None:
+    with contextlib.suppress(Exception):  # replay starts the server itself, or says why not
+        function()
+
+
+def _record(
+    options: argparse.Namespace,
+    console: Console,
+    script: Path,
+    cwd: Path,
+    run_dir: RunDir,
+    oracle: Any,
+    warming: threading.Thread | None,
+) -> ExitCode:
     def progress(message: str) -> None:
         console.print(f"[bold blue]reprocut[/]: {message}")
 
@@ -122,6 +165,8 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
         echo_stdout=echo,
         echo_stderr=None if options.quiet else sys.stderr,
     )
+    from reprocut.localizer import LocalizeOptions, localize
+
     localize_options = LocalizeOptions(
         script=script.resolve(),
         argv=tuple(options.script_args),
@@ -131,14 +176,15 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
         launch_blocking=options.launch_blocking,
         snapshots=options.snapshots,
         rerun=options.rerun,
+        oracle=oracle,
     )
+    if warming is not None:
+        warming.join()
     meta = run_dir.read_meta()
     try:
         failure = localize(localize_options, first, progress)
     except ScriptDidNotFailError:
-        run_dir.write_meta({**meta, "status": "passed", "seconds": first.seconds})
-        if first.outcome and first.outcome.get("exit_code", 0) == 0:
-            raise
+        run_dir.write_meta({**meta, "status": "passed", "seconds": round(first.seconds, 3)})
         raise
     meta.update(status=failure.status, seconds=round(first.seconds, 3))
     run_dir.write_meta(meta)
