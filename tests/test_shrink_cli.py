@@ -125,11 +125,13 @@ def test_out_dir_and_latest_recording_and_no_fork(
     embedding_recording(tmp_path)
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
-    code, result = run_shrink(["--out", str(out), "--no-fork", "--max-checks", "20"], capsys)
+    code, result = run_shrink(
+        ["--out", str(out), "--no-fork", "--max-checks", "5", "--runs", "1"], capsys
+    )
     assert code == ExitCode.OK, result
     assert Path(result["repro"]) == (out / "repro.py").resolve()
     assert (out / "report.md").exists()
-    assert result["checks"] <= 20 + 2  # the initial check and the CPU check come on top
+    assert result["checks"] <= 5 + 2  # the initial check and the CPU check come on top
 
 
 def test_missing_run_dir_is_a_usage_error(
@@ -233,7 +235,7 @@ def test_cuda_device_assert_family_shrinks_and_verifies(
 # --- record -> shrink -> python repro.py on realistic scripts (corpus/) ---------------------------
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
-END_TO_END = ("lm_grown_vocab", "rl_dqn_gather", "llm_sampling_nan", "gnn_degree_scatter")
+END_TO_END = ("lm_grown_vocab", "rl_dqn_gather", "llm_sampling_nan")
 
 
 @pytest.mark.slow
