@@ -529,8 +529,17 @@ class _CallRecorder(TorchFunctionMode):
             if outermost:
                 stack.pop()
                 recorder.public_captured.pop(id(entry), None)
-        if outermost and recorder.config.tag_backward and isinstance(result, torch.Tensor):
-            grad_fn = result.grad_fn
+        if (
+            outermost
+            and recorder.config.tag_backward
+            and isinstance(result, torch.Tensor)
+            and result.requires_grad
+            and torch.is_grad_enabled()
+        ):
+            try:
+                grad_fn = result.grad_fn
+            except RuntimeError:  # views modified in place refuse even to be asked
+                grad_fn = None
             if grad_fn is not None:
                 location = recorder.frames.here()
                 grad_fn.metadata["reprocut"] = (location, recorder.current_module())

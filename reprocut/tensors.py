@@ -95,10 +95,15 @@ def _lay_out(flat: torch.Tensor, spec: TensorSpec, storage_numel: int) -> torch.
     if spec.is_contiguous and spec.storage_offset == 0:
         return flat[: spec.numel].reshape(spec.shape).clone()
     storage = torch.zeros(storage_numel, dtype=flat.dtype, device=flat.device)
-    view = storage.as_strided(spec.shape, spec.stride or _contig(spec.shape), spec.storage_offset)
+    stride = spec.stride or _contig(spec.shape)
     if flat.numel() >= spec.numel and spec.numel:
-        view.copy_(flat[: spec.numel].reshape(spec.shape))
-    return view
+        # Scatter by storage position: works for overlapping views (an expand()ed stride 0),
+        # where copying into the view itself is refused.
+        positions = torch.arange(storage_numel, device=flat.device).as_strided(
+            spec.shape, stride, spec.storage_offset
+        )
+        storage[positions.reshape(-1)] = flat[: spec.numel]
+    return storage.as_strided(spec.shape, stride, spec.storage_offset)
 
 
 def generate(values: Generated, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
