@@ -213,7 +213,6 @@ def explain(
         family = "index"
     elif name in ("index", "index_put_", "_index_put_impl_", "index_put"):
         source, indices = args[0], args[1]
-        found: list[str] = []
         for dim, index in enumerate(indices or ()):
             if (
                 isinstance(index, torch.Tensor)
@@ -221,14 +220,9 @@ def explain(
                 and index.dtype != torch.bool
             ):
                 size = int(source.shape[dim])
-                found.extend(
-                    f"dim {dim}: {fact}"
-                    for fact in range_facts(
-                        index, -size, size, what="index", unit=f"(size of dim {dim})"
-                    )
+                facts[f"1[{dim}]"] = range_facts(
+                    index, -size, size, what="index", unit=f"(size of dim {dim})"
                 )
-        if found:
-            facts[1] = tuple(found)
         family = "index"
     elif name == "multinomial" or public == "multinomial":
         probs = args[0]

@@ -409,6 +409,12 @@ def _table(
         if isinstance(arg, TensorSpec):
             name = names[position] if position < len(names) else f"arg{position}"
             rows.append(TensorReport(name, arg, facts.get(position, ())))
+        elif isinstance(arg, ArgList):
+            name = names[position] if position < len(names) else f"arg{position}"
+            for index, item in enumerate(arg.items):
+                if isinstance(item, TensorSpec):
+                    key = f"{position}[{index}]"
+                    rows.append(TensorReport(f"{name}[{index}]", item, facts.get(key, ())))
     for name, arg in kwargs.items():
         if isinstance(arg, TensorSpec):
             rows.append(TensorReport(name, arg, facts.get(name, ())))

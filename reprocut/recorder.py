@@ -374,7 +374,11 @@ class Recorder:
             self.culprit = culprit
 
     def public_context(self) -> tuple[str | None, dict[str, Any] | None]:
-        """The outermost public call in flight, with its arguments captured (once)."""
+        """The outermost public call in flight, with its arguments captured (once).
+
+        In backward there is none worth naming: `loss.backward()` is not what failed."""
+        if self.state.phase() == "backward":
+            return None, None
         if not self.public_stack:
             return self._public_from_frames()
         _func, name, args, kwargs = self.public_stack[0]
