@@ -135,7 +135,7 @@ class TraceWriter:
             record: dict[str, Any] = {"type": "step", "step": step, "same_as": first}
         else:
             self._seen[key] = step
-            record = {"type": "step", "step": step, "ops": ops}
+            record = {"type": "step", "step": step, "ops": _jsonable(ops)}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
@@ -476,17 +476,22 @@ def _touches_cuda(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 
 def _spec_tuple(value: Any) -> Any:
+    """A tensor's layout as cheap, hashable objects; made JSON-ready only when written."""
     if isinstance(value, torch.Tensor):
-        return (
-            tuple(value.shape),
-            str(value.dtype)[6:],
-            tuple(value.stride()) if value.layout == torch.strided else None,
-            value.storage_offset() if value.layout == torch.strided else 0,
-            value.device.type,
-        )
+        if value.layout is not torch.strided:
+            return (value.shape, value.dtype, None, 0, value.device.type)
+        return (value.shape, value.dtype, value.stride(), value.storage_offset(), value.device.type)
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-        return tuple(_spec_tuple(v) for v in value)
+        return tuple(map(_spec_tuple, value))
     return None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(item) for item in value]
+    return value
 
 
 class _CallRecorder(TorchFunctionMode):
