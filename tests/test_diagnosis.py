@@ -1,0 +1,62 @@
+"""The facts that explain a failure, computed from real tensors."""
+
+from __future__ import annotations
+
+import torch
+
+from reprocut.diagnosis import explain, range_facts
+
+
+def test_embedding_names_the_offending_id_and_its_position():
+    weight = torch.zeros(1000, 4)
+    ids = torch.randint(0, 1000, (8, 32))
+    ids[2, 3] = 1000
+    facts = explain("aten::embedding", None, [weight, ids], {}).facts[1]
+    assert "index max 1000 ≥ 1000 rows at [2, 3]" in facts
+
+
+def test_targets_skip_ignore_index():
+    logits = torch.zeros(6, 10)
+    target = torch.tensor([0, 1, -100, 10, 2, 3])
+    facts = explain("aten::nll_loss_forward", None, [logits, target, None, 1, -100], {}).facts[1]
+    assert facts[0] == "target max 10 ≥ 10 classes at [3]"
+    assert facts[-1] == "1 of 6 target values outside [0, 10)"
+
+
+def test_probability_facts_count_nan_and_dtype():
+    probs = torch.softmax(torch.randn(2, 5), -1).half()
+    probs[1, 3] = float("nan")
+    facts = explain("aten::multinomial", None, [probs, 1], {}).facts[0]
+    assert facts[0] == "1 NaN (first at [1, 3])"
+    assert "dtype float16" in facts
+
+
+def test_bce_input_above_one():
+    p = torch.full((4,), 0.5)
+    p[2] = 1.7
+    facts = explain("aten::binary_cross_entropy", None, [p, torch.ones(4)], {}).facts[0]
+    assert any("input 1.7 outside [0, 1] at [2]" in f for f in facts)
+
+
+def test_one_hot_public_call():
+    facts = explain(
+        None, "torch.nn.functional.one_hot", [torch.tensor([0, 3, 1])], {"num_classes": 3}
+    )
+    assert facts.facts[0][0] == "class value max 3 ≥ 3 classes at [1]"
+    assert facts.family == "one_hot"
+
+
+def test_negative_and_large_values_both_reported():
+    facts = range_facts(torch.tensor([5, -1, 2, 9]), 0, 6, what="index", unit="rows")
+    assert facts == (
+        "index max 9 ≥ 6 rows at [3]",
+        "index -1 < 0 at [1]",
+        "2 of 4 index values outside [0, 6)",
+    )
+
+
+def test_gather_index_against_the_gathered_dim():
+    scores = torch.zeros(4, 5)
+    index = torch.tensor([[0], [5], [1], [2]])
+    facts = explain("aten::gather", None, [scores, 1, index], {}).facts[2]
+    assert facts[0] == "index max 5 ≥ 5 (size of dim 1) at [1, 0]"

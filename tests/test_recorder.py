@@ -1,0 +1,90 @@
+"""The recorder in-process: steps, phases, module paths, the trace, culprits on CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from reprocut.recorder import Recorder, RecorderConfig
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+        self.proj = torch.nn.Linear(4, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.embed(ids)).mean(1)
+
+
+def read_trace(run_dir):
+    return [json.loads(line) for line in (run_dir / "trace.jsonl").read_text().splitlines()]
+
+
+def train(model, optimizer, ids, steps):
+    for _ in range(steps):
+        loss = model(ids).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def test_steps_are_optimizer_steps_and_repeats_are_back_references(tmp_path):
+    model = Encoder()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ids = torch.randint(0, 10, (2, 5))
+    with Recorder(RecorderConfig(run_dir=tmp_path)) as recorder:
+        train(model, optimizer, ids, 3)
+        assert recorder.state.step == 3
+    steps = [r for r in read_trace(tmp_path) if r["type"] == "step"]
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert "ops" in steps[0]
+    assert steps[2].get("same_as") == 1 or "ops" in steps[2]
+    ops = steps[0]["ops"]
+    phases = {phase for _, _, phase, _ in ops}
+    assert {"forward", "backward", "optimizer"} <= phases
+    embedding = next(op for op in ops if op[0] == "aten::embedding")
+    assert embedding[1] == "model.embed"
+    assert embedding[3][1] == [[2, 5], "int64", [5, 1], 0, "cpu"]
+
+
+def test_culprit_on_cpu_has_op_module_source_and_inputs(tmp_path):
+    model = Encoder()
+    ids = torch.tensor([[1, 2, 10]])
+    with Recorder(RecorderConfig(run_dir=tmp_path)) as recorder:
+        with pytest.raises(IndexError):
+            model(ids)
+        culprit = recorder.culprit
+    assert culprit is not None
+    assert culprit.op == "aten::embedding"
+    assert culprit.public_call == "torch.nn.functional.embedding"
+    assert culprit.module == "model.embed"
+    assert culprit.source is not None and culprit.source.function == "forward"
+    assert culprit.synchronized
+    index_key = culprit.call["args"][1]["tensor"]["values"]["captured"]
+    assert recorder.store.tensors[index_key].tolist() == [[1, 2, 10]]
+
+
+def test_composite_public_call_is_the_culprit_when_no_aten_op_raises(tmp_path):
+    labels = torch.tensor([0, 4])
+    with Recorder(RecorderConfig(run_dir=tmp_path)) as recorder:
+        with pytest.raises(RuntimeError):
+            F.one_hot(labels, num_classes=4)
+        culprit = recorder.culprit
+    assert culprit is not None and culprit.op is None
+    assert culprit.public_call == "torch.nn.functional.one_hot"
+    assert culprit.public["args"][0]["tensor"]["values"]["captured"]
+
+
+def test_modes_are_removed_on_exit(tmp_path):
+    from torch.overrides import _get_current_function_mode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    with Recorder(RecorderConfig(run_dir=tmp_path)):
+        assert _get_current_dispatch_mode() is not None
+    assert _get_current_dispatch_mode() is None
+    assert _get_current_function_mode() is None

@@ -1,0 +1,100 @@
+"""Signatures from real CUDA assertion texts (bug-patterns.md) and CPU messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from reprocut.case import Signature
+from reprocut.signature import assertion_kind, classify, cuda_error_code, parse_assertions
+
+CUDA_MESSAGE = (
+    "CUDA error: device-side assert triggered\n"
+    "CUDA kernel errors might be asynchronously reported at some other API call"
+)
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [
+        (
+            "/pytorch/aten/src/ATen/native/cuda/IndexKernelUtils.cu:16: vectorized_gather_kernel: "
+            "block: [67,0,0], thread: [0,0,0] Assertion `ind >=0 && ind < ind_dim_size && "
+            '"vectorized gather kernel index out of bounds"` failed.',
+            "index out of bounds",
+        ),
+        (
+            "aten/src/ATen/native/cuda/Indexing.cu:1515: indexSelectSmallIndex: block: [0,0,0], "
+            "thread: [0,0,0] Assertion `srcIndex < srcSelectDimSize` failed.",
+            "index out of bounds",
+        ),
+        (
+            "aten/src/ATen/native/cuda/Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: "
+            "block: [0,0,0], thread: [5,0,0] Assertion `t >= 0 && t < n_classes` failed.",
+            "target out of bounds",
+        ),
+        (
+            "aten/src/ATen/native/cuda/Loss.cu:90: operator(): block: [0,0,0], thread: [7,0,0] "
+            "Assertion `input_val >= zero && input_val <= one` failed.",
+            "input outside [0, 1]",
+        ),
+        (
+            "aten/src/ATen/native/cuda/TensorCompare.cu:109: _assert_async_cuda_kernel: block: "
+            "[0,0,0], thread: [0,0,0] Assertion `probability tensor contains either `inf`, `nan` "
+            "or element < 0` failed.",
+            "invalid probability distribution",
+        ),
+        (
+            "aten/src/ATen/native/cuda/TensorCompare.cu:109: _assert_async_cuda_kernel: block: "
+            "[0,0,0], thread: [0,0,0] Assertion `` failed.",
+            "empty assertion",
+        ),
+        (
+            "aten/src/ATen/native/cuda/MaxUnpooling.cu:47: max_unpooling2d_forward_kernel: block: "
+            "[0,0,0], thread: [3,0,0] Assertion `maxind >= 0 && maxind < outputImageSize` failed.",
+            "max index out of range",
+        ),
+    ],
+)
+def test_kernel_assertions_fold_into_kinds(line, kind):
+    [assertion] = parse_assertions(f"noise\n{line}\n{line}\n")
+    assert assertion_kind(assertion.condition) == kind
+    signature = classify("AcceleratorError", CUDA_MESSAGE, line, "aten::x")
+    assert signature == Signature("AcceleratorError", 710, "aten::x", kind)
+
+
+def test_two_kernels_of_one_lookup_give_one_signature():
+    big = (
+        "IndexKernelUtils.cu:16: vectorized_gather_kernel: block: [67,0,0], thread: [0,0,0] "
+        'Assertion `ind >=0 && ind < ind_dim_size && "vectorized gather kernel index out of '
+        'bounds"` failed.'
+    )
+    small = (
+        "Indexing.cu:1515: indexSelectSmallIndex: block: [0,0,0], thread: [0,0,0] Assertion "
+        "`srcIndex < srcSelectDimSize` failed."
+    )
+    a = classify("AcceleratorError", CUDA_MESSAGE, big, "aten::embedding")
+    b = classify("RuntimeError", CUDA_MESSAGE, small, "aten::embedding")
+    assert a.matches(b), "a different kernel chosen by shape is the same bug"
+
+
+def test_triton_and_plain_illegal_address_share_a_code():
+    assert cuda_error_code("Triton Error [CUDA]: an illegal memory access was encountered") == (
+        700,
+        "an illegal memory access was encountered",
+    )
+    assert cuda_error_code("CUDA error: misaligned address\nSearch for ...")[0] == 716
+
+
+def test_cpu_messages_drop_numbers_but_keep_type():
+    a = classify("IndexError", "Target 10 is out of bounds.")
+    b = classify("IndexError", "Target 3 is out of bounds.")
+    c = classify("RuntimeError", "Target 3 is out of bounds.")
+    assert a == b
+    assert not a.matches(c)
+
+
+def test_op_mismatch_is_another_bug():
+    a = Signature("IndexError", None, "aten::embedding", "index out of range in self")
+    b = Signature("IndexError", None, "aten::index_select", "index out of range in self")
+    assert not a.matches(b)
+    assert a.matches(Signature("IndexError", None, None, "index out of range in self"))
