@@ -178,3 +178,11 @@ def test_report_never_prints_environment_secrets(tmp_path, capsys, monkeypatch):
     for path in run.iterdir():
         if path.suffix in (".json", ".jsonl", ".txt"):
             assert "s3cr3t-value-123" not in path.read_text()
+
+
+def test_torch_compile_runs_eagerly_and_says_so(tmp_path, capsys):
+    code, report = record(tmp_path, capsys, str(SCRIPTS / "compiled.py"))
+    assert code == ExitCode.OK
+    assert report["op"] == "aten::embedding"
+    assert report["step"] == 2
+    assert any("torch.compile" in note for note in report["notes"])
