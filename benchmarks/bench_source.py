@@ -336,6 +336,15 @@ def bench(
     return rows
 
 
+def generic_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("shrinkray")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def report(
     rows: list[tuple[SourceCase, int, Outcome]], skipped: list[str], options: argparse.Namespace
 ) -> str:
@@ -363,6 +372,9 @@ def report(
             f"{o.lines} | {'yes' if o.standalone else 'no'} | {'yes' if o.verified else 'no'} | "
             f"{o.status} |"
         )
+    lines += ["", f"Generic reducer: shrinkray {generic_version()} (the version the package index "
+              "here offers), one check at a time, its candidate run by the same fresh-process check "
+              "used for verification."]  # fmt: skip
     if skipped:
         lines += ["", "Skipped:", *(f"- {reason}" for reason in skipped)]
     notes = [f"- {case.name}: {note}" for case, _, o in rows if o.reducer == "reprocut"

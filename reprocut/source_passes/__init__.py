@@ -1,0 +1,72 @@
+"""Named libcst passes that cut a user's script down, one candidate module text at a time.
+
+The protocol and shared helpers are in `tree`; each pass module holds one kind of change.
+The order of PASSES is the order of a round: cheap, big cuts first.
+"""
+
+from __future__ import annotations
+
+from reprocut.source_passes.expressions import (
+    drop_arguments,
+    hoist_subexpressions,
+    integer_value,
+    shrink_integers,
+    simplify_expressions,
+)
+from reprocut.source_passes.inlining import inline_calls, inline_sibling_imports, sibling_imports
+from reprocut.source_passes.specs import literal, replace_with_specs, spec_expression
+from reprocut.source_passes.statements import (
+    delete_statements,
+    remove_unused_definitions,
+    strip_comments,
+    unwrap_blocks,
+)
+from reprocut.source_passes.tree import (
+    COMPOUND,
+    PassContext,
+    SourcePass,
+    calls_focus,
+    candidates,
+    is_constant,
+    parse,
+)
+
+PASSES: tuple[SourcePass, ...] = (
+    inline_sibling_imports,
+    strip_comments,
+    replace_with_specs,
+    delete_statements,
+    unwrap_blocks,
+    inline_calls,
+    remove_unused_definitions,
+    simplify_expressions,
+    hoist_subexpressions,
+    drop_arguments,
+    shrink_integers,
+)
+
+__all__ = [
+    "COMPOUND",
+    "PASSES",
+    "PassContext",
+    "SourcePass",
+    "calls_focus",
+    "candidates",
+    "delete_statements",
+    "drop_arguments",
+    "hoist_subexpressions",
+    "inline_calls",
+    "inline_sibling_imports",
+    "integer_value",
+    "is_constant",
+    "literal",
+    "parse",
+    "remove_unused_definitions",
+    "replace_with_specs",
+    "shrink_integers",
+    "sibling_imports",
+    "simplify_expressions",
+    "spec_expression",
+    "strip_comments",
+    "unwrap_blocks",
+]

@@ -1,0 +1,266 @@
+"""Expression-level passes: simpler values, sub-expressions, smaller integers, fewer arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from reprocut.source_passes.tree import (
+    PassContext,
+    count_statements,
+    is_constant,
+    parse,
+    statement_site,
+    sweep,
+    transform,
+)
+
+# --- shrink_integers -------------------------------------------------------------------------
+
+
+class _Integers(cst.CSTVisitor):
+    """Integer literals outside tensor atoms, in source order."""
+
+    def __init__(self) -> None:
+        self.found: list[cst.Integer] = []
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        return not is_constant(node)
+
+    def visit_Integer(self, node: cst.Integer) -> None:
+        self.found.append(node)
+
+
+def integers_of(module: cst.Module) -> list[cst.Integer]:
+    visitor = _Integers()
+    module.visit(visitor)
+    return visitor.found
+
+
+class _SetInteger(cst.CSTTransformer):
+    def __init__(self, target: cst.Integer, value: int) -> None:
+        super().__init__()
+        self.target, self.value = target, value
+
+    def leave_Integer(self, original_node: cst.Integer, updated_node: cst.Integer) -> Any:
+        return cst.Integer(str(self.value)) if original_node is self.target else updated_node
+
+
+def integer_value(node: cst.Integer) -> int:
+    return int(node.value.replace("_", ""), 0)
+
+
+def smaller_integers(value: int) -> list[int]:
+    """Candidates for an integer, most drastic first: 0, 1, half, one less."""
+    options = [0, 1, value // 2, value - 1]
+    return [v for i, v in enumerate(options) if 0 <= v < value and v not in options[:i]]
+
+
+def shrink_integers(code: str, context: PassContext) -> Generator[str, bool, None]:
+    """Make integer constants (epochs, batch and hidden sizes) small: 0, 1, halve, minus one."""
+    module = parse(code)
+    if module is None:
+        return
+    i = len(integers_of(module)) - 1
+    while i >= 0:
+        module = parse(code)
+        if module is None:
+            return
+        found = integers_of(module)
+        if i >= len(found):
+            i = len(found) - 1
+            continue
+        improved = False
+        for value in smaller_integers(integer_value(found[i])):
+            candidate = transform(code, _SetInteger(found[i], value), module)
+            if candidate is not None and (yield candidate):
+                code, improved = candidate, True
+                break
+        if not improved:
+            i -= 1  # on success, stay: the new value may shrink further
+
+
+# --- drop_arguments --------------------------------------------------------------------------
+
+
+class _Droppable(cst.CSTVisitor):
+    """Keyword arguments and last positional arguments of calls: ones a default may replace."""
+
+    def __init__(self) -> None:
+        self.found: list[cst.Arg] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if any(arg.star for arg in node.args):
+            return
+        positional = [a for a in node.args if a.keyword is None]
+        for arg in node.args:
+            if arg.keyword is not None or (arg is positional[-1]):
+                self.found.append(arg)
+
+
+def droppable_arguments(code: str) -> list[cst.Arg]:
+    module = parse(code)
+    if module is None:
+        return []
+    visitor = _Droppable()
+    module.visit(visitor)
+    return visitor.found
+
+
+class _DropArg(cst.CSTTransformer):
+    def __init__(self, target: cst.Arg) -> None:
+        super().__init__()
+        self.target = target
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> Any:
+        if not any(a is self.target for a in original_node.args):
+            return updated_node
+        args = [
+            new for old, new in zip(original_node.args, updated_node.args, strict=True)
+            if old is not self.target
+        ]  # fmt: skip
+        if args:
+            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated_node.with_changes(args=args)
+
+
+def drop_arguments(code: str, context: PassContext) -> Generator[str, bool, None]:
+    """Leave out keyword and trailing arguments, so their defaults apply."""
+
+    def apply_at(code: str, index: int) -> str | None:
+        module = parse(code)
+        if module is None:
+            return None
+        visitor = _Droppable()
+        module.visit(visitor)
+        if index >= len(visitor.found):
+            return None
+        return transform(code, _DropArg(visitor.found[index]), module)
+
+    yield from sweep(code, lambda c: len(droppable_arguments(c)), apply_at)
+
+
+# --- simplify_expressions ------------------------------------------------------------------
+
+SIMPLE_VALUES = ("0", "None")
+
+
+class _ValueSites(cst.CSTVisitor):
+    """Right-hand sides of assignments and call arguments that are not constants already."""
+
+    def __init__(self) -> None:
+        self.found: list[cst.BaseExpression] = []
+
+    def _add(self, value: cst.BaseExpression) -> None:
+        if not is_constant(value) and not isinstance(value, cst.Lambda):
+            self.found.append(value)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        self._add(node.value)
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if not node.star:
+            self._add(node.value)
+
+
+class _ReplaceExpression(cst.CSTTransformer):
+    def __init__(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        super().__init__()
+        self.target, self.value = target, value
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+        return self.value if original_node is self.target else updated_node
+
+
+def simplify_expressions(code: str, context: PassContext) -> Generator[str, bool, None]:
+    """Replace a computed value (an assignment's right side, an argument) by `0` or `None`."""
+    i = 0
+    while True:
+        module = parse(code)
+        if module is None:
+            return
+        visitor = _ValueSites()
+        module.visit(visitor)
+        if i >= len(visitor.found):
+            return
+        for text in SIMPLE_VALUES:
+            replacement = cst.parse_expression(text)
+            candidate = transform(code, _ReplaceExpression(visitor.found[i], replacement), module)
+            if candidate is not None and (yield candidate):
+                code = candidate
+                break
+        i += 1
+
+
+# --- hoist_subexpressions -------------------------------------------------------------------
+
+
+def _children(node: cst.CSTNode) -> list[cst.BaseExpression]:
+    """Sub-expressions that may stand in for a node: `a.m(x)` -> `a`, `a[i]` -> `a`, ..."""
+    if isinstance(node, cst.Call):
+        options = [a.value for a in node.args if a.keyword is None and not a.star][:1]
+        if isinstance(node.func, cst.Attribute):
+            options.insert(0, node.func.value)
+        return options
+    if isinstance(node, cst.Subscript):
+        return [node.value]
+    if isinstance(node, cst.BinaryOperation | cst.BooleanOperation):
+        return [node.left, node.right]
+    if isinstance(node, cst.Comparison):
+        return [node.left]
+    if isinstance(node, cst.UnaryOperation):
+        return [node.expression]
+    return []
+
+
+class _HoistSites(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found: list[cst.BaseExpression] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.BaseExpression) and is_constant(node):
+            return False
+        if _children(node):
+            self.found.append(node)  # type: ignore[arg-type]
+        return True
+
+
+def _value_statement(statement: cst.BaseStatement) -> list[cst.BaseStatement] | None:
+    """`x = f(a)` or `x += f(a)` -> `f(a)`: the call may matter, the name may not."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    if isinstance(small, cst.Assign | cst.AugAssign) and m.findall(small.value, m.Call()):
+        return [statement.with_changes(body=[cst.Expr(small.value)])]
+    return None
+
+
+def hoist_subexpressions(code: str, context: PassContext) -> Generator[str, bool, None]:
+    """Replace an expression by one of its parts (`(model(x).argmax() == y).sum()` -> `model(x)`)
+    and an assignment whose name is not needed by its value."""
+    code = yield from sweep(
+        code,
+        count_statements,
+        lambda code, i: statement_site(code, i, lambda _, s: _value_statement(s)),
+    )
+    i = 0
+    while True:
+        module = parse(code)
+        if module is None:
+            return
+        visitor = _HoistSites()
+        module.visit(visitor)
+        if i >= len(visitor.found):
+            return
+        site = visitor.found[i]
+        accepted = False
+        for child in _children(site):
+            candidate = transform(code, _ReplaceExpression(site, child), module)
+            if candidate is not None and (yield candidate):
+                code, accepted = candidate, True
+                break
+        if not accepted:
+            i += 1

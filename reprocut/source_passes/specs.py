@@ -1,0 +1,253 @@
+"""Replace what reaches the failing call by tensors built from recorded specs (strides kept)."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+import libcst.metadata
+
+from reprocut.case import Generated, Literal, TensorSpec
+from reprocut.source_passes.tree import (
+    Enclosing,
+    PassContext,
+    calls_focus,
+    focus_callee,
+    is_constant,
+    parse,
+    transform,
+)
+
+# --- replace_with_specs ----------------------------------------------------------------------
+
+
+def literal(value: Any) -> cst.BaseExpression:
+    """A Python value as an expression node (ints, floats, bools, strings, tuples)."""
+    if isinstance(value, bool) or value is None:
+        return cst.Name(repr(value))
+    if isinstance(value, int):
+        node: cst.BaseExpression = cst.Integer(str(abs(value)))
+        return cst.UnaryOperation(cst.Minus(), node) if value < 0 else node
+    if isinstance(value, float):
+        node = cst.Float(repr(abs(value)))
+        return cst.UnaryOperation(cst.Minus(), node) if value < 0 else node
+    if isinstance(value, str):
+        return cst.SimpleString(repr(value))
+    if isinstance(value, tuple):
+        elements = [cst.Element(literal(v)) for v in value]
+        if len(elements) == 1:
+            elements = [elements[0].with_changes(comma=cst.Comma())]
+        return cst.Tuple(elements)
+    raise TypeError(f"no literal for {type(value).__name__}")
+
+
+def _kw(name: str, value: cst.BaseExpression) -> cst.Arg:
+    return cst.Arg(
+        value,
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(
+            whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+        ),
+    )
+
+
+def spec_expression(spec: TensorSpec) -> cst.BaseExpression:
+    """A tensor with the spec's shape, dtype, device, strides and storage offset.
+
+    A non-contiguous or offset spec is built as a flat storage viewed with `as_strided`, so an
+    expanded (stride 0) or offset view reaches the kernel exactly as it did in the user's run.
+    """
+    dtype = cst.parse_expression(f"torch.{spec.dtype}")
+    options = [_kw("dtype", dtype)]
+    if spec.device != "cpu":
+        options.append(_kw("device", literal(spec.device)))
+    plain = spec.is_contiguous and spec.storage_offset == 0
+    shape: tuple[int, ...] = spec.shape if plain else (spec.storage_numel,)
+    values = spec.values
+    is_float = spec.dtype.startswith(("float", "bfloat", "complex"))
+    kind = values.kind if isinstance(values, Generated) else ("randn" if is_float else "zeros")
+    if kind in {"randn", "rand"} and not is_float:
+        kind = "zeros"
+    if isinstance(values, Literal) and len(values.values) == (spec.numel if plain else -1):
+        base = cst.Call(
+            cst.parse_expression("torch.tensor"),
+            [cst.Arg(literal(tuple(values.values))), *options],
+        )
+        built = cst.Call(cst.Attribute(base, cst.Name("reshape")), [cst.Arg(literal(spec.shape))])
+    elif kind == "randint":
+        assert isinstance(values, Generated)
+        args = [literal(values.low), literal(values.high), literal(shape)]
+        built = cst.Call(cst.parse_expression("torch.randint"), [*map(cst.Arg, args), *options])
+    elif kind == "full":
+        assert isinstance(values, Generated)
+        args = [literal(shape), literal(values.low)]
+        built = cst.Call(cst.parse_expression("torch.full"), [*map(cst.Arg, args), *options])
+    else:
+        name = kind if kind in {"randn", "rand", "zeros", "ones"} else "zeros"
+        built = cst.Call(cst.parse_expression(f"torch.{name}"), [cst.Arg(literal(shape)), *options])
+    if not plain:
+        stride = spec.stride if spec.stride is not None else _contiguous(spec.shape)
+        built = cst.Call(
+            cst.Attribute(built, cst.Name("as_strided")),
+            [cst.Arg(literal(spec.shape)), cst.Arg(literal(tuple(stride))),
+             cst.Arg(literal(spec.storage_offset))],
+        )  # fmt: skip
+    return built
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride, running = [], 1
+    for size in reversed(shape):
+        stride.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(stride))
+
+
+class _SpecSites(cst.CSTVisitor):
+    """Call arguments that are expressions (not constants), of the focus call when there is one,
+    each with its position in the call (the position of the recorded spec to try first)."""
+
+    def __init__(self, module: cst.Module, callee: str | None) -> None:
+        self.module, self.callee = module, callee
+        self.found: list[tuple[cst.Arg, int]] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.callee is not None and self.module.code_for_node(node.func) != self.callee:
+            return
+        for position, arg in enumerate(node.args):
+            if (
+                not arg.star
+                and not is_constant(arg.value)
+                and not isinstance(arg.value, cst.Lambda)
+            ):
+                self.found.append((arg, position))
+
+
+def spec_sites(module: cst.Module, focus: str | None) -> list[tuple[cst.Arg, int]]:
+    callee = focus_callee(focus)
+    visitor = _SpecSites(module, callee)
+    module.visit(visitor)
+    if not visitor.found and callee is not None and not calls_focus(module.code, focus):
+        visitor = _SpecSites(module, None)
+        module.visit(visitor)
+    return visitor.found
+
+
+class _ReplaceArg(cst.CSTTransformer):
+    def __init__(self, target: cst.Arg, value: cst.BaseExpression) -> None:
+        super().__init__()
+        self.target, self.value = target, value
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> Any:
+        return (
+            updated_node.with_changes(value=self.value)
+            if original_node is self.target
+            else updated_node
+        )
+
+
+class _SpecForName(cst.CSTTransformer):
+    """Every read of `name` inside `scope` becomes the spec's tensor (writes stay)."""
+
+    METADATA_DEPENDENCIES = (cst.metadata.ExpressionContextProvider,)
+
+    def __init__(self, scope: cst.CSTNode, name: str, value: cst.BaseExpression) -> None:
+        super().__init__()
+        self.scope, self.name, self.value = scope, name, value
+        self.depth = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if node is self.scope:
+            self.depth += 1
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+        if original_node is self.scope:
+            self.depth -= 1
+        if (
+            self.depth
+            and isinstance(original_node, cst.Name)
+            and original_node.value == self.name
+            and self.get_metadata(cst.metadata.ExpressionContextProvider, original_node, None)
+            == cst.metadata.ExpressionContext.LOAD
+        ):
+            return self.value
+        return updated_node
+
+
+def _spec_candidate(
+    code: str, module: cst.Module, arg: cst.Arg, value: cst.BaseExpression
+) -> str | None:
+    """A Name argument is replaced wherever its function reads it (so what computed it can
+    go, `n = x.numel()` included); any other argument only where it is."""
+    if isinstance(arg.value, cst.Name):
+        enclosing = Enclosing(arg)
+        module.visit(enclosing)
+        scope = enclosing.found if enclosing.found is not None else module
+        return _replace_name(code, module, scope, arg.value.value, value)
+    return transform(code, _ReplaceArg(arg, value), module)
+
+
+def _focus_scope(module: cst.Module, focus: str | None) -> cst.CSTNode | None:
+    """The function that makes the failing call (the module when it is made at top level)."""
+    callee = focus_callee(focus)
+    if callee is None:
+        return None
+    for call in m.findall(module, m.Call()):
+        if module.code_for_node(call.func) == callee:  # type: ignore[attr-defined]
+            enclosing = Enclosing(call)
+            module.visit(enclosing)
+            return enclosing.found if enclosing.found is not None else module
+    return None
+
+
+def _replace_name(
+    code: str, module: cst.Module, scope: cst.CSTNode, name: str, value: cst.BaseExpression
+) -> str | None:
+    wrapper = cst.metadata.MetadataWrapper(module, unsafe_skip_copy=True)
+    try:
+        new = wrapper.visit(_SpecForName(scope, name, value)).code
+    except (cst.CSTValidationError, ValueError, TypeError):
+        return None
+    return new if new != code and parse(new) is not None else None
+
+
+def replace_with_specs(code: str, context: PassContext) -> Generator[str, bool, None]:
+    """Replace what reaches the failing call by tensors built from recorded specs, so what
+    computed it (model, data pipeline) can go: first the tensor parameters of the function
+    making the call, then the call's arguments (the spec at the argument's position first)."""
+    for name, spec in context.named_specs:
+        module = parse(code)
+        scope = None if module is None else _focus_scope(module, context.focus)
+        if module is None or scope is None:
+            break
+        candidate = _replace_name(code, module, scope, name, spec_expression(spec))
+        if candidate is not None and (yield candidate):
+            code = candidate
+    specs = context.specs
+    tensors = [s for s in specs if s is not None]
+    if not tensors:
+        return
+    i = 0
+    while True:
+        module = parse(code)
+        if module is None:
+            return
+        sites = spec_sites(module, context.focus)
+        if i >= len(sites):
+            return
+        arg, position = sites[i]
+        if position < len(specs):  # recorded at this position: that spec, or not a tensor
+            order = [] if specs[position] is None else [specs[position]]
+        else:
+            order = tensors
+        accepted = False
+        for spec in order:
+            candidate = _spec_candidate(code, module, arg, spec_expression(spec))
+            if candidate is not None and (yield candidate):
+                code, accepted = candidate, True
+                break
+        if not accepted:
+            i += 1  # an accepted site became a constant: it is no longer in the list

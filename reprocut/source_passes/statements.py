@@ -1,0 +1,237 @@
+"""Statement-level passes: delete (ddmin), unwrap blocks, drop unused definitions and comments."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from reprocut.source_passes.tree import (
+    PassContext,
+    body_statements,
+    count_statements,
+    name_counts,
+    parse,
+    replace_in,
+    statements_of,
+    transform,
+)
+
+# --- delete_statements -----------------------------------------------------------------------
+
+
+def delete_statements(code: str, context: PassContext) -> Generator[str, bool, None]:
+    """ddmin over statements by post-order index: big chunks first, from the end backwards."""
+    n = count_statements(code)
+    size = max(n // 2, 1)
+    while size >= 1:
+        start = count_statements(code) - size
+        while start > -size:
+            module = parse(code)
+            if module is None:
+                return
+            statements = statements_of(module)
+            lo = max(start, 0)
+            chunk = statements[lo : start + size]
+            candidate = replace_in(code, module, {id(s): [] for s in chunk}) if chunk else None
+            if candidate is not None and (yield candidate):
+                code = candidate
+                start = min(start, count_statements(code)) - size
+            else:
+                start -= size
+        if size == 1:
+            break
+        size //= 2
+
+
+# --- unwrap_blocks ---------------------------------------------------------------------------
+
+
+class _LoopExits(cst.CSTVisitor):
+    """Does a loop body break or continue at its own level?"""
+
+    def __init__(self) -> None:
+        self.found = False
+
+    def visit_Break(self, node: cst.Break) -> None:
+        self.found = True
+
+    def visit_Continue(self, node: cst.Continue) -> None:
+        self.found = True
+
+    def visit_For(self, node: cst.For) -> bool:
+        return False
+
+    def visit_While(self, node: cst.While) -> bool:
+        return False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+
+def _exits_loop(body: cst.BaseSuite) -> bool:
+    visitor = _LoopExits()
+    for statement in body_statements(body):
+        statement.visit(visitor)
+    return visitor.found
+
+
+def _call(path: str, *args: cst.BaseExpression) -> cst.Call:
+    return cst.Call(func=cst.parse_expression(path), args=[cst.Arg(a) for a in args])
+
+
+def block_alternatives(statement: cst.BaseStatement) -> list[list[cst.BaseStatement]]:
+    """What a compound statement may be replaced by, most drastic first."""
+    if isinstance(statement, cst.For) and statement.asynchronous is None:
+        if _exits_loop(statement.body):
+            return []
+        first = cst.Assign(
+            targets=[cst.AssignTarget(statement.target)],
+            value=_call("next", _call("iter", statement.iter)),
+        )
+        return [[cst.SimpleStatementLine(body=[first]), *body_statements(statement.body)]]
+    if isinstance(statement, cst.While):
+        return [] if _exits_loop(statement.body) else [body_statements(statement.body)]
+    if isinstance(statement, cst.If):
+        options = [body_statements(statement.body)]
+        if isinstance(statement.orelse, cst.Else):
+            options.append(body_statements(statement.orelse.body))
+        elif isinstance(statement.orelse, cst.If):
+            options.append([statement.orelse])
+        return options
+    if isinstance(statement, cst.With) and statement.asynchronous is None:
+        bound = [
+            cst.SimpleStatementLine(
+                body=[cst.Assign([cst.AssignTarget(item.asname.name)], item.item)]
+            )
+            for item in statement.items
+            if item.asname is not None
+        ]
+        return [[*bound, *body_statements(statement.body)]]
+    if isinstance(statement, cst.Try):
+        return [body_statements(statement.body)]
+    return []
+
+
+def unwrap_blocks(code: str, context: PassContext) -> Generator[str, bool, None]:
+    """Replace a block by its contents: a loop by one iteration, an `if` by a branch, a `with`
+    or `try` by its body."""
+    i = count_statements(code) - 1
+    while i >= 0:
+        module = parse(code)
+        if module is None:
+            return
+        statements = statements_of(module)
+        if i >= len(statements):
+            i = len(statements) - 1
+            continue
+        accepted = False
+        for option in block_alternatives(statements[i]):
+            candidate = replace_in(code, module, {id(statements[i]): option})
+            if candidate is not None and (yield candidate):
+                code, accepted = candidate, True
+                break
+        i -= 1
+        if accepted:
+            i = min(i + 1, count_statements(code) - 1)  # the unwrapped body may hold more blocks
+
+
+# --- remove_unused_definitions ---------------------------------------------------------------
+
+
+def _bound_names(statement: cst.BaseStatement) -> list[str] | None:
+    """Names a definition statement binds, or None when it is not a plain definition."""
+    if isinstance(statement, cst.FunctionDef | cst.ClassDef):
+        return [statement.name.value]
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    if isinstance(small, cst.Import):
+        names = []
+        for alias in small.names:
+            bound = alias.asname.name if alias.asname is not None else alias.name
+            while isinstance(bound, cst.Attribute):
+                bound = bound.value
+            if not isinstance(bound, cst.Name):
+                return None
+            names.append(bound.value)
+        return names
+    if isinstance(small, cst.ImportFrom):
+        if isinstance(small.names, cst.ImportStar) or m.matches(small.module, m.Name("__future__")):
+            return None
+        return [
+            (a.asname.name if a.asname is not None else a.name).value  # type: ignore[union-attr]
+            for a in small.names
+        ]
+    if isinstance(small, cst.Assign | cst.AnnAssign):
+        targets = (
+            [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+        )
+        if all(isinstance(t, cst.Name) for t in targets):
+            return [t.value for t in targets]  # type: ignore[attr-defined]
+    return None
+
+
+def unused_definitions(module: cst.Module) -> list[cst.BaseStatement]:
+    """Definitions none of whose names are mentioned anywhere outside the definition itself."""
+    totals = name_counts(module)
+    unused = []
+    for statement in statements_of(module):
+        names = _bound_names(statement)
+        if not names:
+            continue
+        inside = name_counts(statement)
+        if all(totals.get(n, 0) - inside.get(n, 0) == 0 for n in names):
+            unused.append(statement)
+    return unused
+
+
+def remove_unused_definitions(code: str, context: PassContext) -> Generator[str, bool, None]:
+    """Drop imports, functions, classes and assignments nothing refers to: all, then one by one."""
+    module = parse(code)
+    if module is None:
+        return
+    unused = unused_definitions(module)
+    if not unused:
+        return
+    candidate = replace_in(code, module, {id(s): [] for s in unused})
+    if candidate is not None and (yield candidate):
+        code = candidate
+    tried: set[str] = set()
+    while True:
+        module = parse(code)
+        if module is None:
+            return
+        pending = [s for s in unused_definitions(module) if module.code_for_node(s) not in tried]
+        if not pending:
+            return
+        statement = pending[-1]
+        tried.add(module.code_for_node(statement))
+        candidate = replace_in(code, module, {id(statement): []})
+        if candidate is not None and (yield candidate):
+            code = candidate
+
+
+# --- strip_comments --------------------------------------------------------------------------
+
+
+class _StripComments(cst.CSTTransformer):
+    def leave_EmptyLine(self, original_node: cst.EmptyLine, updated_node: cst.EmptyLine) -> Any:
+        return cst.RemoveFromParent() if updated_node.comment is not None else updated_node
+
+    def leave_TrailingWhitespace(
+        self, original_node: cst.TrailingWhitespace, updated_node: cst.TrailingWhitespace
+    ) -> Any:
+        return updated_node.with_changes(comment=None, whitespace=cst.SimpleWhitespace(""))
+
+
+def strip_comments(code: str, context: PassContext) -> Generator[str, bool, None]:
+    """Remove comments: in a repro they describe code that is no longer there."""
+    candidate = transform(code, _StripComments())
+    if candidate is not None:
+        yield candidate

@@ -1,0 +1,314 @@
+"""The shared machinery of the source passes: parsing, statement indexing, replacement, the
+pass protocol and the failing call ("focus") they must keep.
+
+A pass is a generator: given the best code so far it yields candidate texts, and the reducer
+sends back whether each was accepted (`accepted = yield candidate`). After an acceptance the pass
+continues from the accepted text, so a sweep survives the best changing mid-pass. A pass never
+judges a candidate itself: the reducer's sort key and signature check do that. Code that libcst
+cannot parse or rebuild (`ParserSyntaxError`, `CSTValidationError`) means "cannot apply".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from reprocut.case import TensorSpec
+
+SourcePass = Callable[[str, "PassContext"], Generator[str, bool, None]]
+
+
+@dataclass(frozen=True, slots=True)
+class PassContext:
+    """What passes may know beyond the code: where sibling modules live, recorded tensors."""
+
+    search_dirs: tuple[Path, ...] = ()  # the script's directory and cwd: sibling modules
+    # tensors that reached the failing call, by argument position (None: not a tensor)...
+    specs: tuple[TensorSpec | None, ...] = ()
+    # ...and the tensor parameters of the function that makes it, by name
+    named_specs: tuple[tuple[str, TensorSpec], ...] = ()
+    focus: str | None = None  # the failing source line's text (its call is tried first)
+
+
+STATEMENT = (
+    m.SimpleStatementLine()
+    | m.If()
+    | m.For()
+    | m.While()
+    | m.With()
+    | m.Try()
+    | m.FunctionDef()
+    | m.ClassDef()
+)
+COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef)
+PASS_LINE = cst.SimpleStatementLine(body=[cst.Pass()])
+TENSOR_FACTORIES = frozenset(
+    {"randn", "rand", "zeros", "ones", "full", "randint", "arange", "empty", "empty_strided",
+     "tensor"}
+)  # fmt: skip
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def parse(code: str) -> cst.Module | None:
+    try:
+        return cst.parse_module(code)
+    except (cst.ParserSyntaxError, RecursionError):
+        return None
+
+
+def transform(
+    code: str, transformer: cst.CSTTransformer, module: cst.Module | None = None
+) -> str | None:
+    """The code after `transformer`, or None when it cannot apply (invalid tree, bad syntax).
+
+    Pass `module` (the parse of `code`) when the transformer matches nodes by identity.
+    """
+    module = parse(code) if module is None else module
+    if module is None:
+        return None
+    try:
+        new = module.visit(transformer).code
+    except (cst.CSTValidationError, ValueError, TypeError):
+        return None
+    if new == code or parse(new) is None:
+        return None
+    try:
+        compile(new, "<candidate>", "exec")
+    except (SyntaxError, ValueError):
+        return None
+    return new
+
+
+def sweep(
+    code: str, count: Callable[[str], int], apply_at: Callable[[str, int], str | None]
+) -> Generator[str, bool, str]:
+    """Try `apply_at(code, i)` for every site i, from the last to the first; returns the code
+    as it stands after the sweep.
+
+    Going backwards keeps the indices of sites not yet tried stable when one is removed.
+    """
+    i = count(code) - 1
+    while i >= 0:
+        candidate = apply_at(code, i)
+        if candidate is not None and (yield candidate):
+            code = candidate
+        i = min(i - 1, count(code) - 1)
+    return code
+
+
+def body_statements(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
+    """The statements of a block, as statements that can stand in any other block."""
+    if isinstance(suite, cst.IndentedBlock):
+        return list(suite.body)
+    assert isinstance(suite, cst.SimpleStatementSuite)
+    return [cst.SimpleStatementLine(body=suite.body)]
+
+
+def dotted(node: cst.BaseExpression) -> str | None:
+    """`torch.nn.functional` for an attribute chain of names, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = dotted(node.value)
+        return None if head is None else f"{head}.{node.attr.value}"
+    return None
+
+
+def is_constant(node: cst.CSTNode) -> bool:
+    """A literal, or a tensor built from literals (`torch.randn(4, 8).as_strided(...)`).
+
+    Such an expression is an atom for the size order: it stands for data, not for program.
+    """
+    if isinstance(node, cst.Integer | cst.Float | cst.Imaginary | cst.SimpleString):
+        return True
+    if isinstance(node, cst.Name):
+        return node.value in {"True", "False", "None"}
+    if isinstance(node, cst.UnaryOperation):
+        return is_constant(node.expression)
+    if isinstance(node, cst.Tuple | cst.List):
+        return all(is_constant(element.value) for element in node.elements)
+    if isinstance(node, cst.Attribute):
+        path = dotted(node)
+        return path is not None and path.startswith("torch.") and path.count(".") == 1
+    if isinstance(node, cst.Call):
+        if not all(is_constant(arg.value) for arg in node.args):
+            return False
+        func = node.func
+        path = dotted(func)
+        if path is not None:
+            return path.startswith("torch.") and path.split(".")[-1] in TENSOR_FACTORIES
+        return isinstance(func, cst.Attribute) and is_constant(func.value)
+    return False
+
+
+class _NameCounter(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.counts[node.value] = self.counts.get(node.value, 0) + 1
+
+
+def name_counts(node: cst.CSTNode) -> dict[str, int]:
+    counter = _NameCounter()
+    node.visit(counter)
+    return counter.counts
+
+
+class _StatementIndexer(cst.CSTVisitor):
+    """Post-order list of statements that sit in a block (elif branches are not)."""
+
+    def __init__(self) -> None:
+        self.statements: list[cst.BaseStatement] = []
+        self._elifs: set[int] = set()
+
+    def visit_If(self, node: cst.If) -> None:
+        if isinstance(node.orelse, cst.If):
+            self._elifs.add(id(node.orelse))
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        if m.matches(original_node, STATEMENT) and id(original_node) not in self._elifs:
+            self.statements.append(original_node)  # type: ignore[arg-type]
+
+
+def statements_of(module: cst.Module) -> list[cst.BaseStatement]:
+    indexer = _StatementIndexer()
+    module.visit(indexer)
+    return indexer.statements
+
+
+class _ReplaceStatements(cst.CSTTransformer):
+    """Replace statements (by identity) with lists of statements; empty blocks get `pass`."""
+
+    def __init__(self, replacements: dict[int, Sequence[cst.BaseStatement]]) -> None:
+        super().__init__()
+        self.replacements = replacements
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+        new = self.replacements.get(id(original_node))
+        if new is not None:
+            if not new:
+                return cst.RemoveFromParent()
+            return cst.FlattenSentinel(list(new))
+        return updated_node
+
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> Any:
+        new = self.on_leave(original_node, updated_node)
+        if isinstance(new, cst.IndentedBlock) and not new.body:
+            return new.with_changes(body=[PASS_LINE])
+        return new
+
+
+def replace_statements(
+    code: str, replacements: dict[int, Sequence[cst.BaseStatement]]
+) -> str | None:
+    module = parse(code)
+    if module is None:
+        return None
+    return replace_in(code, module, replacements)
+
+
+def replace_in(
+    code: str, module: cst.Module, replacements: dict[int, Sequence[cst.BaseStatement]]
+) -> str | None:
+    try:
+        new = module.visit(_ReplaceStatements(replacements)).code
+    except (cst.CSTValidationError, ValueError, TypeError):
+        return None
+    if new == code:
+        return None
+    try:
+        compile(new, "<candidate>", "exec")
+    except (SyntaxError, ValueError):
+        return None
+    return new
+
+
+def statement_site(
+    code: str, index: int, rewrite: Callable[[cst.Module, cst.BaseStatement], Any]
+) -> str | None:
+    """Apply `rewrite(module, statement)` (-> list of statements or None) to statement `index`."""
+    module = parse(code)
+    if module is None:
+        return None
+    statements = statements_of(module)
+    if index >= len(statements):
+        return None
+    new = rewrite(module, statements[index])
+    if new is None:
+        return None
+    return replace_in(code, module, {id(statements[index]): new})
+
+
+def count_statements(code: str) -> int:
+    module = parse(code)
+    return 0 if module is None else len(statements_of(module))
+
+
+def focus_callee(focus: str | None) -> str | None:
+    """The called expression of the failing line (`add_kernel[grid]`), as code."""
+    if not focus:
+        return None
+    try:
+        statement = cst.parse_statement(focus.strip() + "\n")
+    except cst.ParserSyntaxError:
+        return None
+    calls = m.findall(statement, m.Call())
+    if not calls:
+        return None
+    call = calls[0]
+    assert isinstance(call, cst.Call)
+    return cst.Module(body=[]).code_for_node(call.func)
+
+
+def calls_focus(code: str, focus: str | None) -> bool | None:
+    """Does the code still make the failing call? None when there is no focus call to look for."""
+    callee = focus_callee(focus)
+    module = parse(code)
+    if callee is None or module is None:
+        return None
+    return any(
+        module.code_for_node(call.func) == callee  # type: ignore[attr-defined]
+        for call in m.findall(module, m.Call())
+    )
+
+
+class Enclosing(cst.CSTVisitor):
+    """The innermost function around a node (the module when there is none)."""
+
+    def __init__(self, target: cst.CSTNode) -> None:
+        self.target = target
+        self.stack: list[cst.CSTNode] = []
+        self.found: cst.CSTNode | None = None
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.stack.append(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.stack.pop()
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if node is self.target and self.found is None:
+            self.found = self.stack[-1] if self.stack else None
+        return super().on_visit(node)
+
+
+def candidates(source_pass: SourcePass, code: str, context: PassContext) -> Iterator[str]:
+    """Every candidate a pass makes from `code`, none accepted (for tests and inspection)."""
+    generator = source_pass(code, context)
+    try:
+        candidate = next(generator)
+        while True:
+            yield candidate
+            candidate = generator.send(False)
+    except StopIteration:
+        return
