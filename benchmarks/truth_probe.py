@@ -6,13 +6,16 @@ with `runpy`, under a TorchDispatchMode that notes the innermost aten op that ra
 TorchFunctionMode that notes the outermost public torch call that raised; an optimizer step hook
 counts completed steps. Prints one JSON line (prefixed with PROBE_RESULT) and exits 0.
 
-    python benchmarks/truth_probe.py corpus/<case>/train.py [script args...]
+    python benchmarks/truth_probe.py [--no-ops] corpus/<case>/train.py [script args...]
+
+`--no-ops` leaves out the dispatch mode (the costly part): no `op`, everything else the same.
 
 CPU only: it never touches CUDA itself; a `--device cuda` run would just report what raised.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import runpy
@@ -91,7 +94,7 @@ def _user_frame(exc: BaseException, root: Path) -> tuple[str, int] | None:
     return found
 
 
-def probe(script: Path, argv: list[str]) -> dict[str, Any]:
+def probe(script: Path, argv: list[str], ops: bool = True) -> dict[str, Any]:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     from reprocut.signature import classify
@@ -107,7 +110,7 @@ def probe(script: Path, argv: list[str]) -> dict[str, Any]:
     sys.path.insert(0, str(root))
     result: dict[str, Any] = {"status": "passed", "steps": None}
     try:
-        with _CallMode(observer), _OpMode(observer):
+        with _CallMode(observer), _OpMode(observer) if ops else contextlib.nullcontext():
             runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exc:
         result["exit_code"] = exc.code
@@ -131,9 +134,11 @@ def probe(script: Path, argv: list[str]) -> dict[str, Any]:
 
 
 def main() -> None:
-    script, *argv = sys.argv[1:]
+    args = sys.argv[1:]
+    ops = args[:1] != ["--no-ops"]
+    script, *argv = args if ops else args[1:]
     os.environ.setdefault("PYTHONHASHSEED", "0")
-    result = probe(Path(script), argv)
+    result = probe(Path(script), argv, ops=ops)
     print(MARKER + json.dumps(result), flush=True)
 
 
