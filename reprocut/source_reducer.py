@@ -24,6 +24,7 @@ from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
+import libcst.metadata
 
 from reprocut.case import Signature, TensorSpec, spec_from_json
 from reprocut.errors import NotReproducedError
@@ -33,9 +34,11 @@ from reprocut.source_passes import (
     PassContext,
     SourcePass,
     calls_focus,
+    import_module_name,
     integer_value,
     is_constant,
     parse,
+    sibling_file,
     sibling_imports,
 )
 
@@ -520,3 +523,116 @@ def call_argument_sources(focus: str) -> list[str]:
         return []
     module = cst.Module(body=[])
     return [module.code_for_node(a.value) for a in calls[0].args if a.keyword is None]
+
+
+# --- from a recording ------------------------------------------------------------------------
+
+_FRAMES = r"""
+import json, os, sys, traceback
+result_path, filename = sys.argv[1:3]
+sys.argv = [filename, *sys.argv[3:]]
+sys.path[0] = os.path.dirname(os.path.abspath(filename))
+frames = []
+try:
+    with open(filename) as handle:
+        code = compile(handle.read(), filename, "exec")
+    exec(code, {"__name__": "__main__", "__file__": filename})
+except BaseException as exc:
+    frames = [[f.filename, f.lineno] for f in traceback.extract_tb(exc.__traceback__)]
+with open(result_path, "w") as handle:
+    json.dump(frames, handle)
+os._exit(0)
+"""
+
+
+def failing_frames(
+    script_path: Path, *, cwd: Path, argv: Sequence[str], timeout: float = 600.0
+) -> list[tuple[Path, int]]:
+    """The traceback of one fresh run of the script, outermost frame first (empty if it passed)."""
+    from reprocut.oracle import child_environment
+
+    with tempfile.TemporaryDirectory(prefix="reprocut-frames-") as tmp:
+        result = Path(tmp) / "frames.json"
+        try:
+            subprocess.run(
+                [sys.executable, "-c", _FRAMES, str(result), str(script_path), *argv],
+                cwd=cwd,
+                env=child_environment(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=timeout,
+                start_new_session=True,
+            )
+            frames = json.loads(result.read_text())
+        except (subprocess.TimeoutExpired, OSError, ValueError):
+            return []
+    return [(Path(file), line) for file, line in frames]
+
+
+def reducible_files(script_path: Path, search_dirs: Sequence[Path]) -> set[Path]:
+    """The script and the sibling modules it imports: the code the reducer edits."""
+    files = {script_path.resolve()}
+    module = parse(script_path.read_text())
+    if module is not None:
+        for line in sibling_imports(module, search_dirs):
+            name = import_module_name(line.body[0])
+            path = None if name is None else sibling_file(name, search_dirs)
+            if path is not None:
+                files.add(path.resolve())
+    return files
+
+
+def statement_text(path: Path, line: int) -> str | None:
+    """The whole simple statement that covers `line` (a call spread over lines included)."""
+    module = parse(path.read_text())
+    if module is None:
+        return None
+    wrapper = cst.metadata.MetadataWrapper(module)
+    positions = wrapper.resolve(cst.metadata.PositionProvider)
+    for node, span in positions.items():
+        if isinstance(node, cst.BaseSmallStatement) and span.start.line <= line <= span.end.line:
+            return module.code_for_node(node)
+    return None
+
+
+def reduce_recorded(
+    failure: Any,
+    *,
+    oracle: Any = None,
+    max_checks: int = 500,
+    max_time: float = 300,
+    on_event: Callable[[SourceEvent], None] | None = None,
+    timeout: float = 60.0,
+) -> SourceResult:
+    """`reduce_source` for a recording (`reprocut.recording.Failure`): the failing call is the
+    innermost frame in code the reducer edits (one fresh run finds it), and the tensors that
+    reach it are probed just before it runs."""
+    script_path = Path(failure.script).resolve()
+    cwd = Path(failure.cwd or script_path.parent).resolve()
+    argv = list(failure.argv)
+    editable = reducible_files(script_path, (script_path.parent, cwd))
+    frames = failing_frames(script_path, cwd=cwd, argv=argv)
+    inner = [(file, line) for file, line in frames if file.resolve() in editable]
+    focus, launch = None, LaunchSpecs()
+    if inner:
+        file, line = inner[-1]
+        focus = statement_text(file, line)
+        if focus is not None:
+            launch = probe_launch(
+                script_path, cwd=cwd, argv=argv, file=file, line=line, focus=focus
+            )
+    specs = launch.args or tuple(report.spec for report in failure.tensors)
+    return reduce_source(
+        script_path,
+        cwd=cwd,
+        argv=argv,
+        expected=failure.signature,
+        oracle=oracle,
+        max_checks=max_checks,
+        max_time=max_time,
+        on_event=on_event,
+        specs=specs,
+        named_specs=launch.params,
+        focus=focus,
+        timeout=timeout,
+    )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reprocut.case import Signature, TensorSpec
+from reprocut.case import Signature, SourceLocation, TensorSpec
 from reprocut.errors import NotReproducedError
 from reprocut.source_passes import PASSES, PassContext, delete_statements
 from reprocut.source_reducer import (
@@ -20,8 +20,10 @@ from reprocut.source_reducer import (
     SourceReducer,
     format_code,
     probe_launch,
+    reduce_recorded,
     reduce_source,
     sort_key,
+    statement_text,
 )
 
 BAD = Signature("ValueError", None, None, "bad value <n>")
@@ -279,6 +281,38 @@ def test_probe_launch_reads_the_tensors_reaching_the_failing_call(tmp_path: Path
     assert hidden is not None and hidden.shape == (16, 64) and hidden.stride is None
     assert bias is not None and bias.shape == (16, 64) and bias.stride == (0, 1)
     assert [name for name, _ in launch.params] == ["x"]
+
+
+def test_statement_text_spans_a_call_over_several_lines(tmp_path: Path):
+    path = tmp_path / "m.py"
+    path.write_text("x = 1\nout = launch(\n    x,\n    2,\n)\n")
+    assert statement_text(path, 3) == "out = launch(\n    x,\n    2,\n)"
+    assert statement_text(path, 1) == "x = 1"
+
+
+@pytest.mark.slow
+def test_reduce_recorded_finds_the_call_into_the_extension(tmp_path: Path):
+    from reprocut.recording import ErrorInfo, Failure
+
+    project = copy_case("numpy_kernel", tmp_path)
+    message = "fused_bias_gelu: illegal memory access (read 1024 elements from a buffer of 64)"
+    raised_in = project / "vendor" / "fusedext.py"
+    failure = Failure(  # as `reprocut record` describes it: only the extension's line is known
+        status="script-error",
+        error=ErrorInfo("RuntimeError", message),
+        signature=Signature(
+            "RuntimeError",
+            None,
+            None,
+            "fused_bias_gelu: illegal memory access (read <n> elements from a buffer of <n>)",
+        ),
+        source=SourceLocation(str(raised_in), 27, "raise RuntimeError("),
+        script=str(project / "train.py"),
+        cwd=str(project),
+    )
+    result = reduce_recorded(failure, max_time=300)
+    assert "as_strided((16, 64), (0, 1)" in result.code
+    assert result.lines <= 8
 
 
 # --- on the H200: the corpus's custom-kernel cases -------------------------------------------

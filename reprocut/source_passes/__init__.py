@@ -13,7 +13,13 @@ from reprocut.source_passes.expressions import (
     shrink_integers,
     simplify_expressions,
 )
-from reprocut.source_passes.inlining import inline_calls, inline_sibling_imports, sibling_imports
+from reprocut.source_passes.inlining import (
+    import_module_name,
+    inline_calls,
+    inline_sibling_imports,
+    sibling_file,
+    sibling_imports,
+)
 from reprocut.source_passes.specs import literal, replace_with_specs, spec_expression
 from reprocut.source_passes.statements import (
     delete_statements,
@@ -55,6 +61,7 @@ __all__ = [
     "delete_statements",
     "drop_arguments",
     "hoist_subexpressions",
+    "import_module_name",
     "inline_calls",
     "inline_sibling_imports",
     "integer_value",
@@ -64,6 +71,7 @@ __all__ = [
     "remove_unused_definitions",
     "replace_with_specs",
     "shrink_integers",
+    "sibling_file",
     "sibling_imports",
     "simplify_expressions",
     "spec_expression",

@@ -39,7 +39,7 @@ def sibling_file(module_name: str, search_dirs: Sequence[Path]) -> Path | None:
     return None
 
 
-def _import_module_name(statement: cst.BaseSmallStatement) -> str | None:
+def import_module_name(statement: cst.BaseSmallStatement) -> str | None:
     if isinstance(statement, cst.ImportFrom):
         if statement.relative or statement.module is None:
             return None
@@ -56,7 +56,7 @@ def sibling_imports(
     found = []
     for statement in statements_of(module):
         if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
-            name = _import_module_name(statement.body[0])
+            name = import_module_name(statement.body[0])
             if name is not None and sibling_file(name, search_dirs) is not None:
                 found.append(statement)
     return found
@@ -119,7 +119,7 @@ def _inline_import(
     code: str, module: cst.Module, line: cst.SimpleStatementLine, search_dirs: Sequence[Path]
 ) -> str | None:
     statement = line.body[0]
-    name = _import_module_name(statement)
+    name = import_module_name(statement)
     assert name is not None
     path = sibling_file(name, search_dirs)
     body = None if path is None else _sibling_body(path)

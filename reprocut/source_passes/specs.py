@@ -13,7 +13,6 @@ from reprocut.case import Generated, Literal, TensorSpec
 from reprocut.source_passes.tree import (
     Enclosing,
     PassContext,
-    calls_focus,
     focus_callee,
     is_constant,
     parse,
@@ -126,12 +125,10 @@ class _SpecSites(cst.CSTVisitor):
 
 
 def spec_sites(module: cst.Module, focus: str | None) -> list[tuple[cst.Arg, int]]:
-    callee = focus_callee(focus)
-    visitor = _SpecSites(module, callee)
+    """Arguments of the focus call (none while the code does not make it yet, e.g. before its
+    module is inlined); of every call when there is no focus at all."""
+    visitor = _SpecSites(module, focus_callee(focus))
     module.visit(visitor)
-    if not visitor.found and callee is not None and not calls_focus(module.code, focus):
-        visitor = _SpecSites(module, None)
-        module.visit(visitor)
     return visitor.found
 
 
