@@ -5,6 +5,7 @@
 #
 #   benchmarks/run_all.sh                    # corpus + record + shrink on cuda
 #   benchmarks/run_all.sh corpus             # just the corpus table
+#   benchmarks/run_all.sh truth              # ground truth without reprocut (flip verified=false)
 #   CASES="cuda_ gnn" TAG=part1 benchmarks/run_all.sh corpus    # a subset, its own result file
 #
 # Env: DEVICE (cuda), JOBS (corpus cases at once, 3), CASES (name filters), TAG (result suffix),
@@ -40,6 +41,9 @@ for part in "${parts[@]}"; do
         [ -n "${NO_SHRINK:-}" ] && args+=(--no-shrink)
         run_part corpus "${TIMEOUT_CORPUS:-560}" python benchmarks/run_corpus.py "${args[@]}"
         ;;
+    truth)
+        run_part truth "${TIMEOUT_TRUTH:-560}" python benchmarks/check_truth.py --device "$DEVICE" --jobs "${JOBS:-3}"
+        ;;
     record)
         if [ -f benchmarks/bench_record.py ]; then
             run_part bench_record "${TIMEOUT_RECORD:-900}" python benchmarks/bench_record.py --device "$DEVICE"
@@ -55,7 +59,7 @@ for part in "${parts[@]}"; do
         fi
         ;;
     *)
-        echo "unknown part '$part' (corpus, record, shrink)" >&2
+        echo "unknown part '$part' (truth, corpus, record, shrink)" >&2
         status=2
         ;;
     esac

@@ -121,6 +121,8 @@ def probe(script: Path, argv: list[str], ops: bool = True) -> dict[str, Any]:
             "status": "failed",
             "error_type": type(exc).__name__,
             "message": str(exc).splitlines()[0] if str(exc) else "",
+            "full_message": str(exc)[:4000],
+            "error_code": getattr(exc, "error_code", None),
             "kind": signature.kind,
             "op": observer.op,
             "public_call": observer.public_call,
@@ -140,6 +142,8 @@ def main() -> None:
     os.environ.setdefault("PYTHONHASHSEED", "0")
     result = probe(Path(script), argv, ops=ops)
     print(MARKER + json.dumps(result), flush=True)
+    sys.stderr.flush()
+    os._exit(0)  # after a sticky CUDA error, interpreter teardown can hang
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.check_truth import compare, probe_case  # noqa: E402
 from benchmarks.corpus_cases import CORPUS, CorpusCase, culprit_markers, load_cases  # noqa: E402
-from benchmarks.corpus_score import base_op, regressions  # noqa: E402
+from benchmarks.corpus_score import regressions  # noqa: E402
 from benchmarks.run_corpus import run_cases  # noqa: E402
 from benchmarks.truth_probe import MARKER as PROBE_MARKER  # noqa: E402
 
@@ -62,53 +63,16 @@ def test_case_is_well_formed(case: CorpusCase) -> None:
         assert case.facts, "say which values/strides must be captured"
 
 
-def _probe(case: CorpusCase) -> dict:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "truth_probe.py"),
-            str(case.script),
-            *case.args,
-            "--device",
-            "cpu",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=case.folder,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith(PROBE_MARKER)]
-    assert lines, f"{case.name}: probe printed nothing\n{done.stderr[-2000:]}"
-    return json.loads(lines[-1][len(PROBE_MARKER) :])
-
-
 @pytest.mark.slow
 def test_ground_truth_holds_on_cpu() -> None:
     checked = [c for c in CPU_CASES if c.expect != "flaky"]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = dict(zip([c.name for c in checked], pool.map(_probe, checked), strict=True))
-    problems = []
-    for case in checked:
-        got = results[case.name]
-        if not case.expects_failure("cpu"):
-            if got["status"] != "passed":
-                problems.append(f"{case.name}: must pass on CPU, got {got}")
-            continue
-        truth = case.truth("cpu")
-        want_op = base_op(case.expected_op("cpu"))
-        expected = {
-            "status": "failed",
-            "file": case.culprit()[0],
-            "line": case.culprit()[1],
-            "steps": case.step,
-            "error_type": truth.error_type,
-            "kind": truth.kind,
-        }
-        for key, value in expected.items():
-            if got.get(key) != value:
-                problems.append(f"{case.name}: {key} is {got.get(key)!r}, case says {value!r}")
-        if want_op not in (got.get("op"), got.get("public_call")):
-            problems.append(f"{case.name}: op {got.get('op')!r}, case says {want_op!r}")
+        observed = list(pool.map(lambda c: probe_case(c, "cpu", 300), checked))
+    problems = [
+        f"{case.name}: {'; '.join(diffs)}"
+        for case, got in zip(checked, observed, strict=True)
+        if (diffs := compare(case, "cpu", got))
+    ]
     assert not problems, "\n".join(problems)
 
 

@@ -285,3 +285,28 @@ def test_flaky_cases_only_keep_their_outcome_in_the_baseline(case: CorpusCase) -
     score = score_case(flaky, "cpu", RunOutput(0, record_json(), 1))
     assert score.passing_checks() == ["outcome", "op", "line"]
     assert score.baseline_checks() == ["outcome"]
+
+
+def test_truth_comparison_names_each_difference(case: CorpusCase) -> None:
+    from benchmarks.check_truth import compare
+
+    observed = {
+        "status": "failed",
+        "file": "model.py",
+        "line": 2,
+        "steps": 9,
+        "error_type": "IndexError",
+        "error_code": None,
+        "kind": "index out of range in self",
+        "op": "aten::embedding",
+        "public_call": "torch.nn.functional.embedding",
+    }
+    assert compare(case, "cpu", observed) == []
+    assert compare(case, "cpu", {**observed, "steps": 8}) == ["steps 8 != 9"]
+    assert compare(case, "cpu", {**observed, "line": 3}) == ["line 3 != 2"]
+    assert compare(case, "cpu", {"status": "passed"}) == ["did not fail (passed)"]
+    cuda = {**observed, "error_type": "AcceleratorError", "error_code": 710}
+    assert compare(case, "cuda", {**cuda, "kind": "index out of bounds"}) == []
+    assert compare(case, "cuda", {**cuda, "kind": "index out of bounds", "error_code": 700}) == [
+        "error_code 700 != 710"
+    ]
