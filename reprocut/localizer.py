@@ -340,7 +340,6 @@ def _from_culprit(
             cases=tuple(cases),
             notes=tuple(notes),
         ),
-        first_error=first_error,
     )
 
 
@@ -421,9 +420,7 @@ def _table(
     return tuple(rows)
 
 
-def _finish(
-    options: LocalizeOptions, failure: Failure, *, first_error: dict[str, Any] | None = None
-) -> Failure:
+def _finish(options: LocalizeOptions, failure: Failure) -> Failure:
     meta = options.run_dir.read_meta() if options.run_dir.meta_path.exists() else {}
     failure = replace(
         failure,

@@ -119,14 +119,6 @@ class TraceWriter:
     def __init__(self, path: Path) -> None:
         self._file: TextIO = path.open("a", buffering=1 << 16)
         self._seen: dict[int, int] = {}
-        self._names: dict[str, int] = {}
-
-    def intern(self, name: str) -> int:
-        index = self._names.get(name)
-        if index is None:
-            index = self._names[name] = len(self._names)
-            self._file.write(json.dumps({"type": "name", "id": index, "name": name}) + "\n")
-        return index
 
     def write_step(self, step: int, ops: list[tuple[Any, ...]]) -> None:
         key = hash(tuple(ops))
@@ -395,7 +387,6 @@ class Recorder:
             )
             self.public_captured[key] = captured
         return name, captured
-
 
     def _public_from_frames(self) -> tuple[str | None, dict[str, Any] | None]:
         """Without the function mode (GPU runs after step 0), find the public call on the stack:
@@ -675,7 +666,10 @@ class _OpRecorder(TorchDispatchMode):
         try:
             public_call, public = recorder.public_context()
         except Exception:  # after a sticky CUDA error nothing more can be copied
-            public_call, public = (recorder.public_stack[0][1] if recorder.public_stack else None), None
+            public_call, public = (
+                (recorder.public_stack[0][1] if recorder.public_stack else None),
+                None,
+            )
         tagged = _autograd_tag()
         phase = recorder.state.phase()
         forward_source = tagged[0] if tagged else None
