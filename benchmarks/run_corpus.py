@@ -188,15 +188,19 @@ def environment(device: str) -> dict[str, Any]:
     )
     facts = parse_json(probe.stdout) or {"torch": "?", "device_name": "?", "python": "?"}
     facts.setdefault("platform", "?")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "reprocut"], capture_output=True, text=True, cwd=REPO
-    ).stdout.strip()
-    if commit and dirty:
+    commit = _git("rev-parse", "--short", "HEAD")
+    if commit and _git("status", "--porcelain", "reprocut"):
         commit += " + uncommitted changes under reprocut/"
     return {**facts, "commit": commit or "?"}
+
+
+def _git(*args: str) -> str:
+    """git output, or "" where there is no git or no repository (the GPU machine's copy)."""
+    try:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
 
 
 def load_baseline(path: Path, device: str) -> dict[str, list[str]]:
