@@ -263,3 +263,19 @@ def test_record_then_shrink_gives_a_small_standalone_repro(name: str, tmp_path: 
     found = signature_from_stderr(done.stderr)
     assert found is not None, done.stderr
     assert (found.error_type, found.kind) == (expected["error_type"], expected["kind"])
+
+
+def test_a_script_error_recording_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = RunDir.create(tmp_path / ".reprocut", "script-error")
+    signature = Signature("ImportError", None, None, "No module named 'triton'")
+    run.write_failure(
+        Failure(
+            status="script-error",
+            error=ErrorInfo("ImportError", "No module named 'triton'"),
+            signature=signature,
+        )
+    )
+    assert main(["shrink", str(run.path)]) == ExitCode.SCRIPT_ERROR
+    assert "script-error" in capsys.readouterr().err

@@ -35,6 +35,11 @@ class SourceReducerMissingError(ReprocutError):
     slug = "no-source-reducer"
 
 
+class NothingToShrinkError(ReprocutError):
+    slug = "script-error"
+    exit_code = ExitCode.SCRIPT_ERROR
+
+
 class ShrinkInterruptedError(ReprocutError):
     slug = "interrupted"
     exit_code = ExitCode.INTERRUPTED
@@ -87,6 +92,12 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
     started = time.monotonic()
     run_dir = RunDir.open(options.run_dir) if options.run_dir else RunDir.latest()
     failure = run_dir.read_failure()
+    if failure.status == "script-error" and not options.source:
+        raise NothingToShrinkError(
+            f"the recorded failure is not in a torch op ({failure.error.type}: "
+            f"{failure.error.message.strip().splitlines()[0] if failure.error.message.strip() else ''})",
+            hint="fix the script error first; `--source` reduces the script anyway",
+        )
     out = (options.out or run_dir.path).resolve()
     out.mkdir(parents=True, exist_ok=True)
     environment = collect_environment(failure)
