@@ -36,18 +36,24 @@ _ASSERT_LINE = re.compile(
 _ASSERTION_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     (re.compile(pattern), kind)
     for pattern, kind in (
-        (r"probability tensor contains|cumdist\[size - 1\]|isinf\(val\)|ge\(val, zero\)",
-         "invalid probability distribution"),
+        (
+            r"probability tensor contains|cumdist\[size - 1\]|isinf\(val\)|ge\(val, zero\)",
+            "invalid probability distribution",
+        ),
         (r"t >= 0 && t < n_classes|cur_target >= 0|target.*n_classes", "target out of bounds"),
-        (r"input_val >= zero && input_val <= one|input >= 0\. && input <= 1\.",
-         "input outside [0, 1]"),
+        (
+            r"input_val >= zero && input_val <= one|input >= 0\. && input <= 1\.",
+            "input outside [0, 1]",
+        ),
         (r"maxind >= 0", "max index out of range"),
         (r"end >= begin", "offsets not increasing"),
         (r"input_idx < numRows", "index out of bounds"),
         (r"label >= 0 && label < num_labels", "target out of bounds"),
-        (r"index out of bounds|srcIndex < srcSelectDimSize|dstIndex < dstAddDimSize|"
-         r"ind_dim_size|idx_dim >= 0|index < sizes\[i\]|indexValue >= 0|indexAtDim",
-         "index out of bounds"),
+        (
+            r"index out of bounds|srcIndex < srcSelectDimSize|dstIndex < dstAddDimSize|"
+            r"ind_dim_size|idx_dim >= 0|index < sizes\[i\]|indexValue >= 0|indexAtDim",
+            "index out of bounds",
+        ),
         (r"^$", "empty assertion"),
     )
 )
@@ -55,6 +61,9 @@ _ASSERTION_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
 _NUMBER = re.compile(r"(?<![A-Za-z_])-?\d+(\.\d+)?(e[-+]?\d+)?")
 _CUDA_ERROR = re.compile(r"CUDA error: ([^\n]+)")
 _TRITON_ERROR = re.compile(r"Triton Error \[CUDA\]: ([^\n]+)")
+# CuPy and the driver API: "CUDA_ERROR_MISALIGNED_ADDRESS: misaligned address",
+# "cudaErrorIllegalAddress: an illegal memory access was encountered"
+_DRIVER_ERROR = re.compile(r"(?:CUDA_ERROR_[A-Z_]+|cudaError[A-Za-z]+): ([^\n]+)")
 _CUBLAS = re.compile(r"(CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+)")
 
 
@@ -119,7 +128,7 @@ def normalize_message(message: str) -> str:
 
 def cuda_error_code(message: str) -> tuple[int | None, str | None]:
     """The CUDA error code and name mentioned in an exception message, if any."""
-    for pattern in (_TRITON_ERROR, _CUDA_ERROR):
+    for pattern in (_TRITON_ERROR, _CUDA_ERROR, _DRIVER_ERROR):
         match = pattern.search(message)
         if match:
             name = match.group(1).strip().rstrip(".")

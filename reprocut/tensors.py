@@ -78,7 +78,9 @@ def materialize(spec: TensorSpec, inputs: Mapping[str, torch.Tensor] | None = No
         tensor = _lay_out(flat, spec, storage_numel)
     else:
         flat = generate(values, storage_numel, dtype, device)
-        tensor = flat.as_strided(spec.shape, spec.stride or _contig(spec.shape), spec.storage_offset)
+        tensor = flat.as_strided(
+            spec.shape, spec.stride or _contig(spec.shape), spec.storage_offset
+        )
     if spec.requires_grad and (dtype.is_floating_point or dtype.is_complex):
         tensor = tensor.detach().requires_grad_(True)
     return tensor
@@ -106,7 +108,9 @@ def _lay_out(flat: torch.Tensor, spec: TensorSpec, storage_numel: int) -> torch.
     return storage.as_strided(spec.shape, stride, spec.storage_offset)
 
 
-def generate(values: Generated, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def generate(
+    values: Generated, numel: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     kind = values.kind
     if kind == "zeros":
         return torch.zeros(numel, dtype=dtype, device=device)

@@ -98,3 +98,16 @@ def test_op_mismatch_is_another_bug():
     b = Signature("IndexError", None, "aten::index_select", "index out of range in self")
     assert not a.matches(b)
     assert a.matches(Signature("IndexError", None, None, "index out of range in self"))
+
+
+def test_cupy_driver_and_runtime_errors_have_codes():
+    assert (
+        cuda_error_code("CUDADriverError: CUDA_ERROR_MISALIGNED_ADDRESS: misaligned address")[0]
+        == 716
+    )
+    assert (
+        cuda_error_code(
+            "CUDARuntimeError: cudaErrorIllegalAddress: an illegal memory access was encountered"
+        )[0]
+        == 700
+    )
