@@ -45,8 +45,9 @@ def _preload() -> None:
 
     _public_index()  # build the public-name index once, before forking
     # the first op under a dispatch mode imports torch._dynamo (about 1 s): pay it here, once
-    with attribution.FaultAttribution():
-        torch.nn.functional.embedding(torch.tensor([0]), torch.zeros(1, 1)).sum().item()
+    if os.environ.get("REPROCUT_FORKSERVER_WARMUP", "1") != "0":
+        with attribution.FaultAttribution():
+            torch.nn.functional.embedding(torch.tensor([0]), torch.zeros(1, 1)).sum().item()
 
 
 def run_request(request: dict[str, Any]) -> dict[str, Any]:
@@ -220,7 +221,14 @@ def serve(stdin: Any, stdout: Any) -> None:
     _preload()
     import torch
 
-    stdout.write(json.dumps({"ready": True, "pid": os.getpid(), "torch": torch.__version__}) + "\n")
+    ready = {
+        "ready": True,
+        "pid": os.getpid(),
+        "torch": torch.__version__,
+        # a parent with CUDA initialised would poison every forked child: the oracle checks this
+        "cuda_initialized": bool(torch.cuda.is_initialized()),
+    }
+    stdout.write(json.dumps(ready) + "\n")
     stdout.flush()
     with tempfile.TemporaryDirectory(prefix="reprocut-fork-") as tmp:
         workdir = Path(tmp)

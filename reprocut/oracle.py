@@ -74,6 +74,10 @@ class Crashed:
 Verdict = Reproduced | OtherFailure | Passed | TimedOut | Crashed
 
 
+class ForkUnsafeError(RuntimeError):
+    """The server's parent has CUDA initialised: forked children would inherit a broken context."""
+
+
 def _package_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
 
@@ -140,6 +144,7 @@ class Oracle:
         self._tmp = tempfile.TemporaryDirectory(prefix="reprocut-oracle-")
         self.workdir = Path(self._tmp.name)
         self._server: subprocess.Popen[str] | None = None
+        self.fork_disabled: str | None = None  # why the oracle fell back to fresh processes
         self._sidecar_keys: tuple[tuple[str, ...], int] | None = None
 
     # --- public API ---------------------------------------------------------------------------
@@ -237,15 +242,24 @@ class Oracle:
         )
         log.close()
         line = self._read_line(server, STARTUP_TIMEOUT)
-        if line is None or not json.loads(line).get("ready"):
+        ready = json.loads(line) if line else {}
+        if not ready.get("ready"):
             self._kill(server)
             log_text = read_output(self.workdir / "server.log")
             raise RuntimeError(f"the fork server did not start:\n{log_text[-2000:]}")
+        if ready.get("cuda_initialized"):
+            self._kill(server)
+            raise ForkUnsafeError("CUDA was initialised in the fork server before forking")
         return server
 
     def _run_forked(self, request: dict[str, Any]) -> dict[str, Any]:
         if self._server is None or self._server.poll() is not None:
-            self._server = self._start_server()
+            try:
+                self._server = self._start_server()
+            except ForkUnsafeError as exc:  # fall back to fresh processes, slower but safe
+                self.fork = False
+                self.fork_disabled = str(exc)
+                return self._run_fresh(request)
         server = self._server
         assert server.stdin is not None
         try:

@@ -135,3 +135,16 @@ def test_device_assert_kind_survives_a_kernel_change() -> None:
         )
         assert isinstance(small, Reproduced), small
         assert isinstance(large, Reproduced), large
+
+
+def test_falls_back_to_fresh_processes_when_fork_is_unsafe(monkeypatch: pytest.MonkeyPatch) -> None:
+    from reprocut.oracle import ForkUnsafeError
+
+    def unsafe(self: Oracle) -> None:
+        raise ForkUnsafeError("CUDA was initialised in the fork server before forking")
+
+    monkeypatch.setattr(Oracle, "_start_server", unsafe)
+    with Oracle(timeout=60) as oracle:
+        assert isinstance(oracle.check_case(embedding_case()), Reproduced)
+        assert oracle.fork is False
+        assert oracle.fork_disabled is not None and "CUDA" in oracle.fork_disabled
