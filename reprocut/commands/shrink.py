@@ -118,6 +118,8 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
                 outcome = shrink_case(failure, inputs, oracle, options, out, environment, on_event)
     finally:
         oracle.close()
+    if oracle.fork_disabled:
+        console.print(f"[yellow]note[/]: checks ran in fresh processes ({oracle.fork_disabled})")
     repro = out / "repro.py"
     atomic_write(repro, outcome.code)
     print_phase(console, f"verifying: {options.runs} runs of python {repro.name}")
