@@ -223,6 +223,7 @@ class Recorder:
         self._function_active = False
         self._dispatch_mode = _OpRecorder(self)
         self._original_optimizer_init: Any = None
+        self._original_function_apply: Any = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -245,6 +246,18 @@ class Recorder:
             original(optimizer, *args, **kwargs)
 
         torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
+
+        # Custom autograd Functions: their backward runs outside any module or user frame, so
+        # the node is tagged at apply() with the forward line and module.
+        apply = torch.autograd.Function.apply
+        self._original_function_apply = apply
+
+        def tagged_apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            result = apply.__func__(cls, *args, **kwargs)
+            recorder._tag_outputs(result)
+            return result
+
+        torch.autograd.Function.apply = classmethod(tagged_apply)  # type: ignore[method-assign,assignment]
         self._set_function_mode(True)
         self._dispatch_mode.__enter__()
         return self
@@ -262,8 +275,18 @@ class Recorder:
         for handle in self._handles:
             handle.remove()
         torch.optim.Optimizer.__init__ = self._original_optimizer_init  # type: ignore[method-assign]
+        torch.autograd.Function.apply = self._original_function_apply  # type: ignore[method-assign]
         self._original_optimizer_init = None
         self.trace.close()
+
+    def _tag_outputs(self, result: Any) -> None:
+        outputs = result if isinstance(result, (tuple, list)) else (result,)
+        for output in outputs:
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                with contextlib.suppress(RuntimeError):
+                    grad_fn = output.grad_fn
+                    if grad_fn is not None:
+                        grad_fn.metadata["reprocut"] = (self.frames.here(), self.current_module())
 
     # --- steps, phases, modules ----------------------------------------------------------------
 
@@ -328,7 +351,19 @@ class Recorder:
     def _on_module_exit(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if threading.get_ident() != self._main_thread or not self.state.module_stack:
             return
-        self.state.module_stack.pop()
+        name = self.state.module_stack.pop()
+        if (
+            self.config.tag_backward
+            and isinstance(output, torch.Tensor)
+            and output.requires_grad
+            and torch.is_grad_enabled()
+        ):
+            # backward ops of this module's last node (a custom autograd.Function, say) know
+            # their module through this tag
+            with contextlib.suppress(RuntimeError):
+                grad_fn = output.grad_fn
+                if grad_fn is not None and "reprocut" not in grad_fn.metadata:
+                    grad_fn.metadata["reprocut"] = (None, name)
 
     def _name_root(self, module: torch.nn.Module) -> str:
         """Name a module first seen outside any other: after the user's variable, if any."""
