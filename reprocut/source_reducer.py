@@ -636,3 +636,45 @@ def reduce_recorded(
         focus=focus,
         timeout=timeout,
     )
+
+
+class _PinScriptDir(m.MatcherDecoratableTransformer):
+    """`os.path.dirname(__file__)` and `Path(__file__).parent` -> the original script's folder."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__()
+        self.directory = directory
+
+    @m.leave(
+        m.Call(
+            func=m.Attribute(
+                value=m.Attribute(value=m.Name("os"), attr=m.Name("path")), attr=m.Name("dirname")
+            ),
+            args=[m.Arg(m.Name("__file__"))],
+        )
+    )
+    def _pin_dirname(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        return cst.SimpleString(repr(self.directory))
+
+    @m.leave(
+        m.Attribute(
+            value=m.Call(func=m.Name("Path"), args=[m.Arg(m.Name("__file__"))]),
+            attr=m.Name("parent"),
+        )
+    )
+    def _pin_parent(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.BaseExpression:
+        return cst.Call(
+            func=cst.Name("Path"), args=[cst.Arg(cst.SimpleString(repr(self.directory)))]
+        )
+
+
+def pin_script_dir(code: str, directory: Path) -> str:
+    """A reduced script may still import the user's own extension beside the original; pinning
+    its folder keeps `python repro.py` working wherever the repro is written."""
+    try:
+        module = cst.parse_module(code)
+    except cst.ParserSyntaxError:
+        return code
+    return module.visit(_PinScriptDir(str(directory))).code

@@ -279,3 +279,29 @@ def test_a_script_error_recording_is_refused(
     )
     assert main(["shrink", str(run.path)]) == ExitCode.SCRIPT_ERROR
     assert "script-error" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_source_reduction_of_a_stride_ignoring_extension_end_to_end(tmp_path, monkeypatch):
+    """record names only the extension's line; shrink --source cuts the script to a few lines
+    that still fail the same way when run as `python repro.py` from another folder."""
+    case = Path(__file__).parent.parent / "benchmarks" / "source_cases" / "numpy_kernel"
+    work = tmp_path / "project"
+    shutil.copytree(case, work)
+    monkeypatch.chdir(work)
+    assert main(["record", "--quiet", "train.py"]) == ExitCode.SCRIPT_ERROR
+    out = tmp_path / "out"
+    code = main(["shrink", "--source", "--max-time", "150", "--out", str(out)])
+    assert code == ExitCode.OK
+    repro = (out / "repro.py").read_text()
+    assert len([line for line in repro.splitlines() if line.strip()]) <= 12
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run(
+        [sys.executable, str(out / "repro.py")],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "fused_bias_gelu: illegal memory access" in done.stderr

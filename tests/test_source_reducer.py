@@ -346,3 +346,18 @@ def test_a_custom_kernel_fault_reduces_to_a_short_verified_script(name: str, tmp
         env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"},
     )
     assert truth["kind"] in done.stderr, done.stderr[-2000:]
+
+
+def test_pin_script_dir_keeps_sibling_imports_working_anywhere():
+    from reprocut.source_reducer import pin_script_dir
+
+    code = (
+        "import os, sys\n"
+        'sys.path.insert(0, os.path.join(os.path.dirname(__file__), "vendor"))\n'
+        'data = Path(__file__).parent / "x"\n'
+    )
+    assert pin_script_dir(code, Path("/work/s")) == (
+        "import os, sys\n"
+        "sys.path.insert(0, os.path.join('/work/s', \"vendor\"))\n"
+        "data = Path('/work/s') / \"x\"\n"
+    )

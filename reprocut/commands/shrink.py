@@ -338,7 +338,7 @@ def shrink_source(
 ) -> Outcome:
     """Custom kernels and --source: reduce the user's script (reprocut.source_reducer)."""
     try:
-        from reprocut.source_reducer import reduce_source
+        from reprocut.source_reducer import pin_script_dir, reduce_recorded
     except ImportError as exc:
         raise SourceReducerMissingError(
             "source-level reduction is not available in this installation",
@@ -349,18 +349,17 @@ def shrink_source(
             "the recording does not name the original script",
             hint="record it again with `reprocut record your_script.py`",
         )
-    result = reduce_source(
-        Path(failure.script),
-        cwd=Path(failure.cwd or "."),
-        argv=list(failure.argv),
-        expected=failure.signature,
+    # reduce_recorded finds the failing call in the script or its sibling modules and probes
+    # the tensors reaching it, so they can stand in for the model and data pipeline.
+    result = reduce_recorded(
+        failure,
         oracle=oracle,
         max_checks=options.max_checks,
         max_time=options.max_time,
         on_event=on_event,
     )
     return Outcome(
-        code=result.code,
+        code=pin_script_dir(result.code, Path(failure.script).resolve().parent),
         statements=result.statements,
         tensor_elements=None,
         checks=result.checks,
