@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from reprocut.capture import ASSERTING_OPS, TensorStore, capture_call
 from reprocut.publicapi import aten_name, aten_path, public_name
+from reprocut.signature import cuda_error_code
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _REPROCUT_DIR = os.path.dirname(__file__)
@@ -541,7 +542,7 @@ class _CallRecorder(TorchFunctionMode):
         try:
             result = func(*args, **kwargs)
         except Exception as exc:
-            if outermost and recorder.culprit is None and not _is_cuda_error(exc):
+            if outermost and recorder.culprit is None and not is_cuda_error(exc):
                 # raised by the public call itself, not by any aten op (CPU one_hot's check)
                 name, captured = recorder.public_context()
                 recorder.note_culprit(
@@ -581,9 +582,14 @@ class _CallRecorder(TorchFunctionMode):
         return result
 
 
-def _is_cuda_error(exc: BaseException) -> bool:
+def is_cuda_error(exc: BaseException) -> bool:
+    """An asynchronous CUDA failure (it may belong to any earlier kernel), not the op's own check."""
+    if type(exc).__name__ == "AcceleratorError":
+        return True
     text = str(exc)
-    return "CUDA error" in text or "CUBLAS_STATUS" in text or "CUDNN_STATUS" in text
+    if "CUBLAS_STATUS" in text or "CUDNN_STATUS" in text:
+        return True
+    return cuda_error_code(text)[0] is not None or "CUDA error" in text
 
 
 class _OpRecorder(TorchDispatchMode):
@@ -608,31 +614,27 @@ class _OpRecorder(TorchDispatchMode):
             config.localize_to or state.step
         )
         call = None
-        on_cuda = None
-        if localizing or (config.snapshots and name in ASSERTING_OPS):
-            on_cuda = _touches_cuda(args, kwargs)
-            if on_cuda and localizing:
-                self._synchronize_before(func, name)
-                recorder.public_context()  # copy the public call's inputs before any fault
-                call = _named(
-                    func, capture_call(args, kwargs, name, recorder.store, everything=True)
-                )
-            elif on_cuda:
-                self._snapshot(func, name, args, kwargs)
+        synchronizing = localizing and torch.cuda.is_initialized()
+        if synchronizing:
+            # every op, CUDA arguments or not: a host-to-device copy also raises pending faults
+            self._synchronize_before(func, name)
+            recorder.public_context()  # copy the public call's inputs before any fault
+            call = _named(func, capture_call(args, kwargs, name, recorder.store, everything=True))
+        elif config.snapshots and name in ASSERTING_OPS and _touches_cuda(args, kwargs):
+            self._snapshot(func, name, args, kwargs)
         try:
             result = func(*args, **kwargs)
-            if localizing and on_cuda:
+            if synchronizing:
                 torch.cuda.synchronize()
         except Exception as exc:
-            if on_cuda is None:
-                on_cuda = _touches_cuda(args, kwargs)
-            synchronized = not on_cuda or localizing
-            if recorder.culprit is None and (synchronized or not _is_cuda_error(exc)):
+            # A CUDA error raised here is this op's own only if all earlier work was known
+            # complete before it ran (a synchronized step); otherwise it merely surfaced here.
+            if recorder.culprit is None and (synchronizing or not is_cuda_error(exc)):
                 if call is None:
                     call = _named(
                         func, capture_call(args, kwargs, name, recorder.store, everything=True)
                     )
-                self._note(func, name, call, synchronized=synchronized)
+                self._note(func, name, call, synchronized=True)
             raise
         stack = state.module_stack
         recorder.ops.append(
