@@ -12,6 +12,7 @@ Writes markdown (and JSON) with the machine and date.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -92,14 +93,14 @@ def time_to_culprit(device: str, fail_at: int, workdir: Path) -> dict[str, objec
     args = ["--fail-at", str(fail_at), "--device", device]
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
     plain_first, _, _ = run([sys.executable, script, *args])
-    blocking, out, code = run([sys.executable, script, *args], env=env)
+    blocking, _, _ = run([sys.executable, script, *args], env=env)
     results: dict[str, object] = {
         "fail_at": fail_at,
         "plain_run_s": plain_first,
         "blocking_rerun_s": blocking,
     }
     for label, flags in (("record_snapshots", []), ("record_rerun", ["--no-snapshots"])):
-        seconds, out, code = run(
+        seconds, out, _code = run(
             [
                 sys.executable,
                 "-m",
@@ -116,10 +117,8 @@ def time_to_culprit(device: str, fail_at: int, workdir: Path) -> dict[str, objec
             cwd=workdir,
         )
         report = {}
-        try:
+        with contextlib.suppress(ValueError):
             report = json.loads(out[: out.rindex("}") + 1][out.index("{") :])
-        except ValueError:
-            pass
         results[f"{label}_s"] = seconds
         results[f"{label}_ratio"] = seconds / blocking
         results[f"{label}_op"] = report.get("op")

@@ -13,7 +13,10 @@ torch.manual_seed(0)
 width = 8192 if args.device == "cuda" else 512
 batch = 8192 if args.device == "cuda" else 256
 model = torch.nn.Sequential(
-    torch.nn.Linear(width, width), torch.nn.GELU(), torch.nn.Linear(width, width), torch.nn.GELU(),
+    torch.nn.Linear(width, width),
+    torch.nn.GELU(),
+    torch.nn.Linear(width, width),
+    torch.nn.GELU(),
     torch.nn.Linear(width, 10),
 ).to(args.device)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
