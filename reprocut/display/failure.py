@@ -81,12 +81,13 @@ def tensor_table(failure: Failure) -> Table:
 
 
 def facts_text(failure: Failure) -> Text:
-    text = Text()
+    lines = []
     for row in failure.tensors:
         for fact in row.facts:
-            text.append(f"  {row.name}: ", style="bold")
-            text.append(f"{fact}\n", style="yellow")
-    return text
+            line = Text(f"  {row.name}: ", style="bold")
+            line.append(fact, style="yellow")
+            lines.append(line)
+    return Text("\n").join(lines)
 
 
 def failure_panel(failure: Failure, run_dir: Path) -> Panel:
