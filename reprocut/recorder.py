@@ -401,6 +401,31 @@ class Recorder:
         if self.culprit is None:
             self.culprit = culprit
 
+    def note_culprit_here(
+        self,
+        *,
+        synchronized: bool,
+        public_call: str | None = None,
+        public: dict[str, Any] | None = None,
+    ) -> None:
+        """A failure that no aten op owns: a composite public call's own check, or a fault
+        pending before an op (a kernel outside the dispatcher), placed at the current line."""
+        self.note_culprit(
+            Culprit(
+                op=None,
+                target=None,
+                call=None,
+                step=self.state.step,
+                phase=self.state.phase(),
+                module=self.current_module(),
+                source=self.frames.find(sys._getframe(2)),
+                forward_source=None,
+                public_call=public_call,
+                public=public,
+                synchronized=synchronized,
+            )
+        )
+
     def public_context(self) -> tuple[str | None, dict[str, Any] | None]:
         """The outermost public call in flight, with its arguments captured (once).
 
@@ -545,21 +570,7 @@ class _CallRecorder(TorchFunctionMode):
             if outermost and recorder.culprit is None and not is_cuda_error(exc):
                 # raised by the public call itself, not by any aten op (CPU one_hot's check)
                 name, captured = recorder.public_context()
-                recorder.note_culprit(
-                    Culprit(
-                        op=None,
-                        target=None,
-                        call=None,
-                        step=recorder.state.step,
-                        phase=recorder.state.phase(),
-                        module=recorder.current_module(),
-                        source=recorder.frames.here(),
-                        forward_source=None,
-                        public_call=name,
-                        public=captured,
-                        synchronized=True,
-                    )
-                )
+                recorder.note_culprit_here(public_call=name, public=captured, synchronized=True)
             raise
         finally:
             if outermost:
@@ -652,22 +663,7 @@ class _OpRecorder(TorchDispatchMode):
         try:
             torch.cuda.synchronize()
         except Exception:
-            recorder = self.recorder
-            recorder.note_culprit(
-                Culprit(
-                    op=None,
-                    target=None,
-                    call=None,
-                    step=recorder.state.step,
-                    phase=recorder.state.phase(),
-                    module=recorder.current_module(),
-                    source=recorder.frames.here(),
-                    forward_source=None,
-                    public_call=None,
-                    public=None,
-                    synchronized=False,
-                )
-            )
+            self.recorder.note_culprit_here(synchronized=False)
             raise
 
     def _snapshot(self, func: Any, name: str, args: Any, kwargs: Any) -> None:
