@@ -282,8 +282,32 @@ def tensor_statements(name: str, spec: TensorSpec) -> list[cst.BaseStatement]:
     storage = _call(
         "torch.zeros", literal(spec.storage_numel), **_tensor_kwargs(spec, implied="float32")
     )
+    if _overlaps(spec):
+        return _overlapping_view(name, storage, fill, spec)
     copy = _call(cst.Attribute(target, cst.Name("copy_")), fill)
     return [_assign(target, _as_strided(storage, spec)), cst.SimpleStatementLine([cst.Expr(copy)])]
+
+
+def _overlaps(spec: TensorSpec) -> bool:
+    """Elements share storage (an expand()ed stride 0): copying into such a view is refused."""
+    stride = spec.stride or ()
+    return any(step == 0 and size > 1 for size, step in zip(spec.shape, stride, strict=False))
+
+
+def _overlapping_view(
+    name: str, storage: cst.BaseExpression, fill: cst.BaseExpression, spec: TensorSpec
+) -> list[cst.BaseStatement]:
+    """`x_storage[positions] = values` writes each storage element once, then the view."""
+    storage_name = cst.Name(f"{name}_storage")
+    positions = _as_strided(_call("torch.arange", literal(spec.storage_numel)), spec)
+    index = _call(cst.Attribute(positions, cst.Name("reshape")), literal(-1))
+    flat = _call(cst.Attribute(fill, cst.Name("reshape")), literal(-1))
+    scatter = cst.Subscript(value=storage_name, slice=[cst.SubscriptElement(cst.Index(index))])
+    return [
+        _assign(storage_name, storage),
+        _assign(scatter, flat),
+        _assign(cst.Name(name), _as_strided(storage_name, spec)),
+    ]
 
 
 def _as_strided(storage: cst.BaseExpression, spec: TensorSpec) -> cst.Call:

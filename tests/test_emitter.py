@@ -253,3 +253,20 @@ def test_every_emitted_script_compiles_and_runs_on_cpu(case: ReproCase, tmp_path
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert last.split(":")[0] in ("IndexError", "RuntimeError", "ValueError"), result.stderr
+
+
+def test_expanded_view_is_built_by_storage_position_and_runs(tmp_path: Path) -> None:
+    """Copying into a stride-0 view is refused by torch: the values go into the storage."""
+    positions = TensorSpec(
+        (3, 5), stride=(0, 1), dtype="int64", values=Literal((0, 1, 2, 3, 70) * 3)
+    )
+    table = TensorSpec((64, 4), values=Generated("randn"))
+    code = emit(ReproCase("torch.nn.functional.embedding", (positions, table))).code
+    assert "ids_storage[torch.arange(5).as_strided((3, 5), (0, 1)).reshape(-1)] = " in code
+    assert "ids = ids_storage.as_strided((3, 5), (0, 1))" in code
+    script = tmp_path / "repro.py"
+    script.write_text(code)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.stderr.strip().splitlines()[-1] == "IndexError: index out of range in self"
