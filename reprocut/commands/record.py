@@ -1,7 +1,7 @@
 """Run a training script under reprocut; on failure, find the first op that faulted.
 
 The script runs exactly as `python SCRIPT ARGS...` would (same argv, sys.path, __main__, working
-directory; its exit code passes through when nothing fails). On failure, reprocut prints the
+directory, output). A script that finishes cleanly gives exit 1, "nothing to reproduce". On failure, reprocut prints the
 faulting op, the step and phase, the module path, your source line, the op's input tensors with
 the facts that explain the failure, the kernel's assertion, where the error surfaced, and a
 diagnosis. Everything is stored under .reprocut/runs/<id>/ for `reprocut shrink`.
