@@ -88,3 +88,37 @@ def test_modes_are_removed_on_exit(tmp_path):
         assert _get_current_dispatch_mode() is not None
     assert _get_current_dispatch_mode() is None
     assert _get_current_function_mode() is None
+
+
+@torch.library.custom_op("reprocut_test::surfaces_late", mutates_args=())
+def _surfaces_late(x: torch.Tensor) -> torch.Tensor:
+    raise RuntimeError("CUDA error: device-side assert triggered\nCUDA kernel errors might be ...")
+
+
+def test_a_cuda_error_surfacing_in_an_unsynchronized_op_is_not_its_own(tmp_path):
+    """On the H200 the next batch's `.to("cuda")` (CPU arguments) raised an earlier embedding's
+    assert and was blamed for it. An asynchronous CUDA error never names the op it surfaced in."""
+    with Recorder(RecorderConfig(run_dir=tmp_path)) as recorder:
+        with pytest.raises(RuntimeError, match="device-side assert"):
+            torch.ops.reprocut_test.surfaces_late(torch.ones(2))
+        assert recorder.culprit is None
+
+
+def test_snapshots_with_evidence_are_replayed_first():
+    from reprocut.localizer import rank_snapshots
+
+    def snapshot(seq, key):
+        spec = {"shape": [3], "dtype": "int64", "values": {"captured": key}}
+        weight = {"shape": [5, 2], "values": {"generated": "randn", "low": 0, "high": 1}}
+        return {
+            "seq": seq,
+            "op": "aten::embedding",
+            "target": "torch.ops.aten.embedding.default",
+            "call": {"args": [{"tensor": weight}, {"tensor": spec}], "kwargs": []},
+            "public_call": None,
+            "public": None,
+        }
+
+    inputs = {"ok": torch.tensor([0, 1, 2]), "bad": torch.tensor([0, 7, 2])}
+    ranked = rank_snapshots([snapshot(1, "ok"), snapshot(2, "bad"), snapshot(3, "ok")], inputs)
+    assert [s["seq"] for s in ranked] == [2, 1, 3]
