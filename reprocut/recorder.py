@@ -16,84 +16,26 @@ Three ways to meet a failing op, by mode:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
-import sysconfig
 import threading
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from reprocut.capture import ASSERTING_OPS, TensorStore, capture_call
+from reprocut.frames import Location, UserFrames, is_user_file
 from reprocut.publicapi import aten_name, aten_path, public_name
 from reprocut.signature import cuda_error_code
+from reprocut.trace import TraceWriter
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
-_REPROCUT_DIR = os.path.dirname(__file__)
-_LIBRARY_DIRS = tuple(
-    {
-        sysconfig.get_paths()["stdlib"],
-        sysconfig.get_paths()["purelib"],
-        sysconfig.get_paths()["platlib"],
-        _TORCH_DIR,
-        _REPROCUT_DIR,
-    }
-)
-
-
-def is_user_file(filename: str) -> bool:
-    """User code: anything that is not torch, reprocut, the stdlib or an installed package."""
-    if filename.startswith("<"):
-        return False
-    return not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename
-
-
-@dataclass
-class Location:
-    file: str
-    line: int
-    function: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "function": self.function}
-
-
-class UserFrames:
-    """Finds the innermost stack frame in the user's own files (cached per code object)."""
-
-    def __init__(self) -> None:
-        self._is_user: dict[Any, bool] = {}
-
-    def find(self, frame: FrameType | None) -> Location | None:
-        cache = self._is_user
-        while frame is not None:
-            code = frame.f_code
-            user = cache.get(code)
-            if user is None:
-                user = cache[code] = is_user_file(code.co_filename)
-            if user:
-                return Location(code.co_filename, frame.f_lineno, code.co_name)
-            frame = frame.f_back
-        return None
-
-    def here(self) -> Location | None:
-        return self.find(sys._getframe(1))
-
-    def innermost_in_traceback(self, tb: Any) -> Location | None:
-        found = None
-        while tb is not None:
-            code = tb.tb_frame.f_code
-            if is_user_file(code.co_filename):
-                found = Location(code.co_filename, tb.tb_lineno, code.co_name)
-            tb = tb.tb_next
-        return found
 
 
 @dataclass
@@ -112,29 +54,6 @@ class StepState:
         if torch._C._current_graph_task_id() != -1:
             return "backward"
         return "forward"
-
-
-class TraceWriter:
-    """Appends completed steps to trace.jsonl; repeated steps become back-references."""
-
-    def __init__(self, path: Path) -> None:
-        self._file: TextIO = path.open("a", buffering=1 << 16)
-        self._seen: dict[int, int] = {}
-
-    def write_step(self, step: int, ops: list[tuple[Any, ...]]) -> None:
-        key = hash(tuple(ops))
-        first = self._seen.get(key)
-        if first is not None:
-            record: dict[str, Any] = {"type": "step", "step": step, "same_as": first}
-        else:
-            self._seen[key] = step
-            record = {"type": "step", "step": step, "ops": _jsonable(ops)}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.flush()
-        self._file.close()
 
 
 @dataclass
@@ -536,14 +455,6 @@ def _spec_tuple(value: Any) -> Any:
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
         return tuple(map(_spec_tuple, value))
     return None
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, torch.dtype):
-        return str(value).removeprefix("torch.")
-    if isinstance(value, (tuple, list)):
-        return [_jsonable(item) for item in value]
-    return value
 
 
 class _CallRecorder(TorchFunctionMode):

@@ -1,0 +1,76 @@
+"""Where in the user's code are we? The innermost stack frame in the user's own files.
+
+User code is anything that is not torch, reprocut, the standard library or an installed package:
+the script and its sibling modules. Lookups are cached per code object, since they run per op.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import torch
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_REPROCUT_DIR = os.path.dirname(__file__)
+_LIBRARY_DIRS = tuple(
+    {
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["purelib"],
+        sysconfig.get_paths()["platlib"],
+        _TORCH_DIR,
+        _REPROCUT_DIR,
+    }
+)
+
+
+def is_user_file(filename: str) -> bool:
+    """User code: anything that is not torch, reprocut, the stdlib or an installed package."""
+    if filename.startswith("<"):
+        return False
+    return not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename
+
+
+@dataclass
+class Location:
+    file: str
+    line: int
+    function: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function}
+
+
+class UserFrames:
+    """Finds the innermost stack frame in the user's own files (cached per code object)."""
+
+    def __init__(self) -> None:
+        self._is_user: dict[Any, bool] = {}
+
+    def find(self, frame: FrameType | None) -> Location | None:
+        cache = self._is_user
+        while frame is not None:
+            code = frame.f_code
+            user = cache.get(code)
+            if user is None:
+                user = cache[code] = is_user_file(code.co_filename)
+            if user:
+                return Location(code.co_filename, frame.f_lineno, code.co_name)
+            frame = frame.f_back
+        return None
+
+    def here(self) -> Location | None:
+        return self.find(sys._getframe(1))
+
+    def innermost_in_traceback(self, tb: Any) -> Location | None:
+        found = None
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if is_user_file(code.co_filename):
+                found = Location(code.co_filename, tb.tb_lineno, code.co_name)
+            tb = tb.tb_next
+        return found
