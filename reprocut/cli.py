@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from collections.abc import Sequence
 
@@ -63,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def error_json(exc: ReprocutError) -> dict[str, object]:
+    return {
+        "status": exc.slug,
+        "message": str(exc),
+        "hint": exc.hint,
+        "exit_code": int(exc.exit_code),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     console = make_console()
@@ -78,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(options.module.run(options, console))
     except ReprocutError as exc:
         print_error(console, exc)
+        if getattr(options, "json", False):  # machines get an object even when nothing ran
+            print(json.dumps(error_json(exc)))
         return int(exc.exit_code)
     except KeyboardInterrupt:
         console.print("interrupted")

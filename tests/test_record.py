@@ -100,6 +100,8 @@ def test_script_that_passes_is_nothing_to_reproduce(tmp_path, capsys):
     code, report = record(tmp_path, capsys, str(SCRIPTS / "passes.py"), "--flag", "x")
     assert code == ExitCode.NOT_REPRODUCED
     assert "nothing to reproduce" in report["_stderr"]
+    assert report["status"] == "script-did-not-fail"
+    assert report["exit_code"] == ExitCode.NOT_REPRODUCED
 
 
 def test_script_args_and_main_are_passed_through(tmp_path):
