@@ -17,6 +17,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from reprocut.recording import atomic_write
+
 OUTCOME_FILE = "outcome.json"
 
 
@@ -27,12 +29,6 @@ def _error_info(exc: BaseException) -> dict[str, Any]:
         "message": str(exc),
         "code": code if isinstance(code, int) else None,
     }
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
 
 
 def main(config_path: str) -> None:
@@ -103,7 +99,7 @@ def main(config_path: str) -> None:
     outcome["healthy_through"] = recorder.healthy_through
     if outcome["status"] == "failed":
         recorder.store.save(run_dir / "inputs.pt")
-    _write(run_dir / OUTCOME_FILE, outcome)
+    atomic_write(run_dir / OUTCOME_FILE, json.dumps(outcome, indent=1, default=str))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)

@@ -25,7 +25,7 @@ from reprocut.diagnosis import DIAGNOSES, explain
 from reprocut.errors import ScriptDidNotFailError, ScriptTimeoutError
 from reprocut.recording import ErrorInfo, Failure, RunDir, TensorReport
 from reprocut.runner import RunRequest, RunResult, run_script
-from reprocut.signature import classify, cuda_error_code, parse_assertions
+from reprocut.signature import classify, cuda_error_code, is_cuda_failure, parse_assertions
 from reprocut.tensors import materialize_arg
 
 Progress = Callable[[str], None]
@@ -52,16 +52,6 @@ def environment_summary() -> dict[str, str]:
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
-
-
-def is_cuda_failure(error: dict[str, Any]) -> bool:
-    code, _ = cuda_error_code(error.get("message", ""))
-    return (
-        error.get("code") is not None
-        or code is not None
-        or "CUBLAS_STATUS" in error.get("message", "")
-        or "CUDNN_STATUS" in error.get("message", "")
-    )
 
 
 def _location(data: dict[str, Any] | None) -> SourceLocation | None:
@@ -118,7 +108,7 @@ def localize(options: LocalizeOptions, first: RunResult, progress: Progress) -> 
         )
     error = outcome["error"]
     culprit = outcome.get("culprit")
-    cuda = is_cuda_failure(error)
+    cuda = is_cuda_failure(error["type"], error["message"], error.get("code"))
     if culprit and (culprit.get("op") or culprit.get("public_call")) and culprit["synchronized"]:
         return _from_culprit(options, first, outcome, culprit, first, "in-process")
     if not cuda:

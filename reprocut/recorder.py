@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from reprocut.capture import ASSERTING_OPS, TensorStore, capture_call
 from reprocut.frames import Location, UserFrames, is_user_file
 from reprocut.publicapi import aten_name, aten_path, public_name
-from reprocut.signature import cuda_error_code
+from reprocut.signature import is_cuda_failure
 from reprocut.trace import TraceWriter
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -505,13 +505,7 @@ class _CallRecorder(TorchFunctionMode):
 
 
 def is_cuda_error(exc: BaseException) -> bool:
-    """An asynchronous CUDA failure (it may belong to any earlier kernel), not the op's own check."""
-    if type(exc).__name__ == "AcceleratorError":
-        return True
-    text = str(exc)
-    if "CUBLAS_STATUS" in text or "CUDNN_STATUS" in text:
-        return True
-    return cuda_error_code(text)[0] is not None or "CUDA error" in text
+    return is_cuda_failure(type(exc).__name__, str(exc), getattr(exc, "error_code", None))
 
 
 class _OpRecorder(TorchDispatchMode):

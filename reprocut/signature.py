@@ -141,6 +141,16 @@ def cuda_error_code(message: str) -> tuple[int | None, str | None]:
     return None, None
 
 
+def is_cuda_failure(error_type: str, message: str, error_code: int | None = None) -> bool:
+    """An asynchronous CUDA failure: it may belong to any earlier kernel, not to the call that
+    raised it (unlike a host-side check such as "index out of range in self")."""
+    if error_code is not None or error_type == "AcceleratorError":
+        return True
+    if "CUBLAS_STATUS" in message or "CUDNN_STATUS" in message or "CUDA error" in message:
+        return True
+    return cuda_error_code(message)[0] is not None
+
+
 def classify(
     error_type: str,
     message: str,

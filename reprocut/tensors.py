@@ -16,6 +16,7 @@ from reprocut.case import (
     Symbol,
     TensorSpec,
     Values,
+    contiguous_stride,
 )
 
 
@@ -79,17 +80,11 @@ def materialize(spec: TensorSpec, inputs: Mapping[str, torch.Tensor] | None = No
     else:
         flat = generate(values, storage_numel, dtype, device)
         tensor = flat.as_strided(
-            spec.shape, spec.stride or _contig(spec.shape), spec.storage_offset
+            spec.shape, spec.stride or contiguous_stride(spec.shape), spec.storage_offset
         )
     if spec.requires_grad and (dtype.is_floating_point or dtype.is_complex):
         tensor = tensor.detach().requires_grad_(True)
     return tensor
-
-
-def _contig(shape: tuple[int, ...]) -> tuple[int, ...]:
-    from reprocut.case import contiguous_stride
-
-    return contiguous_stride(shape)
 
 
 def _lay_out(flat: torch.Tensor, spec: TensorSpec, storage_numel: int) -> torch.Tensor:
@@ -97,7 +92,7 @@ def _lay_out(flat: torch.Tensor, spec: TensorSpec, storage_numel: int) -> torch.
     if spec.is_contiguous and spec.storage_offset == 0:
         return flat[: spec.numel].reshape(spec.shape).clone()
     storage = torch.zeros(storage_numel, dtype=flat.dtype, device=flat.device)
-    stride = spec.stride or _contig(spec.shape)
+    stride = spec.stride or contiguous_stride(spec.shape)
     if flat.numel() >= spec.numel and spec.numel:
         # Scatter by storage position: works for overlapping views (an expand()ed stride 0),
         # where copying into the view itself is refused.
