@@ -132,6 +132,7 @@ class Recorder:
         self.module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = (
             weakref.WeakKeyDictionary()
         )
+        self.localizing = self._in_localize_window(0)  # derived at each step boundary
         self.pending: list[tuple[int, Any, list[Snapshot]]] = []
         self.healthy_through = -1  # last step whose kernels are known to have completed
         self._pid = os.getpid()
@@ -174,7 +175,7 @@ class Recorder:
 
         def tagged_apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
             result = apply.__func__(cls, *args, **kwargs)
-            recorder._tag_outputs(result)
+            recorder.tag_autograd_node(result)
             return result
 
         torch.autograd.Function.apply = classmethod(tagged_apply)  # type: ignore[method-assign,assignment]
@@ -199,14 +200,24 @@ class Recorder:
         self._original_optimizer_init = None
         self.trace.close()
 
-    def _tag_outputs(self, result: Any) -> None:
-        outputs = result if isinstance(result, (tuple, list)) else (result,)
-        for output in outputs:
-            if isinstance(output, torch.Tensor) and output.requires_grad:
-                with contextlib.suppress(RuntimeError):
-                    grad_fn = output.grad_fn
-                    if grad_fn is not None:
-                        grad_fn.metadata["reprocut"] = (self.frames.here(), self.current_module())
+    def tag_autograd_node(
+        self, output: Any, *, locate: bool = True, overwrite: bool = True
+    ) -> None:
+        """Let backward ops of the node that made `output` know its forward line and module:
+        in backward no user frame and no module is on the stack."""
+        if not (self.config.tag_backward and torch.is_grad_enabled()):
+            return
+        for tensor in output if isinstance(output, (tuple, list)) else (output,):
+            if not (isinstance(tensor, torch.Tensor) and tensor.requires_grad):
+                continue
+            try:
+                grad_fn = tensor.grad_fn
+            except RuntimeError:  # views modified in place refuse even to be asked
+                continue
+            if grad_fn is None or (not overwrite and "reprocut" in grad_fn.metadata):
+                continue
+            location = self.frames.here() if locate else None
+            grad_fn.metadata["reprocut"] = (location, self.current_module())
 
     # --- steps, phases, modules ----------------------------------------------------------------
 
@@ -222,8 +233,8 @@ class Recorder:
             self._retire_completed_steps()
         self.snapshots = []
         self.state.step += 1
-        step = self.state.step
-        self._set_function_mode(not torch.cuda.is_initialized() or self._in_localize_window(step))
+        self.localizing = self._in_localize_window(self.state.step)
+        self._set_function_mode(not torch.cuda.is_initialized() or self.localizing)
 
     def _retire_completed_steps(self) -> None:
         """Drop snapshots of steps whose kernels all finished: they cannot hold the fault.
@@ -271,19 +282,11 @@ class Recorder:
     def _on_module_exit(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if threading.get_ident() != self._main_thread or not self.state.module_stack:
             return
-        name = self.state.module_stack.pop()
-        if (
-            self.config.tag_backward
-            and isinstance(output, torch.Tensor)
-            and output.requires_grad
-            and torch.is_grad_enabled()
-        ):
-            # backward ops of this module's last node (a custom autograd.Function, say) know
-            # their module through this tag
-            with contextlib.suppress(RuntimeError):
-                grad_fn = output.grad_fn
-                if grad_fn is not None and "reprocut" not in grad_fn.metadata:
-                    grad_fn.metadata["reprocut"] = (None, name)
+        if isinstance(output, torch.Tensor):
+            # the module's last node (a custom autograd.Function, say) learns this module:
+            # tagged before the pop, while it is the current one
+            self.tag_autograd_node(output, locate=False, overwrite=False)
+        self.state.module_stack.pop()
 
     def _name_root(self, module: torch.nn.Module) -> str:
         """Name a module first seen outside any other: after the user's variable, if any."""
@@ -357,14 +360,7 @@ class Recorder:
         key = id(self.public_stack[0])
         captured = self.public_captured.get(key)
         if captured is None and name is not None:
-            captured = capture_call(
-                args,
-                kwargs,
-                name,
-                self.store,
-                everything=_on_cpu(args, kwargs),
-                non_blocking=not _on_cpu(args, kwargs),
-            )
+            captured = self._capture_public(name, args, kwargs)
             self.public_captured[key] = captured
         return name, captured
 
@@ -392,12 +388,17 @@ class Recorder:
         values = library_frame.f_locals
         args = tuple(values[n] for n in names[: code.co_argcount] if n in values)
         kwargs = {n: values[n] for n in names[code.co_argcount :] if n in values}
-        cpu = _on_cpu(args, kwargs)
-        captured = capture_call(
-            args, kwargs, name, self.store, everything=cpu, non_blocking=not cpu
-        )
+        captured = self._capture_public(name, args, kwargs)
         captured["names"] = list(names)
         return name, captured
+
+    def _capture_public(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        """On CPU every small input is kept; on CUDA the evidence goes to pinned memory, queued
+        ahead of the kernels that may fault."""
+        cpu = _on_cpu(args, kwargs)
+        return capture_call(args, kwargs, name, self.store, everything=cpu, non_blocking=not cpu)
 
     def _in_localize_window(self, step: int) -> bool:
         config = self.config
@@ -487,20 +488,8 @@ class _CallRecorder(TorchFunctionMode):
             if outermost:
                 stack.pop()
                 recorder.public_captured.pop(id(entry), None)
-        if (
-            outermost
-            and recorder.config.tag_backward
-            and isinstance(result, torch.Tensor)
-            and result.requires_grad
-            and torch.is_grad_enabled()
-        ):
-            try:
-                grad_fn = result.grad_fn
-            except RuntimeError:  # views modified in place refuse even to be asked
-                grad_fn = None
-            if grad_fn is not None:
-                location = recorder.frames.here()
-                grad_fn.metadata["reprocut"] = (location, recorder.current_module())
+        if outermost and isinstance(result, torch.Tensor):
+            recorder.tag_autograd_node(result)
         return result
 
 
@@ -526,11 +515,8 @@ class _OpRecorder(TorchDispatchMode):
             name = self._names[func] = aten_name(func)
         recorder.last_op = name
         config = recorder.config
-        localizing = config.localize_from is not None and config.localize_from <= state.step <= (
-            config.localize_to or state.step
-        )
         call = None
-        synchronizing = localizing and torch.cuda.is_initialized()
+        synchronizing = recorder.localizing and torch.cuda.is_initialized()
         if synchronizing:
             # every op, CUDA arguments or not: a host-to-device copy also raises pending faults
             self._synchronize_before(func, name)

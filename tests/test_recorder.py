@@ -122,3 +122,16 @@ def test_snapshots_with_evidence_are_replayed_first():
     inputs = {"ok": torch.tensor([0, 1, 2]), "bad": torch.tensor([0, 7, 2])}
     ranked = rank_snapshots([snapshot(1, "ok"), snapshot(2, "bad"), snapshot(3, "ok")], inputs)
     assert [s["seq"] for s in ranked] == [2, 1, 3]
+
+
+def test_the_localize_window_opens_and_closes_at_step_boundaries(tmp_path):
+    model = Encoder()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ids = torch.randint(0, 10, (2, 5))
+    seen = []
+    config = RecorderConfig(run_dir=tmp_path, localize_from=1, localize_to=2)
+    with Recorder(config) as recorder:
+        for _ in range(4):
+            seen.append(recorder.localizing)
+            train(model, optimizer, ids, 1)
+    assert seen == [False, True, True, False]
