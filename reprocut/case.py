@@ -176,6 +176,9 @@ class SourceLocation:
     text: str = ""
     function: str = ""
 
+    def to_json(self) -> dict[str, Any]:
+        return _dataclass_dict(self)
+
 
 @dataclass(frozen=True, slots=True)
 class ReproCase:
@@ -247,7 +250,7 @@ class ReproCase:
             "kwargs": [[name, arg_to_json(arg)] for name, arg in self.kwargs],
             "expected": signature_to_json(self.expected),
             "aten_op": self.aten_op,
-            "source": None if self.source is None else _dataclass_dict(self.source),
+            "source": None if self.source is None else self.source.to_json(),
             "inputs_file": self.inputs_file,
         }
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 import torch
+
+from reprocut.case import SourceLocation
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _REPROCUT_DIR = os.path.dirname(__file__)
@@ -35,23 +36,13 @@ def is_user_file(filename: str) -> bool:
     return not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename
 
 
-@dataclass
-class Location:
-    file: str
-    line: int
-    function: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "function": self.function}
-
-
 class UserFrames:
     """Finds the innermost stack frame in the user's own files (cached per code object)."""
 
     def __init__(self) -> None:
         self._is_user: dict[Any, bool] = {}
 
-    def find(self, frame: FrameType | None) -> Location | None:
+    def find(self, frame: FrameType | None) -> SourceLocation | None:
         cache = self._is_user
         while frame is not None:
             code = frame.f_code
@@ -59,18 +50,18 @@ class UserFrames:
             if user is None:
                 user = cache[code] = is_user_file(code.co_filename)
             if user:
-                return Location(code.co_filename, frame.f_lineno, code.co_name)
+                return SourceLocation(code.co_filename, frame.f_lineno, function=code.co_name)
             frame = frame.f_back
         return None
 
-    def here(self) -> Location | None:
+    def here(self) -> SourceLocation | None:
         return self.find(sys._getframe(1))
 
-    def innermost_in_traceback(self, tb: Any) -> Location | None:
+    def innermost_in_traceback(self, tb: Any) -> SourceLocation | None:
         found = None
         while tb is not None:
             code = tb.tb_frame.f_code
             if is_user_file(code.co_filename):
-                found = Location(code.co_filename, tb.tb_lineno, code.co_name)
+                found = SourceLocation(code.co_filename, tb.tb_lineno, function=code.co_name)
             tb = tb.tb_next
         return found

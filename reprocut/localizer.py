@@ -204,6 +204,7 @@ def _replay_snapshots(
                     "snapshot-replay",
                     signature=replace(signature, op=snapshot["op"]),
                     replay_stderr=getattr(verdict, "stderr", ""),
+                    inputs=inputs,
                 )
     finally:
         if options.oracle is None:
@@ -272,6 +273,7 @@ def _from_culprit(
     *,
     signature: Signature | None = None,
     replay_stderr: str = "",
+    inputs: dict[str, torch.Tensor] | None = None,
 ) -> Failure:
     error_run = localized_run.outcome or outcome
     error = error_run["error"] if "error" in error_run else outcome["error"]
@@ -300,7 +302,8 @@ def _from_culprit(
                 culprit.get("source"),
             )
         )
-    inputs = _load_inputs(options.run_dir)
+    if inputs is None:  # snapshot replay has them loaded already
+        inputs = _load_inputs(options.run_dir)
     tensors, diagnosis = _explain(culprit, inputs)
     device = _device_of(cases)
     notes = []

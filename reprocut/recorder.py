@@ -30,7 +30,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from reprocut.capture import ASSERTING_OPS, TensorStore, capture_call
-from reprocut.frames import Location, UserFrames, is_user_file
+from reprocut.case import SourceLocation
+from reprocut.frames import UserFrames, is_user_file
 from reprocut.publicapi import aten_name, aten_path, public_name
 from reprocut.signature import is_cuda_failure
 from reprocut.trace import TraceWriter
@@ -67,7 +68,7 @@ class Snapshot:
     step: int
     phase: str
     module: str | None
-    source: Location | None
+    source: SourceLocation | None
     public_call: str | None
     public: dict[str, Any] | None  # the enclosing public call's arguments, captured alike
 
@@ -82,8 +83,8 @@ class Culprit:
     step: int
     phase: str
     module: str | None
-    source: Location | None
-    forward_source: Location | None
+    source: SourceLocation | None
+    forward_source: SourceLocation | None
     public_call: str | None
     public: dict[str, Any] | None
     synchronized: bool  # raised with a sync before and after: certainly this op
@@ -577,7 +578,7 @@ class _OpRecorder(TorchDispatchMode):
             )
         )
 
-    def _source(self) -> Location | None:
+    def _source(self) -> SourceLocation | None:
         location = self.recorder.frames.here()
         if location is None:
             tagged = _autograd_tag()
@@ -628,7 +629,7 @@ def _named(func: Any, call: dict[str, Any]) -> dict[str, Any]:
     return call
 
 
-def _autograd_tag() -> tuple[Location | None, str | None] | None:
+def _autograd_tag() -> tuple[SourceLocation | None, str | None] | None:
     node = torch._C._current_autograd_node()
     if node is None:
         return None

@@ -89,14 +89,7 @@ def _location(data: dict[str, Any] | None) -> SourceLocation | None:
 
 
 def _location_json(location: SourceLocation | None) -> dict[str, Any] | None:
-    if location is None:
-        return None
-    return {
-        "file": location.file,
-        "line": location.line,
-        "text": location.text,
-        "function": location.function,
-    }
+    return None if location is None else location.to_json()
 
 
 @dataclass(frozen=True, slots=True)
