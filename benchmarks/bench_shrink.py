@@ -31,6 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import generic_reducer  # noqa: E402
 from reprocut.case import Captured, Generated, ReproCase, TensorSpec  # noqa: E402
 from reprocut.emitter import emit, inline_captured  # noqa: E402
 from reprocut.oracle import Oracle, OtherFailure, Reproduced  # noqa: E402
@@ -186,20 +187,11 @@ def run_shrinkray(script_dir: Path, time_limit: float) -> tuple[float, str, str]
     )
     test.chmod(0o755)
     target = script_dir / "train.reduced.py"
-    started = time.perf_counter()
-    process = subprocess.Popen(
-        ["shrinkray", "--timeout", "60", "--parallelism", "1", "--target", str(target), str(test),
+    seconds, status = generic_reducer.run_shrinkray(
+        ["--timeout", "60", "--parallelism", "1", "--target", str(target), str(test),
          str(script_dir / "train.py")],
-        cwd=script_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        script_dir, time_limit,
     )  # fmt: skip
-    try:
-        process.wait(timeout=time_limit)
-        status = "finished"
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)
-        process.wait()
-        status = "stopped at the time limit"
-    seconds = time.perf_counter() - started
     if target.exists():
         return seconds, target.read_text(), status
     # shrinkray writes its target only on a first improvement: none means the original is its best

@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import generic_reducer  # noqa: E402
 from reprocut.case import Signature, TensorSpec  # noqa: E402
 from reprocut.signature import classify  # noqa: E402
 from reprocut.source_passes import parse, sibling_imports  # noqa: E402
@@ -282,20 +283,11 @@ def run_shrinkray(case: SourceCase, work: Path, time_limit: float, timeout: floa
     )
     test.chmod(0o755)
     target = work.parent / "reduced.py"
-    started = time.perf_counter()
-    process = subprocess.Popen(
-        ["shrinkray", "--timeout", str(timeout), "--parallelism", "1", "--target", str(target),
-         str(test), str(work / case.script)],
-        cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    seconds, status = generic_reducer.run_shrinkray(
+        ["--timeout", str(timeout), "--parallelism", "1", "--target", str(target), str(test),
+         str(work / case.script)],
+        work, time_limit,
     )  # fmt: skip
-    try:
-        process.wait(timeout=time_limit)
-        status = "finished"
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)
-        process.wait()
-        status = "stopped at the time limit"
-    seconds = time.perf_counter() - started
     checks = len(counter.read_text().splitlines()) if counter.exists() else 0
     code = target.read_text() if target.exists() else ""
     if not code:
