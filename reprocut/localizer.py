@@ -414,14 +414,12 @@ def _table(
 
 
 def _finish(options: LocalizeOptions, failure: Failure) -> Failure:
-    meta = options.run_dir.read_meta() if options.run_dir.meta_path.exists() else {}
     failure = replace(
         failure,
         script=str(options.script),
         argv=options.argv,
         cwd=str(options.cwd),
-        env=environment_summary()
-        | {k: v for k, v in meta.get("env", {}).items() if isinstance(v, str)},
+        env=environment_summary(),
     )
     options.run_dir.write_failure(failure)
     return failure
