@@ -102,6 +102,12 @@ def cpu_cases() -> list[SourceCase]:
             ),
             focus="out = fused_bias_gelu(hidden, self.bias.expand_as(hidden))",
         ),
+        SourceCase(
+            "packed_frames",
+            CASES / "packed_frames",
+            Signature("RuntimeError", None, None, "cmvn_vec4: misaligned address"),
+            focus="return cmvn_vec4(x, mean, 1 / std)",
+        ),
     ]
 
 

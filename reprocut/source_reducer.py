@@ -420,10 +420,12 @@ class LaunchSpecs:
 
 _PROBE = r"""
 import json, os, sys, threading
-result_path, filename, target_file, target_line, sources = sys.argv[1:6]
-sys.argv = [filename, *sys.argv[6:]]
+result_path, filename, target_file, first, last, sources = sys.argv[1:7]
+sys.argv = [filename, *sys.argv[7:]]
 sys.path[0] = os.path.dirname(os.path.abspath(filename))
-target_file, target_line, sources = os.path.realpath(target_file), int(target_line), json.loads(sources)
+target_file, sources = os.path.realpath(target_file), json.loads(sources)
+first, last = int(first), int(last)
+latest = None  # what reached the call the last time it was about to run
 
 def spec(value):
     import torch
@@ -431,22 +433,32 @@ def spec(value):
     from reprocut.tensors import spec_of
     return spec_to_json(spec_of(value)) if isinstance(value, torch.Tensor) else None
 
-def at_line(frame, event, arg):
-    if event == "line" and frame.f_lineno == target_line:
-        found = {"args": [], "params": []}
-        for source in sources:
-            try:
-                found["args"].append(spec(eval(source, frame.f_globals, frame.f_locals)))
-            except Exception:
-                found["args"].append(None)
-        code = frame.f_code
-        for name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
-            value = spec(frame.f_locals.get(name))
-            if value is not None:
-                found["params"].append([name, value])
+def seen(frame):
+    found = {"args": [], "params": []}
+    for source in sources:
+        try:
+            found["args"].append(spec(eval(source, frame.f_globals, frame.f_locals)))
+        except Exception:
+            found["args"].append(None)
+    code = frame.f_code
+    for name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
+        value = spec(frame.f_locals.get(name))
+        if value is not None:
+            found["params"].append([name, value])
+    return found
+
+def report(found):
+    if found is not None:
         with open(result_path, "w") as handle:
             json.dump(found, handle)
-        os._exit(0)  # before the launch: nothing faults, nothing is torn down
+    os._exit(0)  # nothing is torn down: a faulted CUDA context must not hang the exit
+
+def at_line(frame, event, arg):
+    global latest
+    if event == "line" and frame.f_lineno == first:
+        latest = seen(frame)
+    elif event == "exception" and first <= frame.f_lineno <= last:
+        report(latest)  # this call raised: these are the tensors that made it fail
     return at_line
 
 mine = {}
@@ -462,8 +474,10 @@ sys.settrace(on_call)
 threading.settrace(on_call)
 with open(filename) as handle:
     code = compile(handle.read(), filename, "exec")
-exec(code, {"__name__": "__main__", "__file__": filename})
-os._exit(3)
+try:
+    exec(code, {"__name__": "__main__", "__file__": filename})
+finally:
+    report(latest)  # it failed elsewhere (or not at all): the last call is the best guess
 """
 
 
@@ -477,19 +491,24 @@ def probe_launch(
     focus: str,
     timeout: float = 600.0,
 ) -> LaunchSpecs:
-    """Run the script under a line tracer up to `file:line` (the failing call, `focus` its text)
-    and read the specs of the tensors about to reach it; stop there, before the launch faults.
+    """Run the script under a line tracer and read the specs of the tensors reaching the failing
+    call at `file:line` (`focus`: its text) the time it raised; the last time it ran when it
+    never raised there.
 
     For custom kernels the recording knows only the launch line; this finds what the kernel was
-    given (an expand()ed or offset view included). Empty when the line is never reached.
+    given (an expand()ed or offset view included), at the step that faulted, not the first.
+    Launches are blocking, so an asynchronous fault raises at its call. Empty when the line is
+    never reached.
     """
     from reprocut.oracle import child_environment
 
     sources = call_argument_sources(focus)
+    span = statement_span(Path(file), line)
+    first, last = (line, line) if span is None else span[1:]
     with tempfile.TemporaryDirectory(prefix="reprocut-probe-") as tmp:
         result = Path(tmp) / "specs.json"
         command = [sys.executable, "-c", _PROBE, str(result), str(script_path), str(file),
-                   str(line), json.dumps(sources), *argv]  # fmt: skip
+                   str(first), str(last), json.dumps(sources), *argv]  # fmt: skip
         try:
             subprocess.run(
                 command,
@@ -582,8 +601,9 @@ def reducible_files(script_path: Path, search_dirs: Sequence[Path]) -> set[Path]
     return files
 
 
-def statement_text(path: Path, line: int) -> str | None:
-    """The whole simple statement that covers `line` (a call spread over lines included)."""
+def statement_span(path: Path, line: int) -> tuple[str, int, int] | None:
+    """The whole simple statement that covers `line` (a call spread over lines included): its
+    text and its first and last lines."""
     module = parse(path.read_text())
     if module is None:
         return None
@@ -591,8 +611,14 @@ def statement_text(path: Path, line: int) -> str | None:
     positions = wrapper.resolve(cst.metadata.PositionProvider)
     for node, span in positions.items():
         if isinstance(node, cst.BaseSmallStatement) and span.start.line <= line <= span.end.line:
-            return module.code_for_node(node)
+            return module.code_for_node(node), span.start.line, span.end.line
     return None
+
+
+def statement_text(path: Path, line: int) -> str | None:
+    """The text of the whole simple statement that covers `line`."""
+    found = statement_span(path, line)
+    return None if found is None else found[0]
 
 
 def reduce_recorded(

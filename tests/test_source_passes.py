@@ -22,6 +22,7 @@ from reprocut.source_passes import (
     inline_calls,
     inline_sibling_imports,
     is_constant,
+    jump_to_call,
     remove_unused_definitions,
     replace_with_specs,
     shrink_integers,
@@ -432,3 +433,79 @@ def test_replace_with_specs_replaces_tensor_parameters_of_the_launching_function
             launch((blocks,), args)
         cmvn(feats[3:7])
     """)
+
+
+# --- jump_to_call ----------------------------------------------------------------------------
+
+TRAINING = code("""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, "vendor")
+    SCALE = 4
+
+
+    class Model:
+        def forward(self, x):
+            return x * SCALE
+
+
+    def kernel(x, scale=SCALE):
+        if x.storage_offset() % 4:
+            raise ValueError("bad")
+        return x * scale
+
+
+    def normalize(x, eps=1e-5, *, scale=SCALE):
+        mean = x.mean()
+        out = kernel(x, scale) - mean + eps
+        return out
+
+
+    def main():
+        model = Model()
+        for step in range(10):
+            batch = torch.randn(64)
+            normalize(model.forward(batch[step:]))
+
+
+    if __name__ == "__main__":
+        main()
+""")
+OFFSET_VIEW = TensorSpec((60,), storage_offset=3)
+
+
+def test_jump_to_call_binds_the_probed_tensors_and_keeps_the_set_up():
+    context = PassContext(
+        named_specs=(("x", OFFSET_VIEW),), focus="out = kernel(x, scale) - mean + eps"
+    )
+    pruned, whole = candidates(jump_to_call, TRAINING, context)
+    assert pruned == code("""
+        import sys
+
+        import torch
+
+        sys.path.insert(0, "vendor")
+        SCALE = 4
+
+
+        def kernel(x, scale=SCALE):
+            if x.storage_offset() % 4:
+                raise ValueError("bad")
+            return x * scale
+        x = torch.randn((63,), dtype=torch.float32).as_strided((60,), (1,), 3)
+        eps = 1e-5
+        scale = SCALE
+        mean = x.mean()
+        out = kernel(x, scale) - mean + eps
+    """)
+    assert "class Model" in whole and "def main" in whole and "\n    main()" not in whole
+    assert raises_bad(pruned) == VALUE_ERROR
+
+
+def test_jump_to_call_needs_probed_tensors_and_a_call_inside_a_function():
+    focus = "out = kernel(x, scale) - mean + eps"
+    assert list(candidates(jump_to_call, TRAINING, PassContext(focus=focus))) == []
+    at_top = PassContext(named_specs=(("x", OFFSET_VIEW),), focus="main()")
+    assert list(candidates(jump_to_call, TRAINING, at_top)) == []

@@ -254,6 +254,52 @@ def test_probe_launch_reads_the_tensors_reaching_the_failing_call(tmp_path: Path
     assert [name for name, _ in launch.params] == ["x"]
 
 
+PACKED_FOCUS = "return cmvn_vec4(x, mean, 1 / std)"
+
+
+def packed_frames_launch(project: Path):
+    kernels = project / "kernels.py"
+    line = kernels.read_text().splitlines().index("    " + PACKED_FOCUS) + 1
+    return probe_launch(
+        project / "train.py", cwd=project, argv=[], file=kernels, line=line, focus=PACKED_FOCUS
+    )
+
+
+@pytest.mark.slow
+def test_probe_launch_reads_the_call_that_raised_not_the_first(tmp_path: Path):
+    project = copy_case("packed_frames", tmp_path)
+    launch = packed_frames_launch(project)
+    # steps 0-3 call the kernel with aligned slices; step 4's second utterance starts at
+    # 40 frames * 13 features, its third (the one that faults) at 90 * 13 = 1170
+    x, mean, inv_std = launch.args
+    assert x is not None and x.shape == (44 * 13,) and x.storage_offset == 1170
+    assert mean is None and inv_std is None  # floats, not tensors
+    assert [name for name, _ in launch.params] == ["x"]
+
+
+@pytest.mark.slow
+def test_a_fault_at_a_later_step_jumps_straight_to_the_call(tmp_path: Path):
+    project = copy_case("packed_frames", tmp_path)
+    launch = packed_frames_launch(project)
+    result = reduce_source(
+        project / "train.py",
+        cwd=project,
+        argv=[],
+        expected=Signature("RuntimeError", None, None, "cmvn_vec4: misaligned address"),
+        specs=launch.args,
+        named_specs=launch.params,
+        focus=PACKED_FOCUS,
+        max_time=300,
+    )
+    assert dict(result.accepted)["jump_to_call"] == 1  # no training loop was cut line by line
+    assert ", 1170)" in result.code  # the offset view stays an offset view
+    assert "FrameClassifier" not in result.code and "optimizer" not in result.code
+    assert result.lines <= 8 < result.original_lines
+    repro = project / "repro.py"
+    repro.write_text(result.code)
+    assert "RuntimeError: cmvn_vec4: misaligned address" in run_python(repro, project).stderr
+
+
 def test_statement_text_spans_a_call_over_several_lines(tmp_path: Path):
     path = tmp_path / "m.py"
     path.write_text("x = 1\nout = launch(\n    x,\n    2,\n)\n")

@@ -20,6 +20,7 @@ from reprocut.source_passes.inlining import (
     sibling_file,
     sibling_imports,
 )
+from reprocut.source_passes.jump import jump_to_call
 from reprocut.source_passes.specs import literal, replace_with_specs, spec_expression
 from reprocut.source_passes.statements import (
     delete_statements,
@@ -40,6 +41,7 @@ from reprocut.source_passes.tree import (
 PASSES: tuple[SourcePass, ...] = (
     inline_sibling_imports,
     strip_comments,
+    jump_to_call,
     replace_with_specs,
     delete_statements,
     unwrap_blocks,
@@ -66,6 +68,7 @@ __all__ = [
     "inline_sibling_imports",
     "integer_value",
     "is_constant",
+    "jump_to_call",
     "literal",
     "parse",
     "remove_unused_definitions",

@@ -187,7 +187,7 @@ def _spec_candidate(
     return transform(code, _ReplaceArg(arg, value), module)
 
 
-def _focus_scope(module: cst.Module, focus: str | None) -> cst.CSTNode | None:
+def focus_scope(module: cst.Module, focus: str | None) -> cst.CSTNode | None:
     """The function that makes the failing call (the module when it is made at top level)."""
     callee = focus_callee(focus)
     if callee is None:
@@ -217,7 +217,7 @@ def replace_with_specs(code: str, context: PassContext) -> Generator[str, bool, 
     making the call, then the call's arguments (the spec at the argument's position first)."""
     for name, spec in context.named_specs:
         module = parse(code)
-        scope = None if module is None else _focus_scope(module, context.focus)
+        scope = None if module is None else focus_scope(module, context.focus)
         if module is None or scope is None:
             break
         candidate = _replace_name(code, module, scope, name, spec_expression(spec))

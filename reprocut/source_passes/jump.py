@@ -1,0 +1,152 @@
+"""Cut straight to the failing call: one candidate that skips the whole training run.
+
+The fine passes get there one statement at a time, each check re-running the user's training up
+to the failing step (minutes on a GPU). When the tensors reaching the function that makes the
+failing call were probed, a script made of the module's definitions, those tensors bound to the
+function's parameters and the function's body up to the call often fails the same way at once.
+If it does not, one check is lost and the fine passes carry on from the original.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from reprocut.case import TensorSpec
+from reprocut.source_passes.specs import focus_scope, spec_expression
+from reprocut.source_passes.statements import unused_definitions
+from reprocut.source_passes.tree import (
+    PassContext,
+    body_statements,
+    focus_callee,
+    parse,
+)
+
+_MAIN_GUARD = m.If(
+    test=m.Comparison(left=m.Name("__name__"), comparisons=[m.ComparisonTarget(m.Equal())])
+)
+
+
+def jump_to_call(code: str, context: PassContext) -> Generator[str, bool, None]:
+    """The definitions, the probed tensors as the failing function's parameters, and its body up
+    to the failing call; first with what nothing refers to any more dropped, then as it is."""
+    if not context.named_specs:
+        return
+    module = parse(code)
+    if module is None:
+        return
+    function = focus_scope(module, context.focus)
+    if not isinstance(function, cst.FunctionDef):
+        return  # the call is made at top level already
+    body = _body_up_to_call(module, function, focus_callee(context.focus))
+    if body is None:
+        return
+    defined = _defined_names(module)
+    kept = [s for s in module.body if _is_set_up(s, defined)]
+    bindings = _parameter_bindings(function, dict(context.named_specs))
+    pruned = _without_unused(module, kept, [*bindings, *body])
+    for set_up in (pruned, kept) if len(pruned) < len(kept) else (kept,):
+        candidate = _compiled(module.with_changes(body=[*set_up, *bindings, *body]))
+        if candidate is not None and (yield candidate):
+            return
+
+
+def _compiled(module: cst.Module) -> str | None:
+    try:
+        code = module.code
+        compile(code, "<candidate>", "exec")
+    except (cst.CSTValidationError, SyntaxError, ValueError, TypeError):
+        return None
+    return code
+
+
+def _without_unused(
+    module: cst.Module, set_up: list[cst.BaseStatement], run: list[cst.BaseStatement]
+) -> list[cst.BaseStatement]:
+    """The set-up without definitions nothing refers to, until none is left (`main` first,
+    then the model it built, then the layers the model used)."""
+    while True:
+        unused = {id(s) for s in unused_definitions(module.with_changes(body=[*set_up, *run]))}
+        kept = [s for s in set_up if id(s) not in unused]
+        if len(kept) == len(set_up):
+            return kept
+        set_up = kept
+
+
+def _is_set_up(statement: cst.BaseStatement, defined: set[str]) -> bool:
+    """What a script sets up rather than runs: imports, definitions, assignments and calls such
+    as `sys.path.insert(...)`; not a call of the script's own functions (`main()`), the
+    `__main__` guard or a top-level loop: those are the run being skipped."""
+    if isinstance(statement, cst.FunctionDef | cst.ClassDef):
+        return True
+    if isinstance(statement, cst.SimpleStatementLine):
+        return not any(
+            isinstance(s, cst.Expr) and _calls_one_of(s.value, defined) for s in statement.body
+        )
+    if isinstance(statement, cst.Try):  # `try: import x / except ImportError: ...`
+        return all(_is_set_up(s, defined) for s in body_statements(statement.body))
+    return isinstance(statement, cst.If) and not m.matches(statement, _MAIN_GUARD)
+
+
+def _calls_one_of(expression: cst.BaseExpression, names: set[str]) -> bool:
+    return isinstance(expression, cst.Call) and m.matches(
+        expression.func, m.Name(m.MatchIfTrue(lambda name: name in names))
+    )
+
+
+def _defined_names(module: cst.Module) -> set[str]:
+    return {s.name.value for s in module.body if isinstance(s, cst.FunctionDef | cst.ClassDef)}
+
+
+def _body_up_to_call(
+    module: cst.Module, function: cst.FunctionDef, callee: str | None
+) -> list[cst.BaseStatement] | None:
+    """The function's statements up to the one making the failing call, returns made plain."""
+    statements = body_statements(function.body)
+    for index, statement in enumerate(statements):
+        calls = m.findall(statement, m.Call())
+        if any(module.code_for_node(c.func) == callee for c in calls):  # type: ignore[attr-defined]
+            prefix = statements[: index + 1]
+            return [s.visit(_PlainReturns()) for s in prefix]  # type: ignore[misc]
+    return None
+
+
+class _PlainReturns(cst.CSTTransformer):
+    """`return x` -> `x` and a bare `return` -> `pass` (not inside nested definitions)."""
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+    def leave_Return(self, original_node: cst.Return, updated_node: cst.Return) -> Any:
+        if updated_node.value is None:
+            return cst.Pass()
+        return cst.Expr(updated_node.value)
+
+
+def _parameter_bindings(
+    function: cst.FunctionDef, specs: dict[str, TensorSpec]
+) -> list[cst.SimpleStatementLine]:
+    """`name = <tensor>` for probed tensor parameters, `name = <default>` for the others that
+    have a default; a parameter with neither stays unbound (a candidate using it fails)."""
+    params: Sequence[cst.Param] = (
+        *function.params.posonly_params,
+        *function.params.params,
+        *function.params.kwonly_params,
+    )
+    bindings = []
+    for param in params:
+        name = param.name.value
+        value = spec_expression(specs[name]) if name in specs else param.default
+        if value is not None:
+            target = cst.AssignTarget(cst.Name(name))
+            bindings.append(cst.SimpleStatementLine(body=[cst.Assign([target], value)]))
+    return bindings
