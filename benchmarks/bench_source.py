@@ -26,6 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -52,6 +53,7 @@ class SourceCase:
     focus: str | None = None
     specs: tuple[TensorSpec | None, ...] = ()
     named_specs: tuple[tuple[str, TensorSpec], ...] = ()
+    named_values: tuple[tuple[str, Any], ...] = ()
     notes: tuple[str, ...] = field(default=())
 
 
@@ -79,7 +81,7 @@ def with_probed_specs(case: SourceCase, timeout: float) -> SourceCase:
         focus=case.focus or "",
         timeout=timeout,
     )
-    return replace(case, specs=launch.args, named_specs=launch.params)
+    return replace(case, specs=launch.args, named_specs=launch.params, named_values=launch.values)
 
 
 def cpu_cases() -> list[SourceCase]:
@@ -250,6 +252,7 @@ def run_reprocut(case: SourceCase, work: Path, time_limit: float, timeout: float
             expected=case.expected,
             specs=case.specs,
             named_specs=case.named_specs,
+            named_values=case.named_values,
             focus=case.focus,
             max_time=time_limit,
             timeout=timeout,

@@ -264,6 +264,7 @@ def reduce_source(
     on_event: Callable[[SourceEvent], None] | None = None,
     specs: Sequence[TensorSpec | None] = (),
     named_specs: Sequence[tuple[str, TensorSpec]] = (),
+    named_values: Sequence[tuple[str, Any]] = (),
     focus: str | None = None,
     passes: Sequence[SourcePass] = PASSES,
     timeout: float = 60.0,
@@ -274,8 +275,9 @@ def reduce_source(
     `check(code)` runs a candidate; without one, `oracle.check_source` does (an Oracle with its
     fork server is started, and stopped at the end, when none is given).
     `specs` are the tensors recorded at the failing call by argument position (`focus`: that
-    line's text) and `named_specs` the tensor parameters of the function making it (see
-    `probe_launch`): they may replace what computed them, strides and storage offsets kept.
+    line's text) and `named_specs` the tensor parameters of the function making it,
+    `named_values` its plain ones (see `probe_launch`): they may replace what computed them,
+    strides and storage offsets kept.
     Raises NotReproducedError when the script does not fail that way to begin with.
     """
     script_path = Path(script_path).resolve()
@@ -300,6 +302,7 @@ def reduce_source(
             on_event=on_event,
             specs=specs,
             named_specs=named_specs,
+            named_values=named_values,
             focus=focus,
             passes=passes,
         )
@@ -317,6 +320,7 @@ def _reduce(
     on_event: Callable[[SourceEvent], None] | None,
     specs: Sequence[TensorSpec | None],
     named_specs: Sequence[tuple[str, TensorSpec]],
+    named_values: Sequence[tuple[str, Any]],
     focus: str | None,
     passes: Sequence[SourcePass],
 ) -> SourceResult:
@@ -325,6 +329,7 @@ def _reduce(
         search_dirs=tuple(dict.fromkeys((script_path.parent, cwd))),
         specs=tuple(specs),
         named_specs=tuple(named_specs),
+        named_values=tuple(named_values),
         focus=focus,
     )
     if not reproduces(check(original), expected):
@@ -412,10 +417,12 @@ def _oracle_check(
 @dataclass(frozen=True, slots=True)
 class LaunchSpecs:
     """The tensors at the failing call, seen just before it ran: its arguments by position
-    (None: not a tensor) and the tensor parameters of the function making it."""
+    (None: not a tensor), the tensor parameters of the function making it, and that function's
+    plain parameters (numbers, strings, tuples of them) with their values."""
 
     args: tuple[TensorSpec | None, ...] = ()
     params: tuple[tuple[str, TensorSpec], ...] = ()
+    values: tuple[tuple[str, Any], ...] = ()
 
 
 _PROBE = r"""
@@ -440,12 +447,23 @@ def seen(frame):
             found["args"].append(spec(eval(source, frame.f_globals, frame.f_locals)))
         except Exception:
             found["args"].append(None)
+    found["values"] = []
     code = frame.f_code
     for name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
-        value = spec(frame.f_locals.get(name))
-        if value is not None:
-            found["params"].append([name, value])
+        value = frame.f_locals.get(name)
+        described = spec(value)
+        if described is not None:
+            found["params"].append([name, described])
+        elif plain(value):
+            found["values"].append([name, value])
     return found
+
+def plain(value):
+    if isinstance(value, tuple):
+        return all(plain(v) for v in value)
+    if isinstance(value, float):
+        return value == value and abs(value) != float("inf")
+    return value is None or isinstance(value, (bool, int, str))
 
 def report(found):
     if found is not None:
@@ -528,7 +546,13 @@ def probe_launch(
     return LaunchSpecs(
         args=tuple(None if s is None else spec_from_json(s) for s in found["args"]),
         params=tuple((name, spec_from_json(s)) for name, s in found["params"]),
+        values=tuple((name, _tuples(value)) for name, value in found.get("values", ())),
     )
+
+
+def _tuples(value: Any) -> Any:
+    """JSON wrote the probed tuples as lists."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def call_argument_sources(focus: str) -> list[str]:
@@ -659,6 +683,7 @@ def reduce_recorded(
         on_event=on_event,
         specs=specs,
         named_specs=launch.params,
+        named_values=launch.values,
         focus=focus,
         timeout=timeout,
     )

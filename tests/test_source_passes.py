@@ -509,3 +509,13 @@ def test_jump_to_call_needs_probed_tensors_and_a_call_inside_a_function():
     assert list(candidates(jump_to_call, TRAINING, PassContext(focus=focus))) == []
     at_top = PassContext(named_specs=(("x", OFFSET_VIEW),), focus="main()")
     assert list(candidates(jump_to_call, TRAINING, at_top)) == []
+
+
+def test_jump_to_call_binds_probed_plain_values_over_defaults():
+    context = PassContext(
+        named_specs=(("x", OFFSET_VIEW),),
+        named_values=(("eps", 0.5), ("scale", (2, 3))),
+        focus="out = kernel(x, scale) - mean + eps",
+    )
+    pruned = next(candidates(jump_to_call, TRAINING, context))
+    assert "eps = 0.5\nscale = (2, 3)\n" in pruned

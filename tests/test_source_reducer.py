@@ -288,6 +288,7 @@ def test_a_fault_at_a_later_step_jumps_straight_to_the_call(tmp_path: Path):
         expected=Signature("RuntimeError", None, None, "cmvn_vec4: misaligned address"),
         specs=launch.args,
         named_specs=launch.params,
+        named_values=launch.values,
         focus=PACKED_FOCUS,
         max_time=300,
     )
@@ -375,6 +376,7 @@ def test_a_custom_kernel_fault_reduces_to_a_short_verified_script(name: str, tmp
         expected=expected,
         specs=launch.args,
         named_specs=launch.params,
+        named_values=launch.values,
         focus=focus,
         max_time=480,
         timeout=120,

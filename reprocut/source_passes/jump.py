@@ -15,8 +15,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from reprocut.case import TensorSpec
-from reprocut.source_passes.specs import focus_scope, spec_expression
+from reprocut.source_passes.specs import focus_scope, literal, spec_expression
 from reprocut.source_passes.statements import unused_definitions
 from reprocut.source_passes.tree import (
     PassContext,
@@ -46,7 +45,7 @@ def jump_to_call(code: str, context: PassContext) -> Generator[str, bool, None]:
         return
     defined = _defined_names(module)
     kept = [s for s in module.body if _is_set_up(s, defined)]
-    bindings = _parameter_bindings(function, dict(context.named_specs))
+    bindings = _parameter_bindings(function, context)
     pruned = _without_unused(module, kept, [*bindings, *body])
     for set_up in (pruned, kept) if len(pruned) < len(kept) else (kept,):
         candidate = _compiled(module.with_changes(body=[*set_up, *bindings, *body]))
@@ -133,10 +132,13 @@ class _PlainReturns(cst.CSTTransformer):
 
 
 def _parameter_bindings(
-    function: cst.FunctionDef, specs: dict[str, TensorSpec]
+    function: cst.FunctionDef, context: PassContext
 ) -> list[cst.SimpleStatementLine]:
-    """`name = <tensor>` for probed tensor parameters, `name = <default>` for the others that
-    have a default; a parameter with neither stays unbound (a candidate using it fails)."""
+    """`name = <tensor>` for probed tensor parameters, `name = <value>` for probed plain ones,
+    `name = <default>` for the others that have a default; a parameter with none of these stays
+    unbound (a candidate using it fails)."""
+    specs = dict(context.named_specs)
+    values = dict(context.named_values)
     params: Sequence[cst.Param] = (
         *function.params.posonly_params,
         *function.params.params,
@@ -145,7 +147,12 @@ def _parameter_bindings(
     bindings = []
     for param in params:
         name = param.name.value
-        value = spec_expression(specs[name]) if name in specs else param.default
+        if name in specs:
+            value: cst.BaseExpression | None = spec_expression(specs[name])
+        elif name in values:
+            value = literal(values[name])
+        else:
+            value = param.default
         if value is not None:
             target = cst.AssignTarget(cst.Name(name))
             bindings.append(cst.SimpleStatementLine(body=[cst.Assign([target], value)]))

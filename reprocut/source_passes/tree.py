@@ -32,6 +32,8 @@ class PassContext:
     specs: tuple[TensorSpec | None, ...] = ()
     # ...and the tensor parameters of the function that makes it, by name
     named_specs: tuple[tuple[str, TensorSpec], ...] = ()
+    # ...and its plain parameters (numbers, strings, tuples of them) with their values
+    named_values: tuple[tuple[str, Any], ...] = ()
     focus: str | None = None  # the failing source line's text (its call is tried first)
 
 
