@@ -188,10 +188,8 @@ def run_shrinkray(script_dir: Path, time_limit: float) -> tuple[float, str, str]
     test.chmod(0o755)
     target = script_dir / "train.reduced.py"
     seconds, status = generic_reducer.run_shrinkray(
-        ["--timeout", "60", "--parallelism", "1", "--target", str(target), str(test),
-         str(script_dir / "train.py")],
-        script_dir, time_limit,
-    )  # fmt: skip
+        test, script_dir / "train.py", target, script_dir, time_limit, timeout=60
+    )
     if target.exists():
         return seconds, target.read_text(), status
     # shrinkray writes its target only on a first improvement: none means the original is its best

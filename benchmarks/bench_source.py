@@ -293,10 +293,8 @@ def run_shrinkray(case: SourceCase, work: Path, time_limit: float, timeout: floa
     test.chmod(0o755)
     target = work.parent / "reduced.py"
     seconds, status = generic_reducer.run_shrinkray(
-        ["--timeout", str(timeout), "--parallelism", "1", "--target", str(target), str(test),
-         str(work / case.script)],
-        work, time_limit,
-    )  # fmt: skip
+        test, work / case.script, target, work, time_limit, timeout
+    )
     checks = len(counter.read_text().splitlines()) if counter.exists() else 0
     code = target.read_text() if target.exists() else ""
     if not code:
@@ -373,8 +371,8 @@ def report(
             f"{o.lines} | {'yes' if o.standalone else 'no'} | {'yes' if o.verified else 'no'} | "
             f"{o.status} |"
         )
-    lines += ["", f"Generic reducer: shrinkray {generic_version()} (the version the package index "
-              "here offers), one check at a time, its candidate run by the same fresh-process check "
+    lines += ["", f"Generic reducer: shrinkray {generic_version()} (the newest that installs "
+              "for this Python), one check at a time, its candidate run by the same fresh-process check "
               "used for verification."]  # fmt: skip
     if skipped:
         lines += ["", "Skipped:", *(f"- {reason}" for reason in skipped)]

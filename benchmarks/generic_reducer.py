@@ -3,14 +3,47 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 
-def run_shrinkray(arguments: list[str], cwd: Path, time_limit: float) -> tuple[float, str]:
-    """shrinkray in its own process group, killed whole at the limit: (seconds, how it ended)."""
+def _writes_a_target() -> bool:
+    """shrinkray 0.0.x writes its result to `--target`; later versions reduce the file in place
+    (and need `--ui basic` without a terminal)."""
+    done = subprocess.run(["shrinkray", "--help"], capture_output=True, text=True, timeout=60)
+    return "--target" in done.stdout
+
+
+def run_shrinkray(
+    test: Path, source: Path, target: Path, cwd: Path, time_limit: float, timeout: float
+) -> tuple[float, str]:
+    """shrinkray reducing `source` into `target` with the interestingness `test` (the candidate
+    on stdin), in its own process group, killed whole at the limit: (seconds, how it ended).
+
+    `target` exists afterwards only when shrinkray found a reduction (the newer in-place
+    versions write each improvement as they go, so a run stopped at the limit keeps its best).
+    """
+    common = ["--timeout", str(timeout), "--parallelism", "1"]
+    if _writes_a_target():
+        arguments = [*common, "--target", str(target), str(test), str(source)]
+        work = None
+    else:
+        work = target.with_name(f".work-{target.name}")
+        shutil.copyfile(source, work)
+        arguments = [*common, "--ui", "basic", "--input-type", "stdin", "--no-clang-delta",
+                     "--backup", str(work) + ".bak", str(test), str(work)]  # fmt: skip
+    seconds, status = _run(arguments, cwd, time_limit)
+    if work is not None:
+        if work.read_bytes() != source.read_bytes():
+            shutil.copyfile(work, target)
+        work.unlink(missing_ok=True)
+    return seconds, status
+
+
+def _run(arguments: list[str], cwd: Path, time_limit: float) -> tuple[float, str]:
     started = time.perf_counter()
     process = subprocess.Popen(
         ["shrinkray", *arguments],
