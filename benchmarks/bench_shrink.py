@@ -174,7 +174,7 @@ def expected_line(script_dir: Path) -> str:
 
 
 def run_shrinkray(script_dir: Path, time_limit: float) -> tuple[float, str, str]:
-    if shutil.which("shrinkray") is None:
+    if not generic_reducer.installed():
         return 0.0, "", "shrinkray not installed"
     line = expected_line(script_dir)
     test = script_dir / "interesting.sh"

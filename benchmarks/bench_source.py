@@ -8,8 +8,9 @@ clean copy of the case folder, to verify it. Reported: checks, seconds, final si
     python benchmarks/bench_source.py --device cuda         # + corpus Triton / CuPy cases (GPU)
     python benchmarks/bench_source.py --no-generic          # reprocut only
 
-shrinkray is installed for the benchmark only (`pip install shrinkray`); without it, its rows say
-so. Corpus cases that are missing are skipped with a note. Every child runs with a timeout.
+shrinkray is installed for the benchmark only (`pip install shrinkray`; `SHRINKRAY=/path/to/it`
+runs one installed for another Python); without it, its rows say so. Corpus cases that are
+missing are skipped with a note. Every child runs with a timeout.
 """
 
 from __future__ import annotations
@@ -272,7 +273,7 @@ def run_reprocut(case: SourceCase, work: Path, time_limit: float, timeout: float
 
 
 def run_shrinkray(case: SourceCase, work: Path, time_limit: float, timeout: float) -> Outcome:
-    if shutil.which("shrinkray") is None:
+    if not generic_reducer.installed():
         return Outcome("shrinkray", 0.0, 0, 0, False, False, "shrinkray not installed")
     counter = work.parent / "checks.txt"
     test = work.parent / "interesting.py"
@@ -335,15 +336,6 @@ def bench(
     return rows
 
 
-def generic_version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("shrinkray")
-    except metadata.PackageNotFoundError:
-        return "(not installed)"
-
-
 def report(
     rows: list[tuple[SourceCase, int, Outcome]], skipped: list[str], options: argparse.Namespace
 ) -> str:
@@ -371,7 +363,7 @@ def report(
             f"{o.lines} | {'yes' if o.standalone else 'no'} | {'yes' if o.verified else 'no'} | "
             f"{o.status} |"
         )
-    lines += ["", f"Generic reducer: shrinkray {generic_version()} (the newest that installs "
+    lines += ["", f"Generic reducer: shrinkray {generic_reducer.version()} (the newest that installs "
               "for this Python), one check at a time, its candidate run by the same fresh-process check "
               "used for verification."]  # fmt: skip
     if skipped:

@@ -9,11 +9,27 @@ import subprocess
 import time
 from pathlib import Path
 
+# the shrinkray to run: `$SHRINKRAY` (e.g. one installed for another Python), else the one on PATH
+SHRINKRAY = os.environ.get("SHRINKRAY", "shrinkray")
+
+
+def installed() -> bool:
+    return shutil.which(SHRINKRAY) is not None
+
+
+def version() -> str:
+    """The version of the shrinkray that runs (it may run under another Python than this)."""
+    try:
+        done = subprocess.run([SHRINKRAY, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return "(not installed)"
+    return done.stdout.strip().split()[-1] if done.returncode == 0 else "0.0.x"
+
 
 def _writes_a_target() -> bool:
     """shrinkray 0.0.x writes its result to `--target`; later versions reduce the file in place
     (and need `--ui basic` without a terminal)."""
-    done = subprocess.run(["shrinkray", "--help"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([SHRINKRAY, "--help"], capture_output=True, text=True, timeout=60)
     return "--target" in done.stdout
 
 
@@ -46,7 +62,7 @@ def run_shrinkray(
 def _run(arguments: list[str], cwd: Path, time_limit: float) -> tuple[float, str]:
     started = time.perf_counter()
     process = subprocess.Popen(
-        ["shrinkray", *arguments],
+        [SHRINKRAY, *arguments],
         cwd=cwd,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
