@@ -1,22 +1,63 @@
 #!/usr/bin/env bash
-# One device call refreshes the GPU evidence: every @pytest.mark.cuda test (4 workers) and the
-# corpus on CUDA side by side, then the shrink benchmark. Every part has its own timeout; logs
-# and result files go to $OUT (or benchmarks/results/logs).
+# One device call refreshes the GPU evidence. STAGES picks what runs (default: all), in order:
+#   tests    every @pytest.mark.cuda test but the source reducer's (4 workers), and at the same
+#            time the source reducer's cuda tests (3 workers, one per custom-kernel case)
+#   record   benchmarks/bench_record.py --device cuda
+#   source   benchmarks/bench_source.py --device cuda (reprocut vs shrinkray on the GPU cases)
+#   corpus   benchmarks/run_corpus.py --device cuda
+#   shrink   benchmarks/bench_shrink.py --device cuda
+# Every part has its own timeout (*_LIMIT, seconds); logs and result files go to $OUT (or
+# benchmarks/results/logs).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/logs}
+STAGES=${STAGES:-tests record source corpus shrink}
 mkdir -p "$OUT"
-(
-    timeout -k 10 "${TESTS_LIMIT:-330}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 4 \
-        --timeout 240 tests/ >"$OUT/gpu_tests.log" 2>&1
-    echo "pytest exit $?" >>"$OUT/gpu_tests.log"
-) &
-timeout -k 10 "${CORPUS_LIMIT:-380}" python3 benchmarks/run_corpus.py --device cuda --jobs 6 \
-    --timeout 200 --out "$OUT" >"$OUT/corpus.log" 2>&1
-echo "corpus exit $?" >>"$OUT/corpus.log"
-wait
-timeout -k 10 "${SHRINK_LIMIT:-110}" python3 benchmarks/bench_shrink.py --device cuda --repeats 5 \
-    --max-time 20 --out "$OUT/shrink-cuda.md" >"$OUT/bench_shrink.log" 2>&1
-echo "bench_shrink exit $?" >>"$OUT/bench_shrink.log"
-grep -E "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_tests.log" | tail -40
-tail -3 "$OUT/corpus.log" "$OUT/bench_shrink.log"
+export PYTHONUNBUFFERED=1
+
+stage_tests() {
+    (
+        timeout -k 10 "${TESTS_LIMIT:-330}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 4 \
+            --timeout 240 --ignore tests/test_source_reducer.py tests/ >"$OUT/gpu_tests.log" 2>&1
+        echo "pytest exit $?" >>"$OUT/gpu_tests.log"
+    ) &
+    timeout -k 10 "${SOURCE_TESTS_LIMIT:-540}" python3 -m pytest -v -p no:cacheprovider -m cuda \
+        -n 3 --timeout 530 tests/test_source_reducer.py >"$OUT/gpu_source_tests.log" 2>&1
+    echo "pytest exit $?" >>"$OUT/gpu_source_tests.log"
+    wait
+    grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_tests.log" "$OUT/gpu_source_tests.log"
+}
+
+stage_record() {
+    timeout -k 10 "${RECORD_LIMIT:-300}" python3 benchmarks/bench_record.py --device cuda \
+        --repeats "${RECORD_REPEATS:-2}" --out "$OUT" >"$OUT/bench_record.log" 2>&1
+    echo "bench_record exit $?" >>"$OUT/bench_record.log"
+    tail -25 "$OUT/bench_record.log"
+}
+
+stage_source() {
+    timeout -k 10 "${SOURCE_LIMIT:-560}" python3 benchmarks/bench_source.py --device cuda \
+        --max-time "${SOURCE_MAX_TIME:-120}" --timeout 60 ${SOURCE_CASES:+--cases $SOURCE_CASES} \
+        --out "$OUT/source-cuda.md" >"$OUT/bench_source.log" 2>&1
+    echo "bench_source exit $?" >>"$OUT/bench_source.log"
+    grep -E "^\|" "$OUT/source-cuda.md"
+}
+
+stage_corpus() {
+    timeout -k 10 "${CORPUS_LIMIT:-380}" python3 benchmarks/run_corpus.py --device cuda --jobs 6 \
+        --timeout 200 --out "$OUT" >"$OUT/corpus.log" 2>&1
+    echo "corpus exit $?" >>"$OUT/corpus.log"
+    tail -3 "$OUT/corpus.log"
+}
+
+stage_shrink() {
+    timeout -k 10 "${SHRINK_LIMIT:-110}" python3 benchmarks/bench_shrink.py --device cuda \
+        --repeats 5 --max-time 20 --out "$OUT/shrink-cuda.md" >"$OUT/bench_shrink.log" 2>&1
+    echo "bench_shrink exit $?" >>"$OUT/bench_shrink.log"
+    tail -3 "$OUT/bench_shrink.log"
+}
+
+for stage in $STAGES; do
+    echo "== $stage $(date -u +%H:%M:%S)"
+    "stage_$stage"
+done
