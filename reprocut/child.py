@@ -95,7 +95,7 @@ def main(config_path: str) -> None:
     outcome["phase"] = recorder.state.phase() if outcome["status"] == "failed" else None
     outcome["compiled"] = compiled
     outcome["culprit"] = None if recorder.culprit is None else recorder.culprit.to_json()
-    outcome["snapshots"] = [_snapshot_json(s) for s in recorder.all_snapshots()]
+    outcome["snapshots"] = [s.to_json() for s in recorder.all_snapshots()]
     outcome["healthy_through"] = recorder.healthy_through
     if outcome["status"] == "failed":
         recorder.store.save(run_dir / "inputs.pt")
@@ -120,21 +120,6 @@ def user_traceback(exc: BaseException) -> str:
 
 def _location_json(location: Any) -> dict[str, Any] | None:
     return None if location is None else location.to_json()
-
-
-def _snapshot_json(snapshot: Any) -> dict[str, Any]:
-    return {
-        "seq": snapshot.seq,
-        "op": snapshot.op,
-        "target": snapshot.target,
-        "call": snapshot.call,
-        "step": snapshot.step,
-        "phase": snapshot.phase,
-        "module": snapshot.module,
-        "source": _location_json(snapshot.source),
-        "public_call": snapshot.public_call,
-        "public": snapshot.public,
-    }
 
 
 if __name__ == "__main__":

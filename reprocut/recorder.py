@@ -20,16 +20,17 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from reprocut.capture import ASSERTING_OPS, TensorStore, capture_call
+from reprocut.capture import ASSERTING_OPS, HeldCall, TensorStore, capture_call, hold_call
 from reprocut.case import SourceLocation
 from reprocut.frames import UserFrames, is_user_file
 from reprocut.publicapi import aten_name, aten_path, public_name
@@ -59,18 +60,41 @@ class StepState:
 
 @dataclass
 class Snapshot:
-    """An asserting op's call, with its evidence queued for copy to host before it ran."""
+    """An asserting op's call, with its evidence queued for copy to host before it ran.
+
+    The calls are held, not JSON: most snapshots belong to healthy steps and are dropped unread.
+    """
 
     seq: int
     op: str
     target: str
-    call: dict[str, Any]
+    call: HeldCall
     step: int
     phase: str
     module: str | None
     source: SourceLocation | None
     public_call: str | None
-    public: dict[str, Any] | None  # the enclosing public call's arguments, captured alike
+    public: HeldCall | None  # the enclosing public call's arguments, captured alike
+
+    def captured_keys(self) -> Iterator[str]:
+        """The store keys of its host copies."""
+        yield from self.call.captured_keys()
+        if self.public is not None:
+            yield from self.public.captured_keys()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "op": self.op,
+            "target": self.target,
+            "call": self.call.to_json(),
+            "step": self.step,
+            "phase": self.phase,
+            "module": self.module,
+            "source": None if self.source is None else self.source.to_json(),
+            "public_call": self.public_call,
+            "public": None if self.public is None else self.public.to_json(),
+        }
 
 
 @dataclass
@@ -129,7 +153,8 @@ class Recorder:
         self.snapshots: list[Snapshot] = []
         self.culprit: Culprit | None = None
         self.public_stack: list[tuple[Any, str | None, tuple[Any, ...], dict[str, Any]]] = []
-        self.public_captured: dict[int, dict[str, Any]] = {}
+        self.public_captured: dict[int, HeldCall] = {}
+        self._public_names: dict[CodeType, str | None] = {}  # by library code: resolving costs
         self.module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = (
             weakref.WeakKeyDictionary()
         )
@@ -252,7 +277,9 @@ class Recorder:
             if not done:
                 return
             self.healthy_through = step
-            self.pending.pop(0)
+            _, _, snapshots = self.pending.pop(0)
+            for snapshot in snapshots:
+                self.store.drop(snapshot.captured_keys())
 
     def all_snapshots(self) -> list[Snapshot]:
         """Snapshots of every step not yet known to have completed, oldest first."""
@@ -329,7 +356,7 @@ class Recorder:
         *,
         synchronized: bool,
         public_call: str | None = None,
-        public: dict[str, Any] | None = None,
+        public: HeldCall | None = None,
     ) -> None:
         """A failure that no aten op owns: a composite public call's own check, or a fault
         pending before an op (a kernel outside the dispatcher), placed at the current line."""
@@ -344,12 +371,12 @@ class Recorder:
                 source=self.frames.find(sys._getframe(2)),
                 forward_source=None,
                 public_call=public_call,
-                public=public,
+                public=None if public is None else public.to_json(),
                 synchronized=synchronized,
             )
         )
 
-    def public_context(self) -> tuple[str | None, dict[str, Any] | None]:
+    def public_context(self) -> tuple[str | None, HeldCall | None]:
         """The outermost public call in flight, with its arguments captured (once).
 
         In backward there is none worth naming: `loss.backward()` is not what failed."""
@@ -365,7 +392,7 @@ class Recorder:
             self.public_captured[key] = captured
         return name, captured
 
-    def _public_from_frames(self) -> tuple[str | None, dict[str, Any] | None]:
+    def _public_from_frames(self) -> tuple[str | None, HeldCall | None]:
         """Without the function mode (GPU runs after step 0), find the public call on the stack:
         the torch function that user code called, with its arguments from the frame's locals."""
         frame: FrameType | None = sys._getframe(2)
@@ -380,26 +407,32 @@ class Recorder:
         if library_frame is None or frame is None:
             return None, None
         code = library_frame.f_code
-        module = library_frame.f_globals.get("__name__", "")
-        path = f"{module}.{code.co_name}"
-        name = _public_path(path)
+        if code in self._public_names:
+            name = self._public_names[code]
+        else:
+            module = library_frame.f_globals.get("__name__", "")
+            name = self._public_names[code] = _public_path(f"{module}.{code.co_name}")
         if name is None:
             return None, None
         names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
         values = library_frame.f_locals
         args = tuple(values[n] for n in names[: code.co_argcount] if n in values)
         kwargs = {n: values[n] for n in names[code.co_argcount :] if n in values}
-        captured = self._capture_public(name, args, kwargs)
-        captured["names"] = list(names)
-        return name, captured
+        return name, self._capture_public(name, args, kwargs, names)
 
     def _capture_public(
-        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> dict[str, Any]:
+        self,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        names: tuple[str, ...] | None = None,
+    ) -> HeldCall:
         """On CPU every small input is kept; on CUDA the evidence goes to pinned memory, queued
         ahead of the kernels that may fault."""
         cpu = _on_cpu(args, kwargs)
-        return capture_call(args, kwargs, name, self.store, everything=cpu, non_blocking=not cpu)
+        return hold_call(
+            args, kwargs, name, self.store, everything=cpu, non_blocking=not cpu, names=names
+        )
 
     def _in_localize_window(self, step: int) -> bool:
         config = self.config
@@ -448,13 +481,20 @@ def _touches_cuda(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return not _on_cpu(args, kwargs)
 
 
+_Tensor = torch.Tensor
+_STRIDED = torch.strided
+
+
 def _spec_tuple(value: Any) -> Any:
-    """A tensor's layout as cheap, hashable objects; made JSON-ready only when written."""
-    if isinstance(value, torch.Tensor):
-        if value.layout is not torch.strided:
-            return (value.shape, value.dtype, None, 0, value.device.type)
-        return (value.shape, value.dtype, value.stride(), value.storage_offset(), value.device.type)
-    if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+    """A tensor's layout as cheap, hashable objects; made JSON-ready only when written.
+
+    Runs for every argument of every op: a few C getters, and the device object as it is
+    (`.device.type` alone costs more than the other getters together)."""
+    if isinstance(value, _Tensor):
+        if value.layout is not _STRIDED:
+            return (value.shape, value.dtype, None, 0, value.device)
+        return (value.shape, value.dtype, value.stride(), value.storage_offset(), value.device)
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], _Tensor):
         return tuple(map(_spec_tuple, value))
     return None
 
@@ -504,40 +544,72 @@ class _OpRecorder(TorchDispatchMode):
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
-        self._names: dict[Any, str] = {}
+        # by id(op): hashing an OpOverload runs Python code. The op itself is kept in the
+        # entry, so its id cannot be reused.
+        self._ops: dict[int, tuple[str, bool, Any]] = {}
+        self._targets: dict[int, tuple[str, tuple[str, ...] | None, Any]] = {}
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No dynamo-disabling wrapper around every op: it costs as much as recording the op,
+        and nothing is compiled under reprocut (child.py runs torch.compile eagerly and sets
+        TORCH_COMPILE_DISABLE)."""
+        return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        # The hot path: keep it to a few dict lookups per op on healthy steps.
-        kwargs = kwargs or {}
+        # The hot path: a healthy op outside the localize window costs one dict lookup, the
+        # op, and its specs. Everything else (asserting ops, localized steps) goes the long way.
+        recorder = self.recorder
+        entry = self._ops.get(id(func))
+        if entry is None:
+            entry = self._learn(func)
+        name = entry[0]
+        recorder.last_op = name
+        if recorder.localizing or entry[1]:
+            return self._dispatch_watched(func, name, args, kwargs or {})
+        try:
+            result = func(*args, **kwargs) if kwargs else func(*args)
+        except Exception as exc:
+            self._raised(func, name, args, kwargs or {}, exc, None, synchronizing=False)
+            raise
+        state = recorder.state
+        stack = state.module_stack
+        recorder.ops.append(
+            (
+                name,
+                stack[-1] if stack else None,
+                state.phase(),
+                tuple(map(_spec_tuple, args)),
+            )
+        )
+        return result
+
+    def _learn(self, func: Any) -> tuple[str, bool, Any]:
+        """Name a new op, and whether it takes the long way (snapshots of asserting ops)."""
+        name = aten_name(func)
+        watched = self.recorder.config.snapshots and name in ASSERTING_OPS
+        entry = self._ops[id(func)] = (name, watched, func)
+        return entry
+
+    def _dispatch_watched(self, func: Any, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
+        """An op that may need its inputs copied first: snapshots, or a localized step."""
         recorder = self.recorder
         state = recorder.state
-        name = self._names.get(func)
-        if name is None:
-            name = self._names[func] = aten_name(func)
-        recorder.last_op = name
-        config = recorder.config
         call = None
         synchronizing = recorder.localizing and torch.cuda.is_initialized()
         if synchronizing:
             # every op, CUDA arguments or not: a host-to-device copy also raises pending faults
             self._synchronize_before(func, name)
             recorder.public_context()  # copy the public call's inputs before any fault
-            call = _named(func, capture_call(args, kwargs, name, recorder.store, everything=True))
-        elif config.snapshots and name in ASSERTING_OPS and _touches_cuda(args, kwargs):
+            call = self._capture(func, name, args, kwargs)
+        elif recorder.config.snapshots and name in ASSERTING_OPS and _touches_cuda(args, kwargs):
             self._snapshot(func, name, args, kwargs)
         try:
             result = func(*args, **kwargs)
             if synchronizing:
                 torch.cuda.synchronize()
         except Exception as exc:
-            # A CUDA error raised here is this op's own only if all earlier work was known
-            # complete before it ran (a synchronized step); otherwise it merely surfaced here.
-            if recorder.culprit is None and (synchronizing or not is_cuda_error(exc)):
-                if call is None:
-                    call = _named(
-                        func, capture_call(args, kwargs, name, recorder.store, everything=True)
-                    )
-                self._note(func, name, call, synchronized=True)
+            self._raised(func, name, args, kwargs, exc, call, synchronizing=synchronizing)
             raise
         stack = state.module_stack
         recorder.ops.append(
@@ -550,6 +622,25 @@ class _OpRecorder(TorchDispatchMode):
         )
         return result
 
+    def _raised(
+        self,
+        func: Any,
+        name: str,
+        args: Any,
+        kwargs: dict[str, Any],
+        exc: Exception,
+        call: dict[str, Any] | None,
+        *,
+        synchronizing: bool,
+    ) -> None:
+        """A CUDA error raised here is this op's own only if all earlier work was known complete
+        before it ran (a synchronized step); otherwise it merely surfaced here."""
+        recorder = self.recorder
+        if recorder.culprit is None and (synchronizing or not is_cuda_error(exc)):
+            if call is None:
+                call = self._capture(func, name, args, kwargs)
+            self._note(func, name, call, synchronized=True)
+
     def _synchronize_before(self, func: Any, name: str) -> None:
         """A fault already pending here came from outside the dispatcher (a custom kernel)."""
         try:
@@ -558,16 +649,33 @@ class _OpRecorder(TorchDispatchMode):
             self.recorder.note_culprit_here(synchronized=False)
             raise
 
+    def _capture(self, func: Any, name: str, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Every small input, as JSON: this op is (or may be) the culprit."""
+        names = self._target(func)[1]
+        store = self.recorder.store
+        return capture_call(args, kwargs, name, store, everything=True, names=names)
+
+    def _target(self, func: Any) -> tuple[str, tuple[str, ...] | None]:
+        """The op's callable path and its parameters' names (for the tensor table), cached."""
+        found = self._targets.get(id(func))
+        if found is None:
+            schema = getattr(func, "_schema", None)
+            names = None if schema is None else tuple(a.name for a in schema.arguments)
+            found = self._targets[id(func)] = (aten_path(func), names, func)
+        return found[0], found[1]
+
     def _snapshot(self, func: Any, name: str, args: Any, kwargs: Any) -> None:
+        """Queue host copies of the evidence ahead of the op; build no JSON (see Snapshot)."""
         recorder = self.recorder
         recorder.seq += 1
-        call = _named(func, capture_call(args, kwargs, name, recorder.store, non_blocking=True))
+        target, names = self._target(func)
+        call = hold_call(args, kwargs, name, recorder.store, non_blocking=True, names=names)
         public_call, public = recorder.public_context()
         recorder.snapshots.append(
             Snapshot(
                 seq=recorder.seq,
                 op=name,
-                target=aten_path(func),
+                target=target,
                 call=call,
                 step=recorder.state.step,
                 phase=recorder.state.phase(),
@@ -607,7 +715,7 @@ class _OpRecorder(TorchDispatchMode):
         recorder.note_culprit(
             Culprit(
                 op=name,
-                target=aten_path(func),
+                target=self._target(func)[0],
                 call=call,
                 step=recorder.state.step,
                 phase=phase,
@@ -615,18 +723,10 @@ class _OpRecorder(TorchDispatchMode):
                 source=source,
                 forward_source=forward_source,
                 public_call=public_call,
-                public=public,
+                public=None if public is None else public.to_json(),
                 synchronized=synchronized,
             )
         )
-
-
-def _named(func: Any, call: dict[str, Any]) -> dict[str, Any]:
-    """Add the schema's argument names, for the tensor table (`weight`, `indices`)."""
-    schema = getattr(func, "_schema", None)
-    if schema is not None:
-        call["names"] = [argument.name for argument in schema.arguments]
-    return call
 
 
 def _autograd_tag() -> tuple[SourceLocation | None, str | None] | None:

@@ -33,24 +33,39 @@ def to_dtype(name: str) -> torch.dtype:
 
 def spec_of(tensor: torch.Tensor, values: Values | None = None) -> TensorSpec:
     """The spec of a real tensor (its layout as it is, not as a contiguous copy)."""
-    shape = tuple(tensor.shape)
-    stride = tuple(tensor.stride()) if tensor.layout == torch.strided else None
-    spec = TensorSpec(
+    strided = tensor.layout == torch.strided
+    return spec_from_layout(
+        tuple(tensor.shape),
+        tuple(tensor.stride()) if strided else None,
+        tensor.storage_offset() if strided else 0,
+        tensor.dtype,
+        tensor.device,
+        tensor.requires_grad,
+        values,
+    )
+
+
+def spec_from_layout(
+    shape: tuple[int, ...],
+    stride: tuple[int, ...] | None,
+    storage_offset: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    requires_grad: bool,
+    values: Values | None = None,
+) -> TensorSpec:
+    """The spec of a tensor from facts read off it earlier (the tensor may be gone by now)."""
+    if stride is not None and stride == contiguous_stride(shape):
+        stride = None
+    return TensorSpec(
         shape=shape,
         stride=stride,
-        storage_offset=tensor.storage_offset() if tensor.layout == torch.strided else 0,
-        dtype=dtype_name(tensor.dtype),
-        device=str(tensor.device),
-        requires_grad=tensor.requires_grad,
-        values=values if values is not None else default_values(tensor.dtype),
+        storage_offset=storage_offset,
+        dtype=dtype_name(dtype),
+        device=str(device),
+        requires_grad=requires_grad,
+        values=values if values is not None else default_values(dtype),
     )
-    if spec.is_contiguous:
-        spec = TensorSpec(**{**_fields(spec), "stride": None})
-    return spec
-
-
-def _fields(spec: TensorSpec) -> dict[str, Any]:
-    return {name: getattr(spec, name) for name in spec.__dataclass_fields__}
 
 
 def default_values(dtype: torch.dtype) -> Generated:

@@ -39,6 +39,8 @@ class TraceWriter:
 def _jsonable(value: Any) -> Any:
     if isinstance(value, torch.dtype):
         return str(value).removeprefix("torch.")
+    if isinstance(value, torch.device):
+        return value.type
     if isinstance(value, (tuple, list)):
         return [_jsonable(item) for item in value]
     return value

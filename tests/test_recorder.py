@@ -135,3 +135,53 @@ def test_the_localize_window_opens_and_closes_at_step_boundaries(tmp_path):
             seen.append(recorder.localizing)
             train(model, optimizer, ids, 1)
     assert seen == [False, True, True, False]
+
+
+class FakeEvent:
+    """torch.cuda.Event on a CPU machine: completes when the test says so."""
+
+    done = False
+
+    def record(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return FakeEvent.done
+
+
+def test_snapshots_live_until_their_step_completes_then_release_their_copies(tmp_path, monkeypatch):
+    """The CUDA snapshot path, on CPU tensors: evidence is copied before each asserting op, the
+    JSON is built only when asked, and a completed step's copies leave the store."""
+    import reprocut.recorder as recorder_module
+
+    monkeypatch.setattr(recorder_module, "_touches_cuda", lambda args, kwargs: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(FakeEvent, "done", False)
+    model = Encoder()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ids = torch.randint(0, 10, (2, 5))
+    with Recorder(RecorderConfig(run_dir=tmp_path)) as recorder:
+        train(model, optimizer, ids, 2)
+        snapshots = recorder.all_snapshots()
+        assert [(s.step, s.op) for s in snapshots] == [
+            (0, "aten::embedding"),
+            (0, "aten::embedding_dense_backward"),
+            (1, "aten::embedding"),
+            (1, "aten::embedding_dense_backward"),
+        ]
+        first = snapshots[0].to_json()
+        weight, indices = first["call"]["args"]
+        assert first["call"]["names"][:2] == ["weight", "indices"]
+        assert weight["tensor"]["shape"] == [10, 4]
+        assert "generated" in weight["tensor"]["values"]  # weights: the shape is enough
+        key = indices["tensor"]["values"]["captured"]
+        assert torch.equal(recorder.store.tensors[key], ids)
+        assert first["module"] == "model.embed" and first["phase"] == "forward"
+        assert set(recorder.store.tensors) == {k for s in snapshots for k in s.captured_keys()}
+
+        FakeEvent.done = True
+        train(model, optimizer, ids, 1)
+        assert recorder.all_snapshots() == []
+        assert recorder.healthy_through == 2
+        assert recorder.store.tensors == {}
