@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from reprocut.case import SourceLocation
 from reprocut.recording import atomic_write
 
 OUTCOME_FILE = "outcome.json"
@@ -64,26 +65,33 @@ def main(config_path: str) -> None:
     sys.argv = [script, *config.get("argv", [])]
     sys.path[0] = os.path.dirname(script)
     outcome: dict[str, Any] = {"status": "passed", "exit_code": 0}
-    exit_code = 0
+    exit_code, ended = 0, False
+    exit_request: SystemExit | None = None
     recorder.__enter__()
     try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:
-        code = exc.code
-        exit_code = code if isinstance(code, int) else (0 if code is None else 1)
-        if code is not None and not isinstance(code, int):
-            print(code, file=sys.stderr)
-        outcome = {"status": "exited", "exit_code": exit_code}
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as exc:
+            exit_request = exc
+        ended = True  # from here on, a fault surfaces at the script's end
+        _settle_cuda(torch)
+        if exit_request is not None:
+            code = exit_request.code
+            exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+            if code is not None and not isinstance(code, int):
+                print(code, file=sys.stderr)
+            outcome = {"status": "exited", "exit_code": exit_code}
     except BaseException as exc:  # the failure under study: everything is data now
         exit_code = 1
+        surfaced = recorder.frames.innermost_in_traceback(exc.__traceback__)
+        if surfaced is None and ended:
+            surfaced = _script_end(script)
         outcome = {
             "status": "failed",
             "exit_code": 1,
             "error": _error_info(exc),
             "traceback": user_traceback(exc),
-            "surfaced_at": _location_json(
-                recorder.frames.innermost_in_traceback(exc.__traceback__)
-            ),
+            "surfaced_at": _location_json(surfaced),
             "last_op": recorder.last_op,
             "interrupted": isinstance(exc, KeyboardInterrupt),
         }
@@ -103,6 +111,25 @@ def main(config_path: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)
+
+
+def _settle_cuda(torch: Any) -> None:
+    """Wait for the GPU work the script queued: a script that never synchronizes (no `.item()`,
+    no print of a loss) can end before its faulting kernel runs, and a plain run then exits 0
+    or dies at teardown. Waiting here turns that fault into the failure it is."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _script_end(script: str) -> SourceLocation:
+    """Where a fault that surfaced only when the script had ended is reported."""
+    try:
+        last = len(Path(script).read_text().splitlines())
+    except OSError:
+        last = 0
+    return SourceLocation(
+        script, last, "(end of script: the fault surfaced when reprocut waited for the GPU)"
+    )
 
 
 def user_traceback(exc: BaseException) -> str:

@@ -108,3 +108,13 @@ def test_rerun_path_without_snapshots_finds_the_same_culprit(tmp_path):
     assert report["op"] == "aten::embedding"
     assert report["source"]["line"] == culprit_line(script)
     assert any("index max 1000" in f for f in report["facts"]), report["facts"]
+
+
+def test_a_fault_still_queued_when_the_script_ends_is_caught(tmp_path):
+    script = SCRIPTS / "cuda_fault_at_exit.py"
+    code, report = record(tmp_path, script)
+    assert code == ExitCode.OK, report["_stderr"][-3000:]
+    assert report["op"] == "aten::embedding"
+    assert report["source"]["line"] == culprit_line(script)
+    assert report["signature"]["kind"] == "index out of bounds"
+    assert "end of script" in report["surfaced_at"]["text"]
