@@ -1,6 +1,9 @@
 """Benchmark `reprocut record`: overhead on healthy runs, and time to culprit on a late failure.
 
     python benchmarks/bench_record.py [--device cuda] [--repeats 3] [--out benchmarks/results]
+        [--only overhead|culprit] [--workload launch_bound]
+
+--only / --workload run a part (printed, not written to --out): for quick iteration.
 
 Overhead: the training loop's own wall time (printed by the workload as LOOP_SECONDS, warm-up
 excluded) under `reprocut record` over a plain `python` run; total process time alongside.
@@ -147,7 +150,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--fail-at", type=int, default=150)
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--only", choices=("overhead", "culprit"), help="run one part only")
+    parser.add_argument("--workload", choices=("gpu_bound", "launch_bound"), help="one only")
     options = parser.parse_args()
+    if options.only or options.workload:
+        print(json.dumps(part(options), indent=2))
+        return
     import torch
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,6 +178,19 @@ def main() -> None:
     stem.with_suffix(".json").write_text(json.dumps({**meta, **figures}, indent=2))
     stem.with_suffix(".md").write_text(render(meta, figures))
     print(render(meta, figures))
+
+
+def part(options: argparse.Namespace) -> dict[str, object]:
+    """The figures of one part (--only, --workload), for iterating on one number."""
+    figures: dict[str, object] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        if options.only != "culprit":
+            for name in [options.workload] if options.workload else ["gpu_bound", "launch_bound"]:
+                figures[name] = overhead(f"{name}.py", options.device, options.repeats, workdir)
+        if options.only == "culprit":
+            figures["time_to_culprit"] = time_to_culprit(options.device, options.fail_at, workdir)
+    return figures
 
 
 def render(meta: dict[str, str], figures: dict[str, dict]) -> str:

@@ -42,7 +42,9 @@ typical use:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported (shrink's pulls in libcst: half a second
+    that `record` would pay before the user's script even starts). None imports them all."""
     parser = argparse.ArgumentParser(
         prog="reprocut",
         description="Turn a PyTorch script that dies with a CUDA error into a minimal repro.py.",
@@ -52,15 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"reprocut {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
+        if command is not None and name != command:
+            sub.add_parser(name, help=help_text)  # listed in --help, never parsed
+            continue
         module = importlib.import_module(module_name)
-        command = sub.add_parser(
+        subparser = sub.add_parser(
             name,
             help=help_text,
             description=module.__doc__,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        module.add_arguments(command)
-        command.set_defaults(module=module)
+        module.add_arguments(subparser)
+        subparser.set_defaults(module=module)
     return parser
 
 
@@ -74,9 +79,9 @@ def error_json(exc: ReprocutError) -> dict[str, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    console = make_console()
     args = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(args[0] if args and args[0] in COMMANDS else "")
+    console = make_console()
     try:
         options = parser.parse_args(args)
     except SystemExit as exc:

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,8 +122,6 @@ def _kill_group(pid: int) -> None:
 
 def serve_one(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """Fork a child for one request, wait with the timeout, and collect what it left."""
-    out_path, err_path = workdir / "stdout.txt", workdir / "stderr.txt"
-    timeout = float(request.get("timeout", 60))
     read_fd, write_fd = os.pipe()
     _flush()
     started = time.perf_counter()
@@ -132,36 +131,126 @@ def serve_one(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
         try:
             os.close(read_fd)
             os.setpgid(0, 0)
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
-            for fd, path in ((1, out_path), (2, err_path)):
-                target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                os.dup2(target, fd)
-                os.close(target)
-            sys.stdout = sys.__stdout__  # the server swapped it for stderr; the child's is fd 1
-            import faulthandler
-
-            faulthandler.enable()
-            verdict = run_request(request)
-            _flush()
-            with os.fdopen(write_fd, "w") as pipe:
-                pipe.write(json.dumps(verdict))
+            _run_child(request, workdir, write_fd)
             status = 0
         except BaseException:
-            try:
-                traceback.print_exc()
-                _flush()
-            except BaseException:
-                pass
+            _print_exception()
         finally:
             os._exit(status)
     os.close(write_fd)
+    return _collect(pid, read_fd, request, workdir, started)
+
+
+def _collect(
+    pid: int, read_fd: int, request: dict[str, Any], workdir: Path, started: float
+) -> dict[str, Any]:
+    """The server's side of a request: wait for the child with the timeout, read its output."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.setpgid(pid, pid)  # also from this side: no race with a child that is slow to start
-    reply = _wait(pid, read_fd, timeout, started)
-    reply["stdout"] = read_output(out_path)
-    reply["stderr"] = read_output(err_path)
+    reply = _wait(pid, read_fd, float(request.get("timeout", 60)), started)
+    reply["stdout"] = read_output(workdir / "stdout.txt")
+    reply["stderr"] = read_output(workdir / "stderr.txt")
     return reply
+
+
+def _run_child(request: dict[str, Any], workdir: Path, write_fd: int) -> None:
+    """In the forked child: output to files, run the request, send the verdict up the pipe."""
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    for fd, path in ((1, workdir / "stdout.txt"), (2, workdir / "stderr.txt")):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdout = sys.__stdout__  # the server swapped it for stderr; the child's is fd 1
+    import faulthandler
+
+    faulthandler.enable()
+    verdict = run_request(request)
+    _flush()
+    with os.fdopen(write_fd, "w") as pipe:
+        pipe.write(json.dumps(verdict))
+
+
+def _print_exception() -> None:
+    try:
+        traceback.print_exc()
+        _flush()
+    except BaseException:
+        pass
+
+
+@dataclass
+class Standby:
+    """A child forked before its request arrives, its CUDA context already made: the request
+    then skips the context's start-up (a few tenths of a second on an H200). Asked for with a
+    `{"standby": true, "cuda": true}` line, used by the next request."""
+
+    pid: int
+    request_fd: int  # the server writes the request here
+    result_fd: int  # the child writes its verdict here
+
+    @classmethod
+    def fork(cls, cuda: bool) -> Standby:
+        request_r, request_w = os.pipe()
+        result_r, result_w = os.pipe()
+        _flush()
+        pid = os.fork()
+        if pid == 0:
+            os.close(request_w)
+            os.close(result_r)
+            _standby_child(request_r, result_w, cuda)  # never returns
+        os.close(request_r)
+        os.close(result_w)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.setpgid(pid, pid)
+        return cls(pid, request_w, result_r)
+
+    def serve(self, request: dict[str, Any], workdir: Path) -> dict[str, Any]:
+        started = time.perf_counter()
+        request = {**request, "workdir": str(workdir)}
+        try:
+            with os.fdopen(self.request_fd, "w") as pipe:
+                pipe.write(json.dumps(request) + "\n")
+        except OSError:  # it died while waiting: its exit status says how
+            pass
+        return _collect(self.pid, self.result_fd, request, workdir, started)
+
+    def discard(self) -> None:
+        """No request came (the server is closing): end the child and its group."""
+        with contextlib.suppress(OSError):
+            os.close(self.request_fd)
+        with contextlib.suppress(OSError):
+            os.close(self.result_fd)
+        _kill_group(self.pid)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+def _standby_child(request_fd: int, result_fd: int, cuda: bool) -> None:
+    status = 70
+    try:
+        os.setpgid(0, 0)
+        if cuda:
+            _start_cuda()
+        with os.fdopen(request_fd) as pipe:
+            line = pipe.readline()
+        if line:
+            request = json.loads(line)
+            _run_child(request, Path(request["workdir"]), result_fd)
+        status = 0
+    except BaseException:
+        _print_exception()
+    finally:
+        os._exit(status)
+
+
+def _start_cuda() -> None:
+    """Make the CUDA context now; without a usable GPU the request starts it (or fails) as it
+    would have anyway."""
+    import torch
+
+    with contextlib.suppress(Exception):
+        torch.empty(1, device="cuda")
 
 
 def _wait(pid: int, read_fd: int, timeout: float, started: float) -> dict[str, Any]:
@@ -230,18 +319,30 @@ def serve(stdin: Any, stdout: Any) -> None:
     }
     stdout.write(json.dumps(ready) + "\n")
     stdout.flush()
+    standby: Standby | None = None
     with tempfile.TemporaryDirectory(prefix="reprocut-fork-") as tmp:
         workdir = Path(tmp)
-        for line in stdin:
-            if not line.strip():
-                continue
-            try:
-                request = json.loads(line)
-                reply = serve_one(request, workdir)
-            except Exception as exc:  # a broken request must not take the server down
-                reply = {"outcome": "error", "message": repr(exc)}
-            stdout.write(json.dumps(reply) + "\n")
-            stdout.flush()
+        try:
+            for line in stdin:
+                if not line.strip():
+                    continue
+                try:
+                    request = json.loads(line)
+                    if request.get("standby"):
+                        standby = standby or Standby.fork(cuda=bool(request.get("cuda")))
+                        reply = {"outcome": "standby", "pid": standby.pid}
+                    elif standby is not None:
+                        standby, used = None, standby
+                        reply = used.serve(request, workdir)
+                    else:
+                        reply = serve_one(request, workdir)
+                except Exception as exc:  # a broken request must not take the server down
+                    reply = {"outcome": "error", "message": repr(exc)}
+                stdout.write(json.dumps(reply) + "\n")
+                stdout.flush()
+        finally:
+            if standby is not None:
+                standby.discard()
 
 
 def run_once(request_path: Path, verdict_path: Path) -> None:

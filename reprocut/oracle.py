@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -134,7 +135,11 @@ class Oracle:
         fork: bool = True,
         timeout: float = 60.0,
         compare_op: bool = True,
+        standby_cuda: bool = False,
     ) -> None:
+        """`standby_cuda`: keep a child with its CUDA context made ready for the next check (see
+        `prepare`). Only for emitted repro cases: a user's script may set up the environment
+        CUDA reads when it starts."""
         self.expected = expected
         self.fork = fork
         self.timeout = timeout
@@ -146,6 +151,8 @@ class Oracle:
         self._server: subprocess.Popen[str] | None = None
         self.fork_disabled: str | None = None  # why the oracle fell back to fresh processes
         self._sidecar_keys: tuple[tuple[str, ...], int] | None = None
+        self.standby_cuda = standby_cuda
+        self._server_lock = threading.Lock()  # prepare() may come from another thread
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -193,7 +200,12 @@ class Oracle:
             "timeout": float(timeout or self.timeout),
         }
         started = time.perf_counter()
-        reply = self._run_forked(request) if self.fork else self._run_fresh(request)
+        if self.fork:
+            with self._server_lock:
+                reply = self._run_forked(request)
+            self.prepare()  # the next check's child starts while this verdict is read
+        else:
+            reply = self._run_fresh(request)
         self.checks += 1
         self.seconds += time.perf_counter() - started
         return verdict_from_reply(reply, expected or self.expected, compare_op=self.compare_op)
@@ -203,8 +215,27 @@ class Oracle:
         if self.fork and (self._server is None or self._server.poll() is not None):
             self._server = self._start_server()
 
+    def prepare(self) -> int | None:
+        """A check is coming: have the server fork its child now, so that the child's CUDA start
+        overlaps whatever the caller does meanwhile. Needs `standby_cuda` and a running server.
+        Returns the waiting child's pid, if there is one."""
+        if not (self.fork and self.standby_cuda):
+            return None
+        with self._server_lock:
+            server = self._server
+            if server is None or server.poll() is not None or server.stdin is None:
+                return None
+            try:
+                server.stdin.write(json.dumps({"standby": True, "cuda": True}) + "\n")
+                server.stdin.flush()
+            except (BrokenPipeError, OSError):
+                return None
+            line = self._read_line(server, SERVER_GRACE)
+        return json.loads(line).get("pid") if line else None
+
     def close(self) -> None:
-        self._stop_server()
+        with self._server_lock:
+            self._stop_server()
         self._tmp.cleanup()
 
     def __enter__(self) -> Oracle:

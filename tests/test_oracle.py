@@ -148,3 +148,27 @@ def test_falls_back_to_fresh_processes_when_fork_is_unsafe(monkeypatch: pytest.M
         assert isinstance(oracle.check_case(embedding_case()), Reproduced)
         assert oracle.fork is False
         assert oracle.fork_disabled is not None and "CUDA" in oracle.fork_disabled
+
+
+def test_standby_children_serve_the_next_checks(tmp_path: Path) -> None:
+    """With standby_cuda each check runs in a child forked before it was asked for (on CPU the
+    child has no CUDA context to make); verdicts, timeouts and crashes are as usual."""
+    code = "import os\nprint(os.getpid(), os.getppid())\n"
+    with Oracle(timeout=30, standby_cuda=True) as oracle:
+        oracle.warm_up()
+        standby = oracle.prepare()
+        assert oracle._server is not None
+        server = oracle._server.pid
+        assert oracle.prepare() == standby  # one at a time
+        pids = []
+        for _ in range(3):
+            verdict = run(oracle, code, tmp_path)
+            assert isinstance(verdict, Passed)
+            pid, parent = map(int, verdict.stdout.split())
+            assert parent == server
+            pids.append(pid)
+        assert pids[0] == standby
+        assert len(set(pids)) == 3  # a fresh child each time
+        assert isinstance(run(oracle, "import os\nos.abort()\n", tmp_path), Crashed)
+        assert isinstance(run(oracle, "import time\ntime.sleep(60)\n", tmp_path, 1.0), TimedOut)
+        assert isinstance(oracle.check_case(embedding_case()), Reproduced)

@@ -112,19 +112,12 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
     threading.Thread(
         target=importlib.import_module, args=("reprocut.localizer",), daemon=True
     ).start()
-    oracle, warming = None, None
-    if options.snapshots and gpu_present():
-        # Snapshot replay needs the fork server (torch import: seconds): start it now.
-        from reprocut.oracle import Oracle
-
-        oracle = Oracle(timeout=options.timeout or 60.0)
-        warming = threading.Thread(target=_quietly, args=(oracle.warm_up,), daemon=True)
-        warming.start()
+    warmer = OracleWarmer(options.timeout or 60.0) if options.snapshots and gpu_present() else None
     try:
-        return _record(options, console, script, cwd, run_dir, oracle, warming)
+        return _record(options, console, script, cwd, run_dir, warmer)
     finally:
-        if oracle is not None:
-            oracle.close()
+        if warmer is not None:
+            warmer.close()
 
 
 def gpu_present() -> bool:
@@ -132,9 +125,52 @@ def gpu_present() -> bool:
     return os.path.exists("/dev/nvidiactl")
 
 
-def _quietly(function: Any) -> None:
-    with contextlib.suppress(Exception):  # replay starts the server itself, or says why not
-        function()
+class OracleWarmer:
+    """Snapshot replay needs the fork server (torch import: seconds), and each replay a CUDA
+    context: both are made ready while the script runs, on a thread of their own (importing
+    the oracle alone takes half a second that the script would otherwise wait for)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.oracle: Any = None
+        self._prepared = False
+        self._thread = threading.Thread(target=self._warm, args=(timeout,), daemon=True)
+        self._thread.start()
+
+    def _warm(self, timeout: float) -> None:
+        from reprocut.oracle import Oracle
+
+        self.oracle = Oracle(timeout=timeout, standby_cuda=True)
+        with contextlib.suppress(Exception):  # replay starts the server itself, or says why not
+            self.oracle.warm_up()
+
+    def ready(self) -> Any:
+        """The oracle, once its server is up (None if even its import failed)."""
+        self._thread.join()
+        return self.oracle
+
+    def close(self) -> None:
+        if self.ready() is not None:
+            self.oracle.close()
+
+    def on_line(self, line: str) -> None:
+        """The script's output: at its first CUDA error, have the replay child make its CUDA
+        context while the script's process winds down and the snapshots are read. Not sooner:
+        a second context next to a running script costs it GPU memory, and on a GPU in
+        exclusive-process mode it would take the device away from the script."""
+        if self._prepared or not is_cuda_error_line(line):
+            return
+        self._prepared = True
+        threading.Thread(target=self._prepare, daemon=True).start()
+
+    def _prepare(self) -> None:
+        if self.ready() is not None:
+            with contextlib.suppress(Exception):
+                self.oracle.prepare()
+
+
+def is_cuda_error_line(line: str) -> bool:
+    """A line CUDA or PyTorch prints when a kernel fails (error text or device assertion)."""
+    return "CUDA error" in line or (".cu:" in line and "Assertion" in line)
 
 
 def _record(
@@ -143,8 +179,7 @@ def _record(
     script: Path,
     cwd: Path,
     run_dir: RunDir,
-    oracle: Any,
-    warming: threading.Thread | None,
+    warmer: OracleWarmer | None,
 ) -> ExitCode:
     def progress(message: str) -> None:
         console.print(f"[bold blue]reprocut[/]: {message}")
@@ -164,6 +199,7 @@ def _record(
         ),
         echo_stdout=echo,
         echo_stderr=None if options.quiet else sys.stderr,
+        on_line=None if warmer is None else warmer.on_line,
     )
     from reprocut.localizer import LocalizeOptions, localize
 
@@ -176,10 +212,8 @@ def _record(
         launch_blocking=options.launch_blocking,
         snapshots=options.snapshots,
         rerun=options.rerun,
-        oracle=oracle,
+        oracle=None if warmer is None else warmer.ready(),
     )
-    if warming is not None:
-        warming.join()
     meta = run_dir.read_meta()
     try:
         failure = localize(localize_options, first, progress)
