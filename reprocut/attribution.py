@@ -130,3 +130,11 @@ def signature_of(
 ) -> Signature:
     """The Signature of an exception raised under `attribution`, with the process's stderr."""
     return RaisedError.from_exception(exc, attribution).signature(stderr)
+
+
+def settle_cuda() -> None:
+    """Wait for the GPU work queued so far. A script that never synchronizes (no `.item()`, no
+    print of a tensor) can end before its faulting kernel runs, and a plain run then exits 0 or
+    dies at teardown; waiting at its end turns that fault into the failure it is."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()

@@ -40,6 +40,7 @@ def main(config_path: str) -> None:
 
     import torch  # after the environment is set: CUDA reads it when it initialises
 
+    from reprocut.attribution import settle_cuda
     from reprocut.recorder import Recorder, RecorderConfig
 
     compiled: list[str] = []
@@ -74,7 +75,7 @@ def main(config_path: str) -> None:
         except SystemExit as exc:
             exit_request = exc
         ended = True  # from here on, a fault surfaces at the script's end
-        _settle_cuda(torch)
+        settle_cuda()
         if exit_request is not None:
             code = exit_request.code
             exit_code = code if isinstance(code, int) else (0 if code is None else 1)
@@ -111,14 +112,6 @@ def main(config_path: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)
-
-
-def _settle_cuda(torch: Any) -> None:
-    """Wait for the GPU work the script queued: a script that never synchronizes (no `.item()`,
-    no print of a loss) can end before its faulting kernel runs, and a plain run then exits 0
-    or dies at teardown. Waiting here turns that fault into the failure it is."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
 
 
 def _script_end(script: str) -> SourceLocation:

@@ -53,7 +53,7 @@ def _preload() -> None:
 
 def run_request(request: dict[str, Any]) -> dict[str, Any]:
     """Run the request's code as __main__ in this process; return the child's verdict."""
-    from reprocut.attribution import FaultAttribution, RaisedError
+    from reprocut.attribution import FaultAttribution, RaisedError, settle_cuda
 
     started = time.perf_counter()
     cwd = request.get("cwd") or os.getcwd()
@@ -73,6 +73,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
         code = compile(request["code"], filename, "exec")
         with attribution:
             exec(code, module.__dict__)
+            settle_cuda()  # a candidate ending right after its faulting launch fails too
     except SystemExit as exc:
         if exc.code not in (None, 0):
             verdict = {"status": "raised", "error": _error(RaisedError.from_exception(exc))}
