@@ -1,31 +1,32 @@
 #!/usr/bin/env bash
 # One device call refreshes the GPU evidence. STAGES picks what runs (default: all), in order:
-#   tests    every @pytest.mark.cuda test but the source reducer's (4 workers), and at the same
-#            time the source reducer's cuda tests (3 workers, one per custom-kernel case)
+#   tests    every @pytest.mark.cuda test but the source reducer's (4 workers)
+#   source_tests  the source reducer's cuda tests (3 workers, one per custom-kernel case)
 #   record   benchmarks/bench_record.py --device cuda
 #   source   benchmarks/bench_source.py --device cuda (reprocut vs shrinkray on the GPU cases)
 #   corpus   benchmarks/run_corpus.py --device cuda
 #   shrink   benchmarks/bench_shrink.py --device cuda
-# Every part has its own timeout (*_LIMIT, seconds); logs and result files go to $OUT (or
-# benchmarks/results/logs).
+# Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
+# (*_LIMIT, seconds); logs and result files go to $OUT (or benchmarks/results/logs).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/logs}
-STAGES=${STAGES:-tests record source corpus shrink}
+STAGES=${STAGES:-tests source_tests record source corpus shrink}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
 stage_tests() {
-    (
-        timeout -k 10 "${TESTS_LIMIT:-330}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 4 \
-            --timeout 240 --ignore tests/test_source_reducer.py tests/ >"$OUT/gpu_tests.log" 2>&1
-        echo "pytest exit $?" >>"$OUT/gpu_tests.log"
-    ) &
+    timeout -k 10 "${TESTS_LIMIT:-330}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 4 \
+        --timeout 240 --ignore tests/test_source_reducer.py tests/ >"$OUT/gpu_tests.log" 2>&1
+    echo "pytest exit $?" >>"$OUT/gpu_tests.log"
+    grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_tests.log"
+}
+
+stage_source_tests() {
     timeout -k 10 "${SOURCE_TESTS_LIMIT:-540}" python3 -m pytest -v -p no:cacheprovider -m cuda \
         -n 3 --timeout 530 tests/test_source_reducer.py >"$OUT/gpu_source_tests.log" 2>&1
     echo "pytest exit $?" >>"$OUT/gpu_source_tests.log"
-    wait
-    grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_tests.log" "$OUT/gpu_source_tests.log"
+    grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_source_tests.log"
 }
 
 stage_record() {
@@ -36,11 +37,15 @@ stage_record() {
 }
 
 stage_source() {
-    timeout -k 10 "${SOURCE_LIMIT:-560}" python3 benchmarks/bench_source.py --device cuda \
-        --max-time "${SOURCE_MAX_TIME:-120}" --timeout 60 ${SOURCE_CASES:+--cases $SOURCE_CASES} \
-        --out "$OUT/source-cuda.md" >"$OUT/bench_source.log" 2>&1
-    echo "bench_source exit $?" >>"$OUT/bench_source.log"
-    grep -E "^\|" "$OUT/source-cuda.md"
+    # one process per GPU case, side by side (each reducer gets SOURCE_MAX_TIME per case)
+    local name
+    for name in ${SOURCE_CASES:-cuda_triton_expand_bias cuda_cupy_misaligned_vec4 cuda_cupy_contiguous_pe}; do
+        timeout -k 10 "${SOURCE_LIMIT:-560}" python3 benchmarks/bench_source.py --device cuda \
+            --max-time "${SOURCE_MAX_TIME:-120}" --timeout 60 --cases "$name" \
+            --out "$OUT/source-$name.md" >"$OUT/bench_source-$name.log" 2>&1 &
+    done
+    wait
+    grep -hE "^\| cuda" "$OUT"/source-*.md
 }
 
 stage_corpus() {
@@ -59,5 +64,7 @@ stage_shrink() {
 
 for stage in $STAGES; do
     echo "== $stage $(date -u +%H:%M:%S)"
-    "stage_$stage"
+    "stage_$stage" &
+    [ -n "${PARALLEL:-}" ] || wait
 done
+wait
