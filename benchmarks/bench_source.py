@@ -225,6 +225,7 @@ class Outcome:
     verified: bool
     status: str
     code: str = ""
+    accepted: str = ""  # reprocut: candidates accepted per pass
 
 
 def standalone(code: str, folder: Path) -> bool:
@@ -269,6 +270,7 @@ def run_reprocut(case: SourceCase, work: Path, time_limit: float, timeout: float
         verify(case, result.code, timeout),
         result.stopped,
         result.code,
+        ", ".join(f"{name} {count}" for name, count in result.accepted if count),
     )
 
 
@@ -351,8 +353,8 @@ def report(
         "`verified`: the result, run again in a fresh process in a clean copy of the case folder, "
         "fails the same way. `standalone`: no import of the user's own modules left. "
         "Lines are non-blank lines of the main script. reprocut also gets the tensors reaching "
-        "the failing call (`probe_launch`, one traced run stopped before the launch; not counted "
-        "in its checks or seconds).",
+        "the failing call the time it raised (`probe_launch`: one traced run with blocking "
+        "launches; not counted in its checks or seconds).",
         "",
         "| case | original lines | reducer | checks | seconds | final lines | standalone | verified | stopped |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -379,7 +381,10 @@ def report(
     lines += ["", "## Results", ""]
     for case, _, o in rows:
         if o.code:
-            lines += [f"### {case.name}: {o.reducer}", "", "```python", o.code.rstrip(), "```", ""]
+            lines += [f"### {case.name}: {o.reducer}", ""]
+            if o.accepted:
+                lines += [f"Accepted per pass: {o.accepted}.", ""]
+            lines += ["```python", o.code.rstrip(), "```", ""]
     return "\n".join(lines) + "\n"
 
 
