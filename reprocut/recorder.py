@@ -278,8 +278,9 @@ class Recorder:
                 return
             self.healthy_through = step
             _, _, snapshots = self.pending.pop(0)
-            for snapshot in snapshots:
-                self.store.drop(snapshot.captured_keys())
+            if self.culprit is None:  # else a public call's copies may be the culprit's too
+                for snapshot in snapshots:
+                    self.store.drop(snapshot.captured_keys())
 
     def all_snapshots(self) -> list[Snapshot]:
         """Snapshots of every step not yet known to have completed, oldest first."""
