@@ -1,12 +1,26 @@
-"""Looks up embeddings for ids that run one past the table (CUDA), and ends there.
+"""A Triton add-bias kernel that assumes contiguous rows, fed an expand()ed bias as the very
+last thing the script does (CUDA).
 
-Nothing after the faulting kernel waits for the GPU (no `.item()`, no print of a tensor, no
-other op), so a plain run can end before the kernel even runs: the fault is lost, or the
-process dies at teardown with no line to blame.
+Nothing after the launch waits for the GPU, so a plain run can end before the kernel even runs:
+the fault is lost, or the process dies at teardown with no line to blame.
 """
 
 import torch
+import triton
+import triton.language as tl
 
-table = torch.nn.Embedding(100, 8).cuda()
-ids = torch.arange(1, 101, device="cuda").view(4, 25)  # 100 is one past the last row
-vectors = table(ids)  # reprocut: culprit
+
+@triton.jit
+def add_rows(x_ptr, b_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    b = tl.load(b_ptr + offs, mask=mask)
+    tl.store(o_ptr + offs, x + b, mask=mask)
+
+
+N = 1 << 20
+x = torch.randn(256, N, device="cuda")
+bias = torch.randn(1, N, device="cuda").expand(256, N)  # a broadcast view: storage is N
+out = torch.empty_like(x)
+add_rows[(triton.cdiv(x.numel(), 1024),)](x, bias, out, x.numel(), BLOCK=1024)  # reprocut: culprit
