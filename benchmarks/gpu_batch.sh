@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call refreshes the GPU evidence. STAGES picks what runs (default: all), in order:
-#   tests    every @pytest.mark.cuda test but the source reducer's (4 workers)
+#   tests    every @pytest.mark.cuda test but the source reducer's (4 workers; TESTS: which files)
 #   source_tests  the source reducer's cuda tests (3 workers, one per custom-kernel case)
 #   record   benchmarks/bench_record.py --device cuda
 #   source   benchmarks/bench_source.py --device cuda (reprocut vs shrinkray on the GPU cases)
@@ -17,7 +17,7 @@ export PYTHONUNBUFFERED=1
 
 stage_tests() {
     timeout -k 10 "${TESTS_LIMIT:-330}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 4 \
-        --timeout 240 --ignore tests/test_source_reducer.py tests/ >"$OUT/gpu_tests.log" 2>&1
+        --timeout 240 --ignore tests/test_source_reducer.py ${TESTS:-tests/} >"$OUT/gpu_tests.log" 2>&1
     echo "pytest exit $?" >>"$OUT/gpu_tests.log"
     grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_tests.log"
 }
@@ -49,8 +49,10 @@ stage_source() {
 }
 
 stage_corpus() {
+    # CORPUS_CASES: name parts to run (a partial run, tagged "partial": merge it with --merge)
     timeout -k 10 "${CORPUS_LIMIT:-380}" python3 benchmarks/run_corpus.py --device cuda --jobs 6 \
-        --timeout 200 --out "$OUT" >"$OUT/corpus.log" 2>&1
+        --timeout "${CORPUS_TIMEOUT:-200}" --out "$OUT" \
+        ${CORPUS_CASES:+--cases $CORPUS_CASES --tag partial} >"$OUT/corpus.log" 2>&1
     echo "corpus exit $?" >>"$OUT/corpus.log"
     tail -3 "$OUT/corpus.log"
 }

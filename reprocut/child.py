@@ -8,6 +8,7 @@ can hang, so no destructors and no atexit run.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -41,6 +42,7 @@ def main(config_path: str) -> None:
     import torch  # after the environment is set: CUDA reads it when it initialises
 
     from reprocut.attribution import settle_cuda
+    from reprocut.line_sync import LineSync
     from reprocut.recorder import Recorder, RecorderConfig
 
     compiled: list[str] = []
@@ -68,10 +70,12 @@ def main(config_path: str) -> None:
     outcome: dict[str, Any] = {"status": "passed", "exit_code": 0}
     exit_code, ended = 0, False
     exit_request: SystemExit | None = None
+    line_sync = LineSync() if config.get("sync_lines") else None
     recorder.__enter__()
     try:
         try:
-            runpy.run_path(script, run_name="__main__")
+            with line_sync or contextlib.nullcontext():
+                runpy.run_path(script, run_name="__main__")
         except SystemExit as exc:
             exit_request = exc
         ended = True  # from here on, a fault surfaces at the script's end
@@ -85,7 +89,9 @@ def main(config_path: str) -> None:
     except BaseException as exc:  # the failure under study: everything is data now
         exit_code = 1
         surfaced = recorder.frames.innermost_in_traceback(exc.__traceback__)
-        if surfaced is None and ended:
+        if line_sync is not None and line_sync.launch is not None:
+            surfaced = line_sync.launch  # the line after which the GPU first reported the fault
+        elif surfaced is None and ended:
             surfaced = _script_end(script)
         outcome = {
             "status": "failed",

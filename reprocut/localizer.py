@@ -155,7 +155,8 @@ def _rerun(
         return _from_culprit(options, first, outcome, culprit, second, "rerun")
     # A fault pending before an aten op, or raised outside any: a custom kernel.
     progress(
-        "the fault came from outside PyTorch's dispatcher; rerunning with CUDA_LAUNCH_BLOCKING=1"
+        "the fault came from outside PyTorch's dispatcher; rerunning with CUDA_LAUNCH_BLOCKING=1, "
+        "waiting for the GPU after each line of your code"
     )
     third = run_script(
         RunRequest(
@@ -165,6 +166,7 @@ def _rerun(
             "localize-blocking",
             snapshots=False,
             launch_blocking=True,
+            sync_lines=True,
             timeout=options.timeout,
             cwd=options.cwd,
         )

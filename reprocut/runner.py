@@ -53,6 +53,7 @@ class RunRequest:
     localize_to: int | None = None
     snapshots: bool = True
     launch_blocking: bool = False
+    sync_lines: bool = False  # wait for the GPU after each user line (see line_sync)
     timeout: float | None = None
     cwd: Path | None = None
 
@@ -87,6 +88,7 @@ def run_script(
                 "localize_from": request.localize_from,
                 "localize_to": request.localize_to,
                 "snapshots": request.snapshots,
+                "sync_lines": request.sync_lines,
             }
         )
     )

@@ -119,3 +119,16 @@ def test_a_fault_still_queued_when_the_script_ends_is_caught(tmp_path):
     assert report["source"]["line"] == culprit_line(script)
     assert report["signature"]["error_code"] == 700
     assert "end of script" in report["surfaced_at"]["text"]
+
+
+def test_a_cupy_kernel_fault_is_localized_to_its_launch_line(tmp_path):
+    pytest.importorskip("cupy")
+    case = Path(__file__).parent.parent / "corpus" / "cuda_cupy_misaligned_vec4"
+    code, report = record(tmp_path, case / "train.py")
+    assert code == ExitCode.OK, report["_stderr"][-3000:]
+    assert report["status"] == "outside-dispatcher"
+    assert report["step"] == 4
+    # CuPy's launch does not raise even with blocking launches: the wait after each line does
+    assert Path(report["source"]["file"]).name == "kernels.py"
+    assert report["source"]["line"] == culprit_line(case / "kernels.py")
+    assert report["signature"]["error_code"] == 716

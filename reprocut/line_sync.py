@@ -1,0 +1,65 @@
+"""Wait for the GPU after every line of the user's code, to name the line that launched a fault.
+
+A kernel the dispatcher never sees (CuPy, a C++/CUDA extension) may not raise at its launch even
+with CUDA_LAUNCH_BLOCKING=1: the error waits for the next CUDA call, often a line later, or the
+process's teardown. In the blocking rerun every launch has already finished when it returns, so a
+synchronize before each new line of user code costs little and raises right after the line that
+queued the fault. That line, the last one that ran, is the launch.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+from reprocut.case import SourceLocation
+from reprocut.frames import is_user_file
+
+
+class LineSync:
+    """A tracer: before each user line (and at each user function's return) wait for the GPU;
+    when that raises, `launch` is the line that ran last."""
+
+    def __init__(self, cuda: Any = None) -> None:
+        import torch
+
+        self._cuda = torch.cuda if cuda is None else cuda  # tests stand in a fake device
+        self._user: dict[str, bool] = {}
+        self._last: tuple[str, int] | None = None
+        self.launch: SourceLocation | None = None
+
+    def __enter__(self) -> LineSync:
+        sys.settrace(self._on_call)
+        threading.settrace(self._on_call)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.settrace(None)
+        threading.settrace(None)  # type: ignore[arg-type]
+
+    def _on_call(self, frame: FrameType, event: str, arg: Any) -> Any:
+        filename = frame.f_code.co_filename
+        mine = self._user.get(filename)
+        if mine is None:
+            mine = self._user[filename] = is_user_file(filename)
+        return self._on_line if mine else None
+
+    def _on_line(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event in ("line", "return") and self._cuda.is_initialized():
+            try:
+                self._cuda.synchronize()
+            except Exception:
+                if self.launch is None and self._last is not None:
+                    self.launch = _location(*self._last)
+                raise
+        if event == "line":
+            self._last = (frame.f_code.co_filename, frame.f_lineno)
+        return self._on_line
+
+
+def _location(filename: str, line: int) -> SourceLocation:
+    import linecache
+
+    return SourceLocation(filename, line, linecache.getline(filename, line).strip())
