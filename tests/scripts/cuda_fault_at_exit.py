@@ -1,8 +1,9 @@
 """A Triton add-bias kernel that assumes contiguous rows, fed an expand()ed bias as the very
-last thing the script does (CUDA).
+last thing the script does, behind a few seconds of queued matrix products (CUDA).
 
-Nothing after the launch waits for the GPU, so a plain run can end before the kernel even runs:
-the fault is lost, or the process dies at teardown with no line to blame.
+Nothing after the launch waits for the GPU, and the GPU is still busy when Python reaches the
+end: a plain run ends before the kernel even runs, and the fault is lost or dies at teardown
+with no line to blame.
 """
 
 import torch
@@ -19,6 +20,9 @@ def add_rows(x_ptr, b_ptr, o_ptr, n, BLOCK: tl.constexpr):
     tl.store(o_ptr + offs, x + b, mask=mask)
 
 
+a = torch.randn(8192, 8192, device="cuda")
+for _ in range(40):  # seconds of queued GPU work: the script's end comes long before the fault
+    a = torch.tanh(a @ a)
 N = 1 << 20
 x = torch.randn(256, N, device="cuda")
 bias = torch.randn(1, N, device="cuda").expand(256, N)  # a broadcast view: storage is N
