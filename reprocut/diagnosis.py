@@ -13,6 +13,9 @@ from typing import Any
 
 import torch
 
+from reprocut.case import TensorSpec
+from reprocut.tensors import to_dtype
+
 
 @dataclass(frozen=True, slots=True)
 class Explanation:
@@ -274,6 +277,31 @@ def explain(
         facts = _generic_facts(args)
     diagnosis = DIAGNOSES.get(family, "")
     return Explanation(facts=facts, diagnosis=diagnosis, family=family)
+
+
+def layout_facts(spec: TensorSpec) -> tuple[str, ...]:
+    """What a kernel that walks memory as one flat, aligned buffer gets wrong about a tensor:
+    stride-0 (expand()ed) dims, any other non-contiguous layout, a storage offset (and whether
+    it leaves the data off a 16-byte boundary, which vectorized loads need)."""
+    facts = []
+    stride = spec.stride
+    if stride is not None and not spec.is_contiguous:
+        broadcast = [d for d, (n, s) in enumerate(zip(spec.shape, stride, strict=True))
+                     if s == 0 and n > 1]  # fmt: skip
+        if broadcast:
+            dims = ", ".join(map(str, broadcast))
+            facts.append(
+                f"stride 0 in dim {dims} (an expand()ed view): {spec.numel} elements over "
+                f"{spec.storage_numel} of storage"
+            )
+        else:
+            facts.append(f"not contiguous: stride {tuple(stride)} for shape {spec.shape}")
+    if spec.storage_offset:
+        size = torch.empty((), dtype=to_dtype(spec.dtype)).element_size()
+        offset = spec.storage_offset * size
+        aligned = "16-byte aligned" if offset % 16 == 0 else "not 16-byte aligned"
+        facts.append(f"storage offset {spec.storage_offset} ({offset} bytes: {aligned})")
+    return tuple(facts)
 
 
 def _generic_facts(args: Sequence[Any]) -> dict[int | str, tuple[str, ...]]:

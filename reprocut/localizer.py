@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from reprocut.case import ArgList, ReproCase, Signature, SourceLocation, TensorSpec, arg_from_json
-from reprocut.diagnosis import DIAGNOSES, explain
+from reprocut.diagnosis import DIAGNOSES, explain, layout_facts
 from reprocut.errors import ScriptDidNotFailError, ScriptTimeoutError
 from reprocut.recording import ErrorInfo, Failure, RunDir, TensorReport
 from reprocut.runner import RunRequest, RunResult, run_script
@@ -173,7 +173,7 @@ def _rerun(
     )
     blocked = third.outcome if third.outcome and third.outcome.get("status") == "failed" else again
     used = third if blocked is third.outcome else second
-    return _outside_dispatcher(options, first, outcome, blocked, used)
+    return _outside_dispatcher(options, first, outcome, blocked, used, progress)
 
 
 def _replay_snapshots(
@@ -478,10 +478,15 @@ def _outside_dispatcher(
     outcome: dict[str, Any],
     blocked: dict[str, Any],
     run: RunResult,
+    progress: Progress,
 ) -> Failure:
     error = blocked.get("error", outcome["error"])
     launch = _location(blocked.get("surfaced_at"))
     culprit = blocked.get("culprit") or {}
+    kernel, tensors = None, ()
+    if launch is not None:
+        progress(f"reading what reached the launch at {Path(launch.file).name}:{launch.line}")
+        kernel, tensors = _launch_inputs(options, launch)
     return _finish(
         options,
         Failure(
@@ -491,8 +496,10 @@ def _outside_dispatcher(
             step=blocked.get("step", outcome.get("step")),
             phase=blocked.get("phase"),
             module=culprit.get("module"),
+            kernel=kernel,
             source=launch,
             surfaced_at=_location(outcome.get("surfaced_at")),
+            tensors=tensors,
             diagnosis=DIAGNOSES["layout"],
             localization="rerun",
             device="cuda",
@@ -502,6 +509,35 @@ def _outside_dispatcher(
             ),
         ),
     )
+
+
+def _launch_inputs(
+    options: LocalizeOptions, launch: SourceLocation
+) -> tuple[str | None, tuple[TensorReport, ...]]:
+    """The launched kernel's name and the tensors reaching the launch, with their layout facts,
+    read by one more run stopped where the launch raises (`source_reducer.probe_launch`);
+    nothing when they cannot be read."""
+    from reprocut.source_reducer import call_argument_sources, probe_launch, statement_text
+
+    path = Path(launch.file)
+    focus = statement_text(path, launch.line) if path.is_file() else None
+    if focus is None:
+        return None, ()
+    probed = probe_launch(
+        options.script,
+        cwd=options.cwd,
+        argv=options.argv,
+        file=path,
+        line=launch.line,
+        focus=focus,
+        timeout=options.timeout or 600.0,
+    )
+    named = [*zip(call_argument_sources(focus), probed.args, strict=False), *probed.params]
+    reports: dict[str, TensorReport] = {}
+    for name, spec in named:
+        if spec is not None and name not in reports:
+            reports[name] = TensorReport(name, spec, layout_facts(spec))
+    return probed.kernel, tuple(reports.values())
 
 
 def _crashed(options: LocalizeOptions, first: RunResult, progress: Progress) -> Failure:

@@ -104,6 +104,7 @@ class Failure:
     error: ErrorInfo
     signature: Signature
     op: str | None = None  # "aten::embedding"
+    kernel: str | None = None  # outside the dispatcher: the launched kernel's name
     public_call: str | None = None  # "torch.nn.functional.embedding"
     step: int | None = None
     phase: str | None = None  # "forward", "backward", "optimizer", "other"
@@ -128,6 +129,7 @@ class Failure:
             "error": self.error.to_json(),
             "signature": signature_to_json(self.signature),
             "op": self.op,
+            "kernel": self.kernel,
             "public_call": self.public_call,
             "step": self.step,
             "phase": self.phase,
@@ -156,6 +158,7 @@ class Failure:
             error=ErrorInfo.from_json(data["error"]),
             signature=signature,
             op=data.get("op"),
+            kernel=data.get("kernel"),
             public_call=data.get("public_call"),
             step=data.get("step"),
             phase=data.get("phase"),

@@ -34,6 +34,7 @@ from reprocut.source_passes import (
     PassContext,
     SourcePass,
     calls_focus,
+    focus_callee,
     import_module_name,
     integer_value,
     is_constant,
@@ -423,12 +424,13 @@ class LaunchSpecs:
     args: tuple[TensorSpec | None, ...] = ()
     params: tuple[tuple[str, TensorSpec], ...] = ()
     values: tuple[tuple[str, Any], ...] = ()
+    kernel: str | None = None  # the launched kernel's own name (`cmvn_vec4`, not `_KERNEL`)
 
 
 _PROBE = r"""
 import json, os, sys, threading
-result_path, filename, target_file, first, last, sources = sys.argv[1:7]
-sys.argv = [filename, *sys.argv[7:]]
+result_path, filename, target_file, first, last, sources, launched = sys.argv[1:8]
+sys.argv = [filename, *sys.argv[8:]]
 sys.path[0] = os.path.dirname(os.path.abspath(filename))
 target_file, sources = os.path.realpath(target_file), json.loads(sources)
 first, last = int(first), int(last)
@@ -440,8 +442,19 @@ def spec(value):
     from reprocut.tensors import spec_of
     return spec_to_json(spec_of(value)) if isinstance(value, torch.Tensor) else None
 
+def kernel_name(frame):
+    try:
+        kernel = eval(launched, frame.f_globals, frame.f_locals)
+    except Exception:
+        return None
+    for name in (getattr(kernel, "name", None), getattr(kernel, "__name__", None),
+                 getattr(getattr(kernel, "fn", None), "__name__", None)):
+        if isinstance(name, str):
+            return name  # CuPy RawKernel.name, a function's or Triton JITFunction's name
+    return None
+
 def seen(frame):
-    found = {"args": [], "params": []}
+    found = {"args": [], "params": [], "kernel": kernel_name(frame) if launched else None}
     for source in sources:
         try:
             found["args"].append(spec(eval(source, frame.f_globals, frame.f_locals)))
@@ -526,7 +539,8 @@ def probe_launch(
     with tempfile.TemporaryDirectory(prefix="reprocut-probe-") as tmp:
         result = Path(tmp) / "specs.json"
         command = [sys.executable, "-c", _PROBE, str(result), str(script_path), str(file),
-                   str(first), str(last), json.dumps(sources), *argv]  # fmt: skip
+                   str(first), str(last), json.dumps(sources), launched_source(focus) or "",
+                   *argv]  # fmt: skip
         try:
             subprocess.run(
                 command,
@@ -547,12 +561,24 @@ def probe_launch(
         args=tuple(None if s is None else spec_from_json(s) for s in found["args"]),
         params=tuple((name, spec_from_json(s)) for name, s in found["params"]),
         values=tuple((name, _tuples(value)) for name, value in found.get("values", ())),
+        kernel=found.get("kernel"),
     )
 
 
 def _tuples(value: Any) -> Any:
     """JSON wrote the probed tuples as lists."""
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def launched_source(focus: str) -> str | None:
+    """The object the focus line calls, as code: `add_kernel` for `add_kernel[grid](...)`."""
+    callee = focus_callee(focus)
+    if callee is None:
+        return None
+    node = cst.parse_expression(callee)
+    while isinstance(node, cst.Subscript):
+        node = node.value
+    return cst.Module(body=[]).code_for_node(node)
 
 
 def call_argument_sources(focus: str) -> list[str]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from reprocut.diagnosis import explain, range_facts
+from reprocut.case import TensorSpec
+from reprocut.diagnosis import explain, layout_facts, range_facts
 
 
 def test_embedding_names_the_offending_id_and_its_position():
@@ -60,3 +61,18 @@ def test_gather_index_against_the_gathered_dim():
     index = torch.tensor([[0], [5], [1], [2]])
     facts = explain("aten::gather", None, [scores, 1, index], {}).facts[2]
     assert facts[0] == "index max 5 ≥ 5 (size of dim 1) at [1, 0]"
+
+
+def test_layout_facts_name_what_a_flat_buffer_kernel_gets_wrong():
+    expanded = TensorSpec((256, 256, 4096), (4096, 0, 1), 0, "float32", "cuda")
+    assert layout_facts(expanded) == (
+        "stride 0 in dim 1 (an expand()ed view): 268435456 elements over 1048576 of storage",
+    )
+    offset = TensorSpec((572,), None, 1170, "float32", "cuda")
+    assert layout_facts(offset) == ("storage offset 1170 (4680 bytes: not 16-byte aligned)",)
+    assert layout_facts(TensorSpec((8,), None, 4, "float32")) == (
+        "storage offset 4 (16 bytes: 16-byte aligned)",
+    )
+    transposed = TensorSpec((4, 8), (1, 4), 0, "float32")
+    assert layout_facts(transposed) == ("not contiguous: stride (1, 4) for shape (4, 8)",)
+    assert layout_facts(TensorSpec((4, 8))) == ()

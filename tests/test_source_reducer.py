@@ -274,6 +274,7 @@ def test_probe_launch_reads_the_call_that_raised_not_the_first(tmp_path: Path):
     x, mean, inv_std = launch.args
     assert x is not None and x.shape == (44 * 13,) and x.storage_offset == 1170
     assert mean is None and inv_std is None  # floats, not tensors
+    assert launch.kernel == "cmvn_vec4"  # the launched function's own name
     assert [name for name, _ in launch.params] == ["x"]
 
 
@@ -409,3 +410,22 @@ def test_pin_script_dir_keeps_sibling_imports_working_anywhere():
         "sys.path.insert(0, os.path.join('/work/s', \"vendor\"))\n"
         "data = Path('/work/s') / \"x\"\n"
     )
+
+
+@pytest.mark.slow
+def test_record_reads_the_kernel_and_the_tensors_reaching_a_launch(tmp_path: Path):
+    """What `record` adds to a fault outside the dispatcher (on a GPU, after the blocking rerun
+    named the launch line): the launched kernel's own name and the layout facts of its inputs."""
+    from reprocut.localizer import LocalizeOptions, _launch_inputs
+    from reprocut.recording import RunDir
+
+    project = copy_case("packed_frames", tmp_path)
+    kernels = project / "kernels.py"
+    line = kernels.read_text().splitlines().index("    " + PACKED_FOCUS) + 1
+    options = LocalizeOptions(
+        script=project / "train.py", argv=(), run_dir=RunDir(tmp_path / "run"), cwd=project
+    )
+    kernel, tensors = _launch_inputs(options, SourceLocation(str(kernels), line, PACKED_FOCUS))
+    assert kernel == "cmvn_vec4"
+    assert [t.name for t in tensors] == ["x"]
+    assert tensors[0].facts == ("storage offset 1170 (4680 bytes: not 16-byte aligned)",)

@@ -99,6 +99,10 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
         if failure.public_call:
             head.append(f"   via {failure.public_call}", style="cyan")
         head.append("\n")
+    if failure.kernel:
+        head.append("kernel   ", style="bold")
+        head.append(failure.kernel, style="bold cyan")
+        head.append("   (not a PyTorch op)\n", style="dim")
     if failure.step is not None:
         head.append("step     ", style="bold")
         head.append(f"{failure.step}" + (f" ({failure.phase})" if failure.phase else "") + "\n")
@@ -175,6 +179,7 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
     return {
         "status": failure.status,
         "op": failure.op,
+        "kernel": failure.kernel,
         "public_call": failure.public_call,
         "step": failure.step,
         "phase": failure.phase,

@@ -34,6 +34,7 @@ from reprocut.source_passes.tree import (
     SourcePass,
     calls_focus,
     candidates,
+    focus_callee,
     is_constant,
     parse,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "candidates",
     "delete_statements",
     "drop_arguments",
+    "focus_callee",
     "hoist_subexpressions",
     "import_module_name",
     "inline_calls",
