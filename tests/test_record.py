@@ -51,6 +51,8 @@ def test_embedding_example_is_localized_with_facts(tmp_path, capsys):
     assert inputs, "captured inputs must be saved"
     steps = [r for r in run_dir.read_trace() if r["type"] == "step"]
     assert len(steps) == report["step"], "every completed step is in the trace"
+    meta = run_dir.read_meta()  # where the time went, for the benchmarks
+    assert meta["status"] == "localized" and meta["seconds"] > 0 and meta["localize_seconds"] >= 0
 
 
 def test_cross_entropy_target_names_step_module_and_value(tmp_path, capsys):

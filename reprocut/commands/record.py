@@ -215,12 +215,17 @@ def _record(
         oracle=None if warmer is None else warmer.ready(),
     )
     meta = run_dir.read_meta()
+    localize_started = time.perf_counter()
     try:
         failure = localize(localize_options, first, progress)
     except ScriptDidNotFailError:
         run_dir.write_meta({**meta, "status": "passed", "seconds": round(first.seconds, 3)})
         raise
-    meta.update(status=failure.status, seconds=round(first.seconds, 3))
+    meta.update(  # where the time went: the script's run, then finding the culprit
+        status=failure.status,
+        seconds=round(first.seconds, 3),
+        localize_seconds=round(time.perf_counter() - localize_started, 3),
+    )
     run_dir.write_meta(meta)
     if options.json:
         print(json.dumps(failure_json(failure, run_dir.path), indent=2))
