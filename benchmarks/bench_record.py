@@ -127,6 +127,11 @@ def time_to_culprit(device: str, fail_at: int, workdir: Path) -> dict[str, objec
         results[f"{label}_op"] = report.get("op")
         results[f"{label}_step"] = report.get("step")
         results[f"{label}_localization"] = report.get("localization")
+        meta: dict[str, object] = {}
+        with contextlib.suppress(KeyError, OSError, ValueError):
+            meta = json.loads((Path(report["run_dir"]) / "meta.json").read_text())
+        results[f"{label}_script_s"] = meta.get("seconds")  # the recorded run of the script
+        results[f"{label}_localize_s"] = meta.get("localize_seconds")  # then finding the op
     return results
 
 
@@ -216,16 +221,17 @@ def render(meta: dict[str, str], figures: dict[str, dict]) -> str:
         "",
         f"## Time to culprit (failure at step {t['fail_at']})",
         "",
-        "| way | seconds | vs blocking rerun | op found | step | localization |",
-        "|---|---|---|---|---|---|",
-        f"| plain run (the failure, for scale) | {t['plain_run_s']:.2f} | | | | |",
-        f"| `CUDA_LAUNCH_BLOCKING=1 python train.py` | {t['blocking_rerun_s']:.2f} | 1.00x | (traceback) | | |",
+        "| way | seconds | vs blocking rerun | op found | step | localization | script run s | localize s |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| plain run (the failure, for scale) | {t['plain_run_s']:.2f} | | | | | | |",
+        f"| `CUDA_LAUNCH_BLOCKING=1 python train.py` | {t['blocking_rerun_s']:.2f} | 1.00x | (traceback) | | | | |",
     ]
     for label in ("record_snapshots", "record_rerun"):
         lines.append(
             f"| reprocut record{' --no-snapshots' if label == 'record_rerun' else ''} "
             f"| {t[f'{label}_s']:.2f} | {t[f'{label}_ratio']:.2f}x | {t[f'{label}_op']} "
-            f"| {t[f'{label}_step']} | {t[f'{label}_localization']} |"
+            f"| {t[f'{label}_step']} | {t[f'{label}_localization']} "
+            f"| {t.get(f'{label}_script_s') or '·'} | {t.get(f'{label}_localize_s') or '·'} |"
         )
     lines.append("")
     return "\n".join(lines)
