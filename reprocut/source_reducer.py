@@ -352,11 +352,12 @@ def _reduce(
     )
     stopped = reducer.run()
     final = reducer.best
-    formatted = format_code(final)
-    if formatted != final:
-        reducer.checks += 1
-        if reproduces(check(formatted), expected):
-            final = formatted
+    for finish in (ending_with_a_sync, format_code):
+        finished = finish(final)
+        if finished != final:
+            reducer.checks += 1
+            if reproduces(check(finished), expected):
+                final = finished
     return SourceResult(
         code=final,
         statements=count_small_statements(final),
@@ -367,6 +368,25 @@ def _reduce(
         stopped=stopped,
         original_lines=count_lines(original),
     )
+
+
+def ending_with_a_sync(code: str) -> str:
+    """A GPU repro ends by waiting for the GPU: a fault still queued when `python repro.py`
+    ends surfaces only at teardown (CuPy's module unload, say) with exit status 0, or not at
+    all. The code as it is when it uses no GPU or already waits."""
+    if "cuda" not in code or "torch.cuda.synchronize()" in code:
+        return code
+    module = parse(code)
+    if module is None:
+        return code
+    wait = cst.parse_statement("torch.cuda.synchronize()\n")
+    body = [*module.body, wait]
+    if not any(m.matches(s, m.SimpleStatementLine([m.Import([m.ImportAlias(m.Name("torch"))])]))
+               for s in module.body):  # fmt: skip
+        future = sum(1 for s in module.body if m.matches(s, m.SimpleStatementLine(
+            [m.ImportFrom(module=m.Name("__future__"))])))  # fmt: skip
+        body.insert(future, cst.parse_statement("import torch\n"))
+    return module.with_changes(body=body).code
 
 
 def format_code(code: str) -> str:

@@ -18,6 +18,7 @@ from reprocut.source_reducer import (
     SourceAccepted,
     SourceChecked,
     SourceReducer,
+    ending_with_a_sync,
     format_code,
     probe_launch,
     reduce_recorded,
@@ -429,3 +430,16 @@ def test_record_reads_the_kernel_and_the_tensors_reaching_a_launch(tmp_path: Pat
     assert kernel == "cmvn_vec4"
     assert [t.name for t in tensors] == ["x"]
     assert tensors[0].facts == ("storage offset 1170 (4680 bytes: not 16-byte aligned)",)
+
+
+def test_a_gpu_repro_ends_by_waiting_for_the_gpu():
+    # without the wait, a fault still queued at the end surfaces at teardown, exit status 0
+    cupy_launch = "from __future__ import annotations\nimport cupy\nkernel((1,), (32,), args)\n"
+    assert ending_with_a_sync(cupy_launch + "x.to('cuda')\n") == (
+        "from __future__ import annotations\nimport torch\nimport cupy\n"
+        "kernel((1,), (32,), args)\nx.to('cuda')\ntorch.cuda.synchronize()\n"
+    )
+    on_gpu = 'import torch\nx = torch.ones(2, device="cuda")\n'
+    assert ending_with_a_sync(on_gpu) == on_gpu + "torch.cuda.synchronize()\n"
+    for unchanged in ("import torch\nx = torch.ones(2)\n", on_gpu + "torch.cuda.synchronize()\n"):
+        assert ending_with_a_sync(unchanged) == unchanged
