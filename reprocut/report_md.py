@@ -82,7 +82,7 @@ def _fence(text: str, language: str = "") -> str:
 
 def summary_line(failure: Failure) -> str:
     signature = failure.signature
-    where = failure.public_call or failure.op or "a torch call"
+    where = failure.public_call or failure.op or failure.kernel or "a torch call"
     if signature.error_code is not None:
         name = failure.error.name or signature.kind
         return f"`{where}` raises CUDA error {signature.error_code} ({name}): {signature.kind}"
@@ -135,12 +135,14 @@ def render(inputs: ReportInputs) -> str:
         )
     facts = [
         ("op", failure.op),
+        ("kernel (not a PyTorch op)", failure.kernel),
         ("public call", failure.public_call),
         ("module", failure.module),
         ("phase", failure.phase),
         ("training step", failure.step),
     ]
     parts += [f"- {name}: `{value}`" for name, value in facts if value is not None]
+    parts += [f"- `{row.name}`: {fact}" for row in failure.tensors for fact in row.facts]
     if failure.diagnosis:
         parts += ["", failure.diagnosis]
     parts += [

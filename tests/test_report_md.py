@@ -1,0 +1,42 @@
+"""report.md for a custom kernel's fault: the kernel by name, and what was wrong with its input."""
+
+from __future__ import annotations
+
+from reprocut.case import Signature, SourceLocation, TensorSpec
+from reprocut.diagnosis import layout_facts
+from reprocut.emitter import Environment
+from reprocut.recording import ErrorInfo, Failure, TensorReport
+from reprocut.report_md import ReportInputs, render, summary_line
+
+OFFSET_VIEW = TensorSpec((572,), None, 1170, "float32", "cuda")
+FAILURE = Failure(
+    status="outside-dispatcher",
+    error=ErrorInfo("CUDADriverError", "CUDA_ERROR_MISALIGNED_ADDRESS: misaligned address", 716),
+    signature=Signature("RuntimeError", 716, None, "misaligned address"),
+    kernel="cmvn_vec4",
+    step=4,
+    source=SourceLocation("kernels.py", 39, "_KERNEL((blocks,), (threads,), args)"),
+    tensors=(TensorReport("x", OFFSET_VIEW, layout_facts(OFFSET_VIEW)),),
+    device="cuda",
+)
+
+
+def test_a_custom_kernel_fault_is_reported_by_the_kernels_name_and_its_inputs_layout():
+    assert summary_line(FAILURE).startswith("`cmvn_vec4` raises CUDA error 716")
+    text = render(
+        ReportInputs(
+            code="import torch\n",
+            failure=FAILURE,
+            environment=Environment(torch="2.11.0", cuda="13.0", python="3.12", os="Linux"),
+            statements=5,
+            tensor_elements=None,
+            checks=80,
+            seconds=60.0,
+            verified_runs=3,
+            verified_reproduced=3,
+            cpu_reproduces=None,
+        )
+    )
+    assert "- kernel (not a PyTorch op): `cmvn_vec4`" in text
+    assert "- `x`: storage offset 1170 (4680 bytes: not 16-byte aligned)" in text
+    assert "- `kernels.py:39`: `_KERNEL((blocks,), (threads,), args)`" in text
