@@ -55,14 +55,17 @@ def environment_summary() -> dict[str, str]:
 
 
 def _location(data: dict[str, Any] | None) -> SourceLocation | None:
+    """A location from the child, its line's text read from the file unless the child gave one
+    (the end-of-script marker, a launch line read by line_sync)."""
     if not data:
         return None
-    text = ""
-    try:
-        lines = Path(data["file"]).read_text().splitlines()
-        text = lines[data["line"] - 1].strip()
-    except (OSError, IndexError):
-        pass
+    text = data.get("text", "")
+    if not text:
+        try:
+            lines = Path(data["file"]).read_text().splitlines()
+            text = lines[data["line"] - 1].strip()
+        except (OSError, IndexError):
+            pass
     return SourceLocation(data["file"], data["line"], text, data.get("function", ""))
 
 

@@ -190,3 +190,15 @@ def test_torch_compile_runs_eagerly_and_says_so(tmp_path, capsys):
     assert report["op"] == "aten::embedding"
     assert report["step"] == 2
     assert any("torch.compile" in note for note in report["notes"])
+
+
+def test_a_location_keeps_the_text_the_child_gave(tmp_path):
+    from reprocut.localizer import _location
+
+    script = tmp_path / "train.py"
+    script.write_text("x = 1\nloss = step(x)\n")
+    read = _location({"file": str(script), "line": 2})
+    assert read is not None and read.text == "loss = step(x)"
+    marker = "(end of script: the fault surfaced when reprocut waited for the GPU)"
+    given = _location({"file": str(script), "line": 2, "text": marker})
+    assert given is not None and given.text == marker
