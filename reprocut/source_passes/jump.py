@@ -20,6 +20,7 @@ from reprocut.source_passes.statements import unused_definitions
 from reprocut.source_passes.tree import (
     PassContext,
     body_statements,
+    compiles,
     focus_callee,
     parse,
 )
@@ -56,10 +57,9 @@ def jump_to_call(code: str, context: PassContext) -> Generator[str, bool, None]:
 def _compiled(module: cst.Module) -> str | None:
     try:
         code = module.code
-        compile(code, "<candidate>", "exec")
-    except (cst.CSTValidationError, SyntaxError, ValueError, TypeError):
+    except (cst.CSTValidationError, ValueError, TypeError):
         return None
-    return code
+    return code if compiles(code) else None
 
 
 def _without_unused(

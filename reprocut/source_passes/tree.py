@@ -79,13 +79,18 @@ def transform(
         new = module.visit(transformer).code
     except (cst.CSTValidationError, ValueError, TypeError):
         return None
-    if new == code or parse(new) is None:
-        return None
-    try:
-        compile(new, "<candidate>", "exec")
-    except (SyntaxError, ValueError):
+    if new == code or parse(new) is None or not compiles(new):
         return None
     return new
+
+
+def compiles(code: str) -> bool:
+    """Does Python accept the candidate (libcst builds some trees Python rejects)?"""
+    try:
+        compile(code, "<candidate>", "exec")
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 def sweep(
@@ -226,13 +231,7 @@ def replace_in(
         new = module.visit(_ReplaceStatements(replacements)).code
     except (cst.CSTValidationError, ValueError, TypeError):
         return None
-    if new == code:
-        return None
-    try:
-        compile(new, "<candidate>", "exec")
-    except (SyntaxError, ValueError):
-        return None
-    return new
+    return None if new == code or not compiles(new) else new
 
 
 def statement_site(
