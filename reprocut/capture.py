@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from reprocut.case import Captured, Symbol, arg_to_json
-from reprocut.tensors import spec_from_layout
+from reprocut.tensors import layout_of, spec_from_layout
 
 # aten ops whose CUDA kernels can raise a device-side assert (bug-patterns.md §4).
 ASSERTING_OPS = frozenset(
@@ -147,16 +147,7 @@ class HeldTensor:
 
     @classmethod
     def from_tensor(cls, tensor: torch.Tensor, key: str | None) -> HeldTensor:
-        strided = tensor.layout == torch.strided
-        return cls(
-            tuple(tensor.shape),
-            tuple(tensor.stride()) if strided else None,
-            tensor.storage_offset() if strided else 0,
-            tensor.dtype,
-            tensor.device,
-            tensor.requires_grad,
-            key,
-        )
+        return cls(*layout_of(tensor), key)
 
     def to_json(self) -> dict[str, Any]:
         values = None if self.key is None else Captured(self.key)

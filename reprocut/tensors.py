@@ -31,18 +31,26 @@ def to_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def spec_of(tensor: torch.Tensor, values: Values | None = None) -> TensorSpec:
-    """The spec of a real tensor (its layout as it is, not as a contiguous copy)."""
+Layout = tuple[tuple[int, ...], tuple[int, ...] | None, int, torch.dtype, torch.device, bool]
+
+
+def layout_of(tensor: torch.Tensor) -> Layout:
+    """shape, stride, storage offset, dtype, device, requires_grad: `spec_from_layout`'s facts,
+    read off the tensor now (cheap: no spec is built)."""
     strided = tensor.layout == torch.strided
-    return spec_from_layout(
+    return (
         tuple(tensor.shape),
         tuple(tensor.stride()) if strided else None,
         tensor.storage_offset() if strided else 0,
         tensor.dtype,
         tensor.device,
         tensor.requires_grad,
-        values,
     )
+
+
+def spec_of(tensor: torch.Tensor, values: Values | None = None) -> TensorSpec:
+    """The spec of a real tensor (its layout as it is, not as a contiguous copy)."""
+    return spec_from_layout(*layout_of(tensor), values)
 
 
 def spec_from_layout(
