@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 import torch
@@ -42,14 +42,16 @@ class UserFrames:
     def __init__(self) -> None:
         self._is_user: dict[Any, bool] = {}
 
+    def is_user(self, code: CodeType) -> bool:
+        user = self._is_user.get(code)
+        if user is None:
+            user = self._is_user[code] = is_user_file(code.co_filename)
+        return user
+
     def find(self, frame: FrameType | None) -> SourceLocation | None:
-        cache = self._is_user
         while frame is not None:
             code = frame.f_code
-            user = cache.get(code)
-            if user is None:
-                user = cache[code] = is_user_file(code.co_filename)
-            if user:
+            if self.is_user(code):
                 return SourceLocation(code.co_filename, frame.f_lineno, function=code.co_name)
             frame = frame.f_back
         return None

@@ -15,7 +15,7 @@ from types import FrameType
 from typing import Any
 
 from reprocut.case import SourceLocation
-from reprocut.frames import is_user_file
+from reprocut.frames import UserFrames
 
 
 class LineSync:
@@ -26,7 +26,7 @@ class LineSync:
         import torch
 
         self._cuda = torch.cuda if cuda is None else cuda  # tests stand in a fake device
-        self._user: dict[str, bool] = {}
+        self._frames = UserFrames()
         self._last: tuple[str, int] | None = None
         self.launch: SourceLocation | None = None
 
@@ -40,11 +40,7 @@ class LineSync:
         threading.settrace(None)  # type: ignore[arg-type]
 
     def _on_call(self, frame: FrameType, event: str, arg: Any) -> Any:
-        filename = frame.f_code.co_filename
-        mine = self._user.get(filename)
-        if mine is None:
-            mine = self._user[filename] = is_user_file(filename)
-        return self._on_line if mine else None
+        return self._on_line if self._frames.is_user(frame.f_code) else None
 
     def _on_line(self, frame: FrameType, event: str, arg: Any) -> Any:
         if event in ("line", "return") and self._cuda.is_initialized():
