@@ -7,7 +7,10 @@ rounds alternated so drift hits every way alike; the best round of each way is r
 - bare dispatch mode: a TorchDispatchMode that only calls the op (any Python per-op recorder
   costs at least this);
 - profiler shapes: torch.profiler with record_shapes (a C++ observer: names, shapes, dtypes);
-- reprocut recorder: the real Recorder as `reprocut record` runs it (trace written per step).
+- reprocut recorder, every op: the Recorder with a full trace (`reprocut record --full-trace`);
+- reprocut recorder: the Recorder as `reprocut record` runs it on a GPU: every op in steps 0-2
+  and at powers of two, the asserting ops (tripwire kernels) in the light steps between. Each
+  round starts a new recorder at step 0, so 7 of a round's 50 steps record every op.
 
     python benchmarks/dispatch_overhead.py [--device cuda] [--rounds 5] [--out FILE.md]
 """
@@ -56,11 +59,11 @@ def make_step(device: str) -> Callable[[], None]:
 
 
 @contextmanager
-def recorder(run_dir: Path) -> Iterator[None]:
+def recorder(run_dir: Path, light_steps: bool) -> Iterator[None]:
     from reprocut.recorder import Recorder, RecorderConfig
 
     run_dir = Path(tempfile.mkdtemp(dir=run_dir))
-    rec = Recorder(RecorderConfig(run_dir=run_dir))
+    rec = Recorder(RecorderConfig(run_dir=run_dir, light_steps=light_steps))
     rec.__enter__()
     try:
         yield
@@ -96,7 +99,8 @@ def main() -> None:
             "profiler shapes": lambda: torch.profiler.profile(
                 activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
             ),
-            "reprocut recorder": lambda: recorder(Path(tmp)),
+            "reprocut recorder, every op": lambda: recorder(Path(tmp), False),
+            "reprocut recorder": lambda: recorder(Path(tmp), True),
         }
         for way in ways.values():  # warm-up: first-use imports and caches
             with way():

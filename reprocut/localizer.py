@@ -112,7 +112,12 @@ def localize(options: LocalizeOptions, first: RunResult, progress: Progress) -> 
     error = outcome["error"]
     culprit = outcome.get("culprit")
     cuda = is_cuda_failure(error["type"], error["message"], error.get("code"))
-    if culprit and (culprit.get("op") or culprit.get("public_call")) and culprit["synchronized"]:
+    synchronized = bool(culprit and culprit["synchronized"])
+    if synchronized and culprit.get("op"):
+        return _from_culprit(options, first, outcome, culprit, first, "in-process")
+    if not cuda and outcome.get("light_step") and options.rerun:
+        return _rerun_for_op(options, first, outcome, progress)
+    if synchronized and culprit.get("public_call"):
         return _from_culprit(options, first, outcome, culprit, first, "in-process")
     if not cuda:
         return _script_error(options, first, _error_info(error, first.stderr), outcome)
@@ -177,6 +182,39 @@ def _rerun(
     blocked = third.outcome if third.outcome and third.outcome.get("status") == "failed" else again
     used = third if blocked is third.outcome else second
     return _outside_dispatcher(options, first, outcome, blocked, used, progress)
+
+
+def _rerun_for_op(
+    options: LocalizeOptions, first: RunResult, outcome: dict[str, Any], progress: Progress
+) -> Failure:
+    """A synchronous error in a light step, where only asserting ops are watched: the step is
+    run again under the dispatch mode to name the op that raised, if any did."""
+    step = outcome["step"]
+    progress(
+        f"an error at step {step}, which recorded only the ops that can device-assert; "
+        "rerunning that step watching every op"
+    )
+    second = run_script(
+        RunRequest(
+            options.script,
+            options.argv,
+            options.run_dir.path,
+            "localize",
+            localize_from=step,
+            localize_to=step,
+            snapshots=False,
+            timeout=options.timeout,
+            cwd=options.cwd,
+        )
+    )
+    again = second.outcome
+    culprit = again.get("culprit") if again else None
+    if culprit and culprit.get("op") and culprit["synchronized"]:
+        return _from_culprit(options, first, outcome, culprit, second, "rerun")
+    known = outcome.get("culprit")  # a composite public call's own check (F.one_hot's)
+    if known and known.get("public_call") and known["synchronized"]:
+        return _from_culprit(options, first, outcome, known, first, "in-process")
+    return _script_error(options, first, _error_info(outcome["error"], first.stderr), outcome)
 
 
 def _replay_snapshots(

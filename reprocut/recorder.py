@@ -36,6 +36,7 @@ from reprocut.frames import UserFrames, is_user_file
 from reprocut.publicapi import aten_name, aten_path, public_name
 from reprocut.signature import is_cuda_failure
 from reprocut.trace import TraceWriter
+from reprocut.tripwire import Tripwire
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -138,6 +139,8 @@ class RecorderConfig:
     localize_to: int | None = None
     snapshots: bool = True  # record mode on CUDA: copy asserting ops' evidence as we go
     tag_backward: bool = True  # tag autograd nodes with their forward line and module
+    # Light steps see only the asserting ops (see Recorder.wants_every_op): None = on GPU runs
+    light_steps: bool | None = None
 
 
 class Recorder:
@@ -169,6 +172,9 @@ class Recorder:
         self._function_mode = _CallRecorder(self)
         self._function_active = False
         self._dispatch_mode = _OpRecorder(self)
+        self._dispatch_active = False
+        self.tripwire: Tripwire | None = None
+        self._asserting_key: int | None = None  # the asserting ops' layouts in the last step
         self._original_optimizer_init: Any = None
         self._original_function_apply: Any = None
 
@@ -205,8 +211,12 @@ class Recorder:
             return result
 
         torch.autograd.Function.apply = classmethod(tagged_apply)  # type: ignore[method-assign,assignment]
+        try:
+            self.tripwire = Tripwire(ASSERTING_OPS, self._on_asserting_call).__enter__()
+        except Exception:  # a torch without Python kernels at that key: every step sees every op
+            self.tripwire = None
         self._set_function_mode(True)
-        self._dispatch_mode.__enter__()
+        self._set_dispatch_mode(True)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -216,9 +226,11 @@ class Recorder:
         if self._original_optimizer_init is None:
             return
         with contextlib.suppress(Exception):  # the stack may be unwound by the exception
-            self._dispatch_mode.__exit__(None, None, None)
+            self._set_dispatch_mode(False)
         with contextlib.suppress(Exception):
             self._set_function_mode(False)
+        if self.tripwire is not None:
+            self.tripwire.close()
         for handle in self._handles:
             handle.remove()
         torch.optim.Optimizer.__init__ = self._original_optimizer_init  # type: ignore[method-assign]
@@ -250,7 +262,10 @@ class Recorder:
     def _end_step(self) -> None:
         if os.getpid() != self._pid:
             return  # a forked DataLoader worker: the parent owns the trace
-        self.trace.write_step(self.state.step, self.ops)
+        self.trace.write_step(self.state.step, self.ops, every_op=self._dispatch_active)
+        asserting_key = hash(tuple(op for op in self.ops if op[0] in ASSERTING_OPS))
+        layout_changed = asserting_key != self._asserting_key
+        self._asserting_key = asserting_key
         self.ops = []
         if torch.cuda.is_initialized():
             event = torch.cuda.Event()
@@ -261,6 +276,56 @@ class Recorder:
         self.state.step += 1
         self.localizing = self._in_localize_window(self.state.step)
         self._set_function_mode(not torch.cuda.is_initialized() or self.localizing)
+        self._set_dispatch_mode(self.wants_every_op(self.state.step, layout_changed))
+
+    def wants_every_op(self, step: int, layout_changed: bool) -> bool:
+        """Whether `step` runs under the dispatch mode (every op recorded) or is a light step.
+
+        Being under a Python dispatch mode costs ~1.8x on a launch-bound loop however little
+        the mode does, so GPU runs record every op only in the first steps, at powers of two,
+        after the asserting ops' layouts changed, and in localized steps. In light steps the
+        tripwire still sees every asserting op: its specs and snapshots are never sampled.
+        """
+        if self.localizing or self.tripwire is None:
+            return True
+        light = self.config.light_steps
+        if light is None:
+            light = torch.cuda.is_initialized()
+        if not light:
+            return True
+        return step < 3 or step & (step - 1) == 0 or layout_changed
+
+    @property
+    def light_step(self) -> bool:
+        """The current step records only the asserting ops."""
+        return not self._dispatch_active
+
+    def _on_asserting_call(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Any
+    ) -> Any:
+        """The tripwire's handler: snapshot the evidence; in light steps also record the op and
+        own its synchronous error (under the dispatch mode, the mode does both)."""
+        mode = self._dispatch_mode
+        entry = mode._ops.get(id(func)) or mode._learn(func)
+        name = entry[0]
+        if self.localizing:
+            return run()  # the mode synchronizes around every op and captures the culprit's
+        if self.config.snapshots and _touches_cuda(args, kwargs):
+            with torch._C._DisableTorchDispatch():  # the copies are not the user's ops
+                mode._snapshot(func, name, args, kwargs)
+        if self._dispatch_active:
+            return run()
+        self.last_op = name
+        try:
+            result = run()
+        except Exception as exc:
+            mode._raised(func, name, args, kwargs, exc, None, synchronizing=False)
+            raise
+        stack = self.state.module_stack
+        self.ops.append(
+            (name, stack[-1] if stack else None, self.state.phase(), tuple(map(_spec_tuple, args)))
+        )
+        return result
 
     def _retire_completed_steps(self) -> None:
         """Drop snapshots of steps whose kernels all finished: they cannot hold the fault.
@@ -456,6 +521,20 @@ class Recorder:
             self._function_mode.__exit__(None, None, None)
         self._function_active = active
 
+    def _set_dispatch_mode(self, active: bool) -> None:
+        """Every op under the dispatch mode, or light steps (see wants_every_op)."""
+        if active == self._dispatch_active:
+            return
+        if active:
+            self._dispatch_mode.__enter__()
+        else:
+            from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+            if _get_current_dispatch_mode() is not self._dispatch_mode:
+                return  # the user's own mode is on top: leave the stack alone
+            self._dispatch_mode.__exit__(None, None, None)
+        self._dispatch_active = active
+
 
 def _public_path(path: str) -> str | None:
     """`torch.nn.functional.embedding` if that dotted path names a public torch callable."""
@@ -588,7 +667,9 @@ class _OpRecorder(TorchDispatchMode):
     def _learn(self, func: Any) -> tuple[str, bool, Any]:
         """Name a new op, and whether it takes the long way (snapshots of asserting ops)."""
         name = aten_name(func)
-        watched = self.recorder.config.snapshots and name in ASSERTING_OPS
+        # with the tripwire in, it snapshots asserting ops (above this mode, in every step)
+        recorder = self.recorder
+        watched = recorder.config.snapshots and recorder.tripwire is None and name in ASSERTING_OPS
         entry = self._ops[id(func)] = (name, watched, func)
         return entry
 

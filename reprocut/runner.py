@@ -52,6 +52,7 @@ class RunRequest:
     localize_from: int | None = None  # synchronize around every op of these steps
     localize_to: int | None = None
     snapshots: bool = True
+    light_steps: bool | None = None  # see Recorder.wants_every_op; None: on GPU runs
     launch_blocking: bool = False
     sync_lines: bool = False  # wait for the GPU after each user line (see line_sync)
     timeout: float | None = None
@@ -88,6 +89,7 @@ def run_script(
                 "localize_from": request.localize_from,
                 "localize_to": request.localize_to,
                 "snapshots": request.snapshots,
+                "light_steps": request.light_steps,
                 "sync_lines": request.sync_lines,
             }
         )

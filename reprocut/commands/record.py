@@ -59,6 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not copy asserting ops' inputs during the run (always rerun to localize)",
     )
     parser.add_argument(
+        "--full-trace",
+        action="store_true",
+        help="record every op of every step (GPU runs otherwise record every op of the first "
+        "steps and of steps 4, 8, 16, ..., and the ops that can device-assert in every step: "
+        "a full trace costs up to 3x on launch-bound loops)",
+    )
+    parser.add_argument(
         "--no-rerun",
         dest="rerun",
         action="store_false",
@@ -193,6 +200,7 @@ def _record(
             run_dir.path,
             "record",
             snapshots=options.snapshots,
+            light_steps=False if options.full_trace else None,
             launch_blocking=False,
             timeout=options.timeout,
             cwd=cwd,
