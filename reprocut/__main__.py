@@ -1,7 +1,5 @@
 """`python -m reprocut` is the `reprocut` command."""
 
-import sys
+from reprocut.cli import entry
 
-from reprocut.cli import main
-
-sys.exit(main())
+entry()

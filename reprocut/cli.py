@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from reprocut import __version__
 from reprocut.display.console import make_console, print_error, print_internal_error
@@ -76,6 +79,20 @@ def error_json(exc: ReprocutError) -> dict[str, object]:
         "hint": exc.hint,
         "exit_code": int(exc.exit_code),
     }
+
+
+def entry() -> NoReturn:
+    """The `reprocut` command: main(), then exit without the interpreter's teardown.
+
+    By then torch is imported (the localizer, the replay oracle), and tearing it down takes
+    about half a second after the report is out: time a user waits for nothing. Every file
+    reprocut writes is closed by then; the terminal streams are flushed here."""
+    code = main()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

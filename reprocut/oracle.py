@@ -233,9 +233,12 @@ class Oracle:
             line = self._read_line(server, SERVER_GRACE)
         return json.loads(line).get("pid") if line else None
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = True) -> None:
+        """Kill the fork server and its children. `wait=False` does not wait for them to die:
+        a process with a CUDA context can take a second to, and a caller about to exit need
+        not (its children are then reaped by init)."""
         with self._server_lock:
-            self._stop_server()
+            self._stop_server(wait=wait)
         self._tmp.cleanup()
 
     def __enter__(self) -> Oracle:
@@ -314,13 +317,13 @@ class Oracle:
         line = server.stdout.readline()
         return line or None
 
-    def _stop_server(self) -> None:
+    def _stop_server(self, *, wait: bool = True) -> None:
         if self._server is not None:
-            self._kill(self._server)
+            self._kill(self._server, wait=wait)
             self._server = None
 
     @staticmethod
-    def _kill(process: subprocess.Popen[str]) -> None:
+    def _kill(process: subprocess.Popen[str], *, wait: bool = True) -> None:
         try:
             if process.stdin:
                 process.stdin.close()
@@ -328,7 +331,8 @@ class Oracle:
             pass
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        if wait:
+            process.wait()
         if process.stdout:
             process.stdout.close()
 

@@ -156,8 +156,10 @@ class OracleWarmer:
         return self.oracle
 
     def close(self) -> None:
+        """Called as `record` returns: the report is out, so the replay processes are killed
+        without waiting for their CUDA contexts to be torn down."""
         if self.ready() is not None:
-            self.oracle.close()
+            self.oracle.close(wait=False)
 
     def on_line(self, line: str) -> None:
         """The script's output: at its first CUDA error, have the replay child make its CUDA
