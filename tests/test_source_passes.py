@@ -20,6 +20,7 @@ from reprocut.source_passes import (
     drop_arguments,
     hoist_subexpressions,
     inline_calls,
+    inline_names,
     inline_sibling_imports,
     is_constant,
     jump_to_call,
@@ -287,6 +288,31 @@ def test_remove_unused_definitions():
         class Used:
             pass
         raise ValueError(Used.__name__ and "bad" if sys else tau)
+    """)
+
+
+def test_inline_names_splits_tuple_assignments_and_inlines_literals():
+    source = code("""
+        import math
+        mean, std = 2.0, math.sqrt(4.0)
+        width = 4
+        a, b = 1, 2
+        a, b = b, a
+        count = 0
+        threads = 0
+        def launch(n, *, threads=1):
+            return n + threads
+        if launch(width, threads=count) + mean + threads == 6.0 and (a, b) == (2, 1):
+            raise ValueError("bad")
+    """)
+    assert reduce_with([inline_names, remove_unused_definitions], source) == code("""
+        a, b = 1, 2
+        a, b = b, a
+        threads = 0
+        def launch(n, *, threads=1):
+            return n + threads
+        if launch(4, threads=0) + 2.0 + threads == 6.0 and (a, b) == (2, 1):
+            raise ValueError("bad")
     """)
 
 

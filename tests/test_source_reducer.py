@@ -89,8 +89,7 @@ def test_the_loop_reaches_a_small_fixed_point():
     assert reducer.run() == "fixed point"
     assert run_in_process(reducer.best) == BAD
     assert format_code(reducer.best) == code("""
-        total = 0
-        raise ValueError(f"bad value {total}")
+        raise ValueError(f"bad value {0}")
     """)
 
 

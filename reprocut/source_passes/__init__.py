@@ -24,6 +24,7 @@ from reprocut.source_passes.jump import jump_to_call
 from reprocut.source_passes.specs import literal, replace_with_specs, spec_expression
 from reprocut.source_passes.statements import (
     delete_statements,
+    inline_names,
     remove_unused_definitions,
     strip_comments,
     unwrap_blocks,
@@ -49,6 +50,7 @@ PASSES: tuple[SourcePass, ...] = (
     inline_calls,
     remove_unused_definitions,
     simplify_expressions,
+    inline_names,
     hoist_subexpressions,
     drop_arguments,
     shrink_integers,
@@ -67,6 +69,7 @@ __all__ = [
     "hoist_subexpressions",
     "import_module_name",
     "inline_calls",
+    "inline_names",
     "inline_sibling_imports",
     "integer_value",
     "is_constant",

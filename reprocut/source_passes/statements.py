@@ -1,4 +1,5 @@
-"""Statement-level passes: delete (ddmin), unwrap blocks, drop unused definitions and comments."""
+"""Statement-level passes: delete (ddmin), unwrap blocks, drop unused definitions and comments,
+inline names bound to literals."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from reprocut.source_passes.tree import (
     name_counts,
     parse,
     replace_in,
+    statement_site,
     statements_of,
+    sweep,
     transform,
 )
 
@@ -215,6 +218,147 @@ def remove_unused_definitions(code: str, context: PassContext) -> Generator[str,
         candidate = replace_in(code, module, {id(statement): []})
         if candidate is not None and (yield candidate):
             code = candidate
+
+
+# --- inline_names ----------------------------------------------------------------------------
+
+
+def _single_assignment(statement: cst.BaseStatement) -> cst.Assign | None:
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    return small if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
+
+
+def _split_tuple_assignment(
+    module: cst.Module, statement: cst.BaseStatement
+) -> list[cst.BaseStatement] | None:
+    """`mean, std = a, b` with `std` unused elsewhere -> `mean = a`."""
+    assign = _single_assignment(statement)
+    if assign is None:
+        return None
+    target, value = assign.targets[0].target, assign.value
+    if not (isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple)):
+        return None
+    if len(target.elements) != len(value.elements):
+        return None
+    if not all(
+        isinstance(e, cst.Element) and isinstance(e.value, cst.Name) for e in target.elements
+    ):
+        return None
+    if any(isinstance(e, cst.StarredElement) for e in value.elements):
+        return None
+    names = [e.value.value for e in target.elements]  # type: ignore[attr-defined]
+    if set(names) & set(name_counts(value)):
+        return None  # `a, b = b, a` is not two assignments
+    totals, inside = name_counts(module), name_counts(statement)
+    kept = [
+        (n, e.value)
+        for n, e in zip(names, value.elements, strict=True)
+        if totals.get(n, 0) > inside.get(n, 0)
+    ]
+    if len(kept) == len(names):
+        return None  # every part is used: splitting alone makes nothing smaller
+    return [
+        cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(n))], value=v)])
+        for n, v in kept
+    ]
+
+
+def _is_literal(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.Integer | cst.Float | cst.SimpleString):
+        return True
+    if isinstance(node, cst.UnaryOperation):
+        return _is_literal(node.expression)
+    return isinstance(node, cst.Name) and node.value in {"True", "False", "None"}
+
+
+class _SubstituteName(cst.CSTTransformer):
+    """Every load of `name` becomes `value` (attribute and keyword names stay names)."""
+
+    def __init__(self, name: str, value: cst.BaseExpression) -> None:
+        super().__init__()
+        self.name, self.value = name, value
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Any:
+        return self.value if original_node.value == self.name else updated_node
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> Any:
+        return updated_node.with_changes(attr=original_node.attr)
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> Any:
+        return updated_node.with_changes(keyword=original_node.keyword)
+
+
+class _BindingCounter(cst.CSTVisitor):
+    """How many places bind a name: assignments, loop targets, parameters, `as` names."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.count = name, 0
+
+    def _add(self, target: cst.CSTNode | None) -> None:
+        if target is not None and self.name in name_counts(target):
+            self.count += 1
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._add(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._add(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._add(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._add(node.target)
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self._add(node.name)
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self._add(node.name)
+
+
+def _bindings(module: cst.Module, name: str) -> int:
+    counter = _BindingCounter(name)
+    module.visit(counter)
+    return counter.count
+
+
+def _inline_literal(module: cst.Module, statement: cst.BaseStatement) -> str | None:
+    """`threads = 0` bound once at module level: its uses become `0` and the line goes."""
+    assign = _single_assignment(statement)
+    if assign is None or statement not in module.body:
+        return None
+    target = assign.targets[0].target
+    if not (isinstance(target, cst.Name) and _is_literal(assign.value)):
+        return None
+    name = target.value
+    bindings = _bindings(module, name)
+    if bindings != 1 or name_counts(module).get(name, 0) < 2:
+        return None
+    rest = module.with_changes(body=[s for s in module.body if s is not statement])
+    try:
+        return rest.visit(_SubstituteName(name, assign.value)).code
+    except Exception:  # libcst refuses the tree: cannot apply
+        return None
+
+
+def inline_names(code: str, context: PassContext) -> Generator[str, bool, None]:
+    """Drop the unused parts of tuple assignments, then put literals in place of the names
+    bound to them once."""
+    code = yield from sweep(
+        code, count_statements, lambda c, i: statement_site(c, i, _split_tuple_assignment)
+    )
+
+    def inline_at(code: str, i: int) -> str | None:
+        module = parse(code)
+        if module is None:
+            return None
+        statements = statements_of(module)
+        return _inline_literal(module, statements[i]) if i < len(statements) else None
+
+    yield from sweep(code, count_statements, inline_at)
 
 
 # --- strip_comments --------------------------------------------------------------------------
