@@ -293,8 +293,9 @@ def test_remove_unused_definitions():
 
 def test_inline_names_splits_tuple_assignments_and_inlines_literals():
     source = code("""
-        import math
-        mean, std = 2.0, math.sqrt(4.0)
+        import types
+        stats = types.SimpleNamespace(mean=2.0, std=3.0)
+        mean, std = stats.mean, stats.std
         width = 4
         a, b = 1, 2
         a, b = b, a
@@ -306,12 +307,15 @@ def test_inline_names_splits_tuple_assignments_and_inlines_literals():
             raise ValueError("bad")
     """)
     assert reduce_with([inline_names, remove_unused_definitions], source) == code("""
+        import types
+        stats = types.SimpleNamespace(mean=2.0, std=3.0)
+        mean = stats.mean
         a, b = 1, 2
         a, b = b, a
         threads = 0
         def launch(n, *, threads=1):
             return n + threads
-        if launch(4, threads=0) + 2.0 + threads == 6.0 and (a, b) == (2, 1):
+        if launch(4, threads=0) + mean + threads == 6.0 and (a, b) == (2, 1):
             raise ValueError("bad")
     """)
 

@@ -249,9 +249,9 @@ def _split_tuple_assignment(
     if any(isinstance(e, cst.StarredElement) for e in value.elements):
         return None
     names = [e.value.value for e in target.elements]  # type: ignore[attr-defined]
-    if set(names) & set(name_counts(value)):
+    if set(names) & set(_variables(value)):
         return None  # `a, b = b, a` is not two assignments
-    totals, inside = name_counts(module), name_counts(statement)
+    totals, inside = _variables(module), _variables(statement)
     kept = [
         (n, e.value)
         for n, e in zip(names, value.elements, strict=True)
@@ -263,6 +263,29 @@ def _split_tuple_assignment(
         cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(n))], value=v)])
         for n, v in kept
     ]
+
+
+class _VariableCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.counts[node.value] = self.counts.get(node.value, 0) + 1
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)  # `x.std`: `x` is a variable, `std` is not
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)  # `f(std=1)`: the keyword is not a variable
+        return False
+
+
+def _variables(node: cst.CSTNode) -> dict[str, int]:
+    """Names used as variables, with counts (attribute and keyword names left out)."""
+    collector = _VariableCollector()
+    node.visit(collector)
+    return collector.counts
 
 
 def _is_literal(node: cst.BaseExpression) -> bool:
