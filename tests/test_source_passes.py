@@ -297,25 +297,31 @@ def test_inline_names_splits_tuple_assignments_and_inlines_literals():
         stats = types.SimpleNamespace(mean=2.0, std=3.0)
         mean, std = stats.mean, stats.std
         width = 4
+        SOURCE = '''
+        kernel
+        '''
         a, b = 1, 2
         a, b = b, a
         count = 0
         threads = 0
         def launch(n, *, threads=1):
             return n + threads
-        if launch(width, threads=count) + mean + threads == 6.0 and (a, b) == (2, 1):
+        if launch(width, threads=count) + mean + threads == 6.0 and (a, b) == (2, 1) and SOURCE:
             raise ValueError("bad")
     """)
     assert reduce_with([inline_names, remove_unused_definitions], source) == code("""
         import types
         stats = types.SimpleNamespace(mean=2.0, std=3.0)
         mean = stats.mean
+        SOURCE = '''
+        kernel
+        '''
         a, b = 1, 2
         a, b = b, a
         threads = 0
         def launch(n, *, threads=1):
             return n + threads
-        if launch(4, threads=0) + mean + threads == 6.0 and (a, b) == (2, 1):
+        if launch(4, threads=0) + mean + threads == 6.0 and (a, b) == (2, 1) and SOURCE:
             raise ValueError("bad")
     """)
 

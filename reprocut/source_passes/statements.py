@@ -289,8 +289,12 @@ def _variables(node: cst.CSTNode) -> dict[str, int]:
 
 
 def _is_literal(node: cst.BaseExpression) -> bool:
-    if isinstance(node, cst.Integer | cst.Float | cst.SimpleString):
+    """A number, a one-line string, True/False/None: short enough to stand where it is used
+    (a kernel's multi-line source stays a named constant)."""
+    if isinstance(node, cst.Integer | cst.Float):
         return True
+    if isinstance(node, cst.SimpleString):
+        return "\n" not in node.value
     if isinstance(node, cst.UnaryOperation):
         return _is_literal(node.expression)
     return isinstance(node, cst.Name) and node.value in {"True", "False", "None"}
