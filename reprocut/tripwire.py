@@ -61,17 +61,24 @@ class Tripwire:
         self.installed: list[str] = []
 
     def __enter__(self) -> Tripwire:
+        """Register the kernels; on a torch that cannot (no `with_keyset`, say) nothing stays
+        registered and the error propagates: the recorder then watches every op instead."""
         library = torch.library.Library("aten", "IMPL")
-        with warnings.catch_warnings():
-            # "Overriding a previously registered kernel": the stock in-place kernels, on purpose
-            warnings.simplefilter("ignore")
-            for registered, op, in_place in _overloads(self.ops):
-                kernel = self._in_place_kernel(op) if in_place else self._kernel(op)
-                try:
-                    library.impl(registered, kernel, _KEY, with_keyset=True)
-                except RuntimeError:  # an op this build lacks a dispatcher entry for
-                    continue
-                self.installed.append(registered)
+        try:
+            with warnings.catch_warnings():
+                # "Overriding a previously registered kernel": the stock in-place ones, on purpose
+                warnings.simplefilter("ignore")
+                for registered, op, in_place in _overloads(self.ops):
+                    kernel = self._in_place_kernel(op) if in_place else self._kernel(op)
+                    try:
+                        library.impl(registered, kernel, _KEY, with_keyset=True)
+                    except RuntimeError:  # an op this build has no dispatcher entry for
+                        continue
+                    self.installed.append(registered)
+        except BaseException:
+            library._destroy()
+            self.installed.clear()
+            raise
         self._library = library
         return self
 

@@ -132,6 +132,22 @@ def test_the_dispatch_mode_is_off_in_light_steps_and_everything_is_removed_on_ex
     assert seen == []
 
 
+def test_a_torch_that_cannot_take_the_kernels_gets_every_op_recorded(tmp_path, monkeypatch):
+    """As on a torch without `increment_version`: nothing stays registered, no step is light."""
+    monkeypatch.delattr(torch.autograd.graph, "increment_version")
+    seen = []
+    with pytest.raises(AttributeError):
+        Tripwire({"aten::embedding", "aten::index_add_"}, lambda *a: seen.append(a)).__enter__()
+    F.embedding(torch.tensor([1]), torch.ones(3, 2))
+    assert seen == [], "the kernel registered before the failure was taken back"
+    with Recorder(RecorderConfig(run_dir=tmp_path, light_steps=True)) as recorder:
+        assert recorder.tripwire is None
+        train_steps(6)
+        assert not recorder.light_step
+    steps = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    assert all(s.get("every_op", True) for s in steps)
+
+
 def localize_light(tmp_path: Path, script: Path):
     """`reprocut record` with light steps forced on (CPU runs default to every op)."""
     from reprocut.localizer import LocalizeOptions, localize
