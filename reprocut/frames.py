@@ -29,9 +29,19 @@ _LIBRARY_DIRS = tuple(
 )
 
 
+_COMPILED_SOURCES = (".pyx", ".pxd", ".pxi")
+
+
 def is_user_file(filename: str) -> bool:
-    """User code: anything that is not torch, reprocut, the stdlib or an installed package."""
-    if filename.startswith("<"):
+    """User code: anything that is not torch, reprocut, the stdlib or an installed package.
+
+    The script and its siblings run from absolute paths (the child makes them so). A relative
+    name is a compiled extension's: Cython puts frames such as `cupy_backends/cuda/libs/
+    cublas.pyx` into tracebacks, and taking one for the user's line hid the cuBLAS call that
+    raised on the H200."""
+    if filename.startswith("<") or filename.endswith(_COMPILED_SOURCES):
+        return False
+    if not os.path.isabs(filename):
         return False
     return not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename
 

@@ -138,6 +138,18 @@ def test_plain_python_error_is_a_script_error_with_location(tmp_path, capsys):
     assert report["source"]["line"] == line_of(script, 'config["momentum"]')
 
 
+def test_a_compiled_extensions_frame_is_never_taken_for_the_users_line(tmp_path, capsys):
+    """CuPy's cuBLAS bindings raise from Cython frames named like `cupy_backends/.../cublas.pyx`
+    (relative, not under site-packages): on the H200 one was reported as the user's line."""
+    script = SCRIPTS / "cython_frame.py"
+    code, report = record(tmp_path, capsys, str(script))
+    assert code == ExitCode.OK
+    assert report["status"] == "outside-dispatcher"
+    assert report["source"]["file"] == str(script.resolve())
+    assert report["source"]["line"] == line_of(script, "reprocut: culprit")
+    assert report["surfaced_at"]["line"] == report["source"]["line"]
+
+
 def test_sys_exit_code_is_reported(tmp_path, capsys):
     code, report = record(tmp_path, capsys, str(SCRIPTS / "exits.py"))
     assert code == ExitCode.SCRIPT_ERROR
