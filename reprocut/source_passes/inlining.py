@@ -12,6 +12,7 @@ import libcst.matchers as m
 from reprocut.source_passes.tree import (
     PASS_LINE,
     PassContext,
+    RenameVariables,
     body_statements,
     count_statements,
     dotted,
@@ -202,23 +203,6 @@ def _inlinable(func: cst.FunctionDef) -> bool:
     return facts.returns == (1 if ends_in_return else 0)
 
 
-class _Rename(cst.CSTTransformer):
-    """Rename variables (not attribute names or keyword names) in a function body."""
-
-    def __init__(self, names: dict[str, cst.BaseExpression]) -> None:
-        super().__init__()
-        self.names = names
-
-    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> Any:
-        return updated_node.with_changes(attr=original_node.attr)
-
-    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> Any:
-        return updated_node.with_changes(keyword=original_node.keyword)
-
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Any:
-        return self.names.get(original_node.value, updated_node)
-
-
 def _methods(module: cst.Module) -> dict[str, list[cst.FunctionDef]]:
     found: dict[str, list[cst.FunctionDef]] = {}
     for statement in module.body:
@@ -331,7 +315,7 @@ def _inline_call(
             )
     body = body_statements(func.body)
     try:
-        body = [s.visit(_Rename(renames)) for s in body] if renames else body
+        body = [s.visit(RenameVariables(renames)) for s in body] if renames else body
     except (cst.CSTValidationError, ValueError, TypeError):
         return None
     result: cst.BaseExpression | None = None

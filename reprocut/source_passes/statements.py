@@ -11,6 +11,7 @@ import libcst.matchers as m
 
 from reprocut.source_passes.tree import (
     PassContext,
+    RenameVariables,
     body_statements,
     count_statements,
     name_counts,
@@ -20,6 +21,7 @@ from reprocut.source_passes.tree import (
     statements_of,
     sweep,
     transform,
+    variable_counts,
 )
 
 # --- delete_statements -----------------------------------------------------------------------
@@ -249,9 +251,9 @@ def _split_tuple_assignment(
     if any(isinstance(e, cst.StarredElement) for e in value.elements):
         return None
     names = [e.value.value for e in target.elements]  # type: ignore[attr-defined]
-    if set(names) & set(_variables(value)):
+    if set(names) & set(variable_counts(value)):
         return None  # `a, b = b, a` is not two assignments
-    totals, inside = _variables(module), _variables(statement)
+    totals, inside = variable_counts(module), variable_counts(statement)
     kept = [
         (n, e.value)
         for n, e in zip(names, value.elements, strict=True)
@@ -265,29 +267,6 @@ def _split_tuple_assignment(
     ]
 
 
-class _VariableCollector(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.counts[node.value] = self.counts.get(node.value, 0) + 1
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)  # `x.std`: `x` is a variable, `std` is not
-        return False
-
-    def visit_Arg(self, node: cst.Arg) -> bool:
-        node.value.visit(self)  # `f(std=1)`: the keyword is not a variable
-        return False
-
-
-def _variables(node: cst.CSTNode) -> dict[str, int]:
-    """Names used as variables, with counts (attribute and keyword names left out)."""
-    collector = _VariableCollector()
-    node.visit(collector)
-    return collector.counts
-
-
 def _is_literal(node: cst.BaseExpression) -> bool:
     """A number, a one-line string, True/False/None: short enough to stand where it is used
     (a kernel's multi-line source stays a named constant)."""
@@ -298,23 +277,6 @@ def _is_literal(node: cst.BaseExpression) -> bool:
     if isinstance(node, cst.UnaryOperation):
         return _is_literal(node.expression)
     return isinstance(node, cst.Name) and node.value in {"True", "False", "None"}
-
-
-class _SubstituteName(cst.CSTTransformer):
-    """Every load of `name` becomes `value` (attribute and keyword names stay names)."""
-
-    def __init__(self, name: str, value: cst.BaseExpression) -> None:
-        super().__init__()
-        self.name, self.value = name, value
-
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Any:
-        return self.value if original_node.value == self.name else updated_node
-
-    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> Any:
-        return updated_node.with_changes(attr=original_node.attr)
-
-    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> Any:
-        return updated_node.with_changes(keyword=original_node.keyword)
 
 
 class _BindingCounter(cst.CSTVisitor):
@@ -366,7 +328,7 @@ def _inline_literal(module: cst.Module, statement: cst.BaseStatement) -> str | N
         return None
     rest = module.with_changes(body=[s for s in module.body if s is not statement])
     try:
-        return rest.visit(_SubstituteName(name, assign.value)).code
+        return rest.visit(RenameVariables({name: assign.value})).code
     except Exception:  # libcst refuses the tree: cannot apply
         return None
 

@@ -156,17 +156,55 @@ def is_constant(node: cst.CSTNode) -> bool:
 
 
 class _NameCounter(cst.CSTVisitor):
-    def __init__(self) -> None:
+    def __init__(self, variables_only: bool) -> None:
         self.counts: dict[str, int] = {}
+        self.variables_only = variables_only
 
     def visit_Name(self, node: cst.Name) -> None:
         self.counts[node.value] = self.counts.get(node.value, 0) + 1
 
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if not self.variables_only:
+            return True
+        node.value.visit(self)  # `x.std`: `x` is a variable, `std` is not
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        if not self.variables_only:
+            return True
+        node.value.visit(self)  # `f(std=1)`: the keyword is not a variable
+        return False
+
 
 def name_counts(node: cst.CSTNode) -> dict[str, int]:
-    counter = _NameCounter()
+    """Every Name node, attribute and keyword names included."""
+    counter = _NameCounter(variables_only=False)
     node.visit(counter)
     return counter.counts
+
+
+def variable_counts(node: cst.CSTNode) -> dict[str, int]:
+    """Names used as variables, with counts (attribute and keyword names left out)."""
+    counter = _NameCounter(variables_only=True)
+    node.visit(counter)
+    return counter.counts
+
+
+class RenameVariables(cst.CSTTransformer):
+    """Replace variables by expressions (attribute names and keyword names stay)."""
+
+    def __init__(self, names: dict[str, cst.BaseExpression]) -> None:
+        super().__init__()
+        self.names = names
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> Any:
+        return updated_node.with_changes(attr=original_node.attr)
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> Any:
+        return updated_node.with_changes(keyword=original_node.keyword)
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Any:
+        return self.names.get(original_node.value, updated_node)
 
 
 class _StatementIndexer(cst.CSTVisitor):
