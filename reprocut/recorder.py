@@ -27,8 +27,8 @@ from types import CodeType, FrameType
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from reprocut.capture import ASSERTING_OPS, HeldCall, TensorStore, capture_call, hold_call
 from reprocut.case import SourceLocation
@@ -169,10 +169,11 @@ class Recorder:
         self.last_op: str | None = None
         self._main_thread = threading.get_ident()
         self._handles: list[Any] = []
-        self._function_mode = _CallRecorder(self)
-        self._function_active = False
-        self._dispatch_mode = _OpRecorder(self)
-        self._dispatch_active = False
+        # The function mode costs a Python call per torch call: GPU runs keep it for the first
+        # step and localized steps only (public calls are then found on the stack).
+        self._function_mode = _ModeSwitch(_CallRecorder(self), _get_current_function_mode)
+        # Every op under the dispatch mode, or light steps (see wants_every_op).
+        self._dispatch_mode = _ModeSwitch(_OpRecorder(self), _get_current_dispatch_mode)
         self.tripwire: Tripwire | None = None
         self._asserting_key: int | None = None  # the asserting ops' layouts in the last step
         self._original_optimizer_init: Any = None
@@ -215,8 +216,8 @@ class Recorder:
             self.tripwire = Tripwire(ASSERTING_OPS, self._on_asserting_call).__enter__()
         except Exception:  # a torch without Python kernels at that key: every step sees every op
             self.tripwire = None
-        self._set_function_mode(True)
-        self._set_dispatch_mode(True)
+        self._function_mode.set(True)
+        self._dispatch_mode.set(True)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -226,9 +227,9 @@ class Recorder:
         if self._original_optimizer_init is None:
             return
         with contextlib.suppress(Exception):  # the stack may be unwound by the exception
-            self._set_dispatch_mode(False)
+            self._dispatch_mode.set(False)
         with contextlib.suppress(Exception):
-            self._set_function_mode(False)
+            self._function_mode.set(False)
         if self.tripwire is not None:
             self.tripwire.close()
         for handle in self._handles:
@@ -262,7 +263,7 @@ class Recorder:
     def _end_step(self) -> None:
         if os.getpid() != self._pid:
             return  # a forked DataLoader worker: the parent owns the trace
-        self.trace.write_step(self.state.step, self.ops, every_op=self._dispatch_active)
+        self.trace.write_step(self.state.step, self.ops, every_op=self._dispatch_mode.active)
         asserting_key = hash(tuple(op for op in self.ops if op[0] in ASSERTING_OPS))
         layout_changed = asserting_key != self._asserting_key
         self._asserting_key = asserting_key
@@ -275,8 +276,8 @@ class Recorder:
         self.snapshots = []
         self.state.step += 1
         self.localizing = self._in_localize_window(self.state.step)
-        self._set_function_mode(not torch.cuda.is_initialized() or self.localizing)
-        self._set_dispatch_mode(self.wants_every_op(self.state.step, layout_changed))
+        self._function_mode.set(not torch.cuda.is_initialized() or self.localizing)
+        self._dispatch_mode.set(self.wants_every_op(self.state.step, layout_changed))
 
     def wants_every_op(self, step: int, layout_changed: bool) -> bool:
         """Whether `step` runs under the dispatch mode (every op recorded) or is a light step.
@@ -298,14 +299,14 @@ class Recorder:
     @property
     def light_step(self) -> bool:
         """The current step records only the asserting ops."""
-        return not self._dispatch_active
+        return not self._dispatch_mode.active
 
     def _on_asserting_call(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Any
     ) -> Any:
         """The tripwire's handler: snapshot the evidence; in light steps also record the op and
         own its synchronous error (under the dispatch mode, the mode does both)."""
-        mode = self._dispatch_mode
+        mode = self._dispatch_mode.mode
         entry = mode._ops.get(id(func)) or mode._learn(func)
         name = entry[0]
         if self.localizing:
@@ -313,7 +314,7 @@ class Recorder:
         if self.config.snapshots and _touches_cuda(args, kwargs):
             with torch._C._DisableTorchDispatch():  # the copies are not the user's ops
                 mode._snapshot(func, name, args, kwargs)
-        if self._dispatch_active:
+        if self._dispatch_mode.active:
             return run()
         self.last_op = name
         try:
@@ -321,11 +322,16 @@ class Recorder:
         except Exception as exc:
             mode._raised(func, name, args, kwargs, exc, None, synchronizing=False)
             raise
+        self.record_op(name, args)
+        return result
+
+    def record_op(self, name: str, args: tuple[Any, ...]) -> None:
+        """Add an op of the current step to the trace (the dispatch mode's hot path inlines
+        this: a method call per op is measurable there)."""
         stack = self.state.module_stack
         self.ops.append(
             (name, stack[-1] if stack else None, self.state.phase(), tuple(map(_spec_tuple, args)))
         )
-        return result
 
     def _retire_completed_steps(self) -> None:
         """Drop snapshots of steps whose kernels all finished: they cannot hold the fault.
@@ -506,34 +512,26 @@ class Recorder:
             config.localize_to if config.localize_to is not None else step
         )
 
-    def _set_function_mode(self, active: bool) -> None:
-        """The function mode costs a Python call per torch call: GPU runs keep it for the first
-        step and localized steps only (public calls are then found on the stack)."""
-        if active == self._function_active:
+
+class _ModeSwitch:
+    """A torch mode turned on and off at step boundaries. It is taken off the mode stack only
+    while it is on top: the user's own mode may have been pushed above it."""
+
+    def __init__(self, mode: Any, current: Any) -> None:
+        self.mode = mode
+        self._current = current  # the mode now on top of that stack
+        self.active = False
+
+    def set(self, active: bool) -> None:
+        if active == self.active:
             return
         if active:
-            self._function_mode.__enter__()
+            self.mode.__enter__()
         else:
-            from torch.overrides import _get_current_function_mode
-
-            if _get_current_function_mode() is not self._function_mode:
-                return  # the user's own mode is on top: leave the stack alone
-            self._function_mode.__exit__(None, None, None)
-        self._function_active = active
-
-    def _set_dispatch_mode(self, active: bool) -> None:
-        """Every op under the dispatch mode, or light steps (see wants_every_op)."""
-        if active == self._dispatch_active:
-            return
-        if active:
-            self._dispatch_mode.__enter__()
-        else:
-            from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-            if _get_current_dispatch_mode() is not self._dispatch_mode:
-                return  # the user's own mode is on top: leave the stack alone
-            self._dispatch_mode.__exit__(None, None, None)
-        self._dispatch_active = active
+            if self._current() is not self.mode:
+                return
+            self.mode.__exit__(None, None, None)
+        self.active = active
 
 
 def _public_path(path: str) -> str | None:
@@ -676,7 +674,6 @@ class _OpRecorder(TorchDispatchMode):
     def _dispatch_watched(self, func: Any, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
         """An op that may need its inputs copied first: snapshots, or a localized step."""
         recorder = self.recorder
-        state = recorder.state
         call = None
         synchronizing = recorder.localizing and torch.cuda.is_initialized()
         if synchronizing:
@@ -693,15 +690,7 @@ class _OpRecorder(TorchDispatchMode):
         except Exception as exc:
             self._raised(func, name, args, kwargs, exc, call, synchronizing=synchronizing)
             raise
-        stack = state.module_stack
-        recorder.ops.append(
-            (
-                name,
-                stack[-1] if stack else None,
-                state.phase(),
-                tuple(map(_spec_tuple, args)),
-            )
-        )
+        recorder.record_op(name, args)
         return result
 
     def _raised(
