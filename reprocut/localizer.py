@@ -112,12 +112,11 @@ def localize(options: LocalizeOptions, first: RunResult, progress: Progress) -> 
     error = outcome["error"]
     culprit = outcome.get("culprit")
     cuda = is_cuda_failure(error["type"], error["message"], error.get("code"))
-    synchronized = bool(culprit and culprit["synchronized"])
-    if synchronized and culprit.get("op"):
+    if _names_op(culprit):
         return _from_culprit(options, first, outcome, culprit, first, "in-process")
     if not cuda and outcome.get("light_step") and options.rerun:
         return _rerun_for_op(options, first, outcome, progress)
-    if synchronized and culprit.get("public_call"):
+    if _names_public_call(culprit):
         return _from_culprit(options, first, outcome, culprit, first, "in-process")
     if not cuda:
         return _script_error(options, first, _error_info(error, first.stderr), outcome)
@@ -138,20 +137,7 @@ def _rerun(
     first_suspect = min(step, outcome.get("healthy_through", step - 1) + 1)
     span = f"step {step}" if first_suspect == step else f"steps {first_suspect}-{step}"
     progress(f"rerunning to {span}, synchronizing around each op there")
-    second = run_script(
-        RunRequest(
-            options.script,
-            options.argv,
-            options.run_dir.path,
-            "localize",
-            localize_from=first_suspect,
-            localize_to=step,
-            snapshots=False,
-            launch_blocking=options.launch_blocking,
-            timeout=options.timeout,
-            cwd=options.cwd,
-        )
-    )
+    second = _rerun_steps(options, first_suspect, step, launch_blocking=options.launch_blocking)
     again = second.outcome
     if again is None or again.get("status") != "failed":
         why = "it crashed" if again is None else "it did not fail"
@@ -159,7 +145,7 @@ def _rerun(
             options, first, outcome, f"the localization rerun to step {step}: {why}"
         )
     culprit = again.get("culprit")
-    if culprit and culprit.get("op") and culprit["synchronized"]:
+    if _names_op(culprit):
         return _from_culprit(options, first, outcome, culprit, second, "rerun")
     # A fault pending before an aten op, or raised outside any: a custom kernel.
     progress(
@@ -184,6 +170,37 @@ def _rerun(
     return _outside_dispatcher(options, first, outcome, blocked, used, progress)
 
 
+def _rerun_steps(
+    options: LocalizeOptions, first_step: int, last_step: int, *, launch_blocking: bool
+) -> RunResult:
+    """Run the script again, synchronizing around every op of steps first_step..last_step
+    (and watching every op there), to catch the op that raises."""
+    return run_script(
+        RunRequest(
+            options.script,
+            options.argv,
+            options.run_dir.path,
+            "localize",
+            localize_from=first_step,
+            localize_to=last_step,
+            snapshots=False,
+            launch_blocking=launch_blocking,
+            timeout=options.timeout,
+            cwd=options.cwd,
+        )
+    )
+
+
+def _names_op(culprit: dict[str, Any] | None) -> bool:
+    """The child saw an aten op raise with all earlier work known complete: that op is it."""
+    return bool(culprit and culprit.get("op") and culprit["synchronized"])
+
+
+def _names_public_call(culprit: dict[str, Any] | None) -> bool:
+    """No aten op raised, but a composite public call's own check did (F.one_hot's)."""
+    return bool(culprit and culprit.get("public_call") and culprit["synchronized"])
+
+
 def _rerun_for_op(
     options: LocalizeOptions, first: RunResult, outcome: dict[str, Any], progress: Progress
 ) -> Failure:
@@ -194,25 +211,13 @@ def _rerun_for_op(
         f"an error at step {step}, which recorded only the ops that can device-assert; "
         "rerunning that step watching every op"
     )
-    second = run_script(
-        RunRequest(
-            options.script,
-            options.argv,
-            options.run_dir.path,
-            "localize",
-            localize_from=step,
-            localize_to=step,
-            snapshots=False,
-            timeout=options.timeout,
-            cwd=options.cwd,
-        )
-    )
+    second = _rerun_steps(options, step, step, launch_blocking=False)
     again = second.outcome
     culprit = again.get("culprit") if again else None
-    if culprit and culprit.get("op") and culprit["synchronized"]:
+    if _names_op(culprit):
         return _from_culprit(options, first, outcome, culprit, second, "rerun")
-    known = outcome.get("culprit")  # a composite public call's own check (F.one_hot's)
-    if known and known.get("public_call") and known["synchronized"]:
+    known = outcome.get("culprit")
+    if _names_public_call(known):
         return _from_culprit(options, first, outcome, known, first, "in-process")
     return _script_error(options, first, _error_info(outcome["error"], first.stderr), outcome)
 
