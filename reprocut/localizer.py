@@ -137,7 +137,13 @@ def _rerun(
     first_suspect = min(step, outcome.get("healthy_through", step - 1) + 1)
     span = f"step {step}" if first_suspect == step else f"steps {first_suspect}-{step}"
     progress(f"rerunning to {span}, synchronizing around each op there")
-    second = _rerun_steps(options, first_suspect, step, launch_blocking=options.launch_blocking)
+    second = _run_again(
+        options,
+        "localize",
+        localize_from=first_suspect,
+        localize_to=step,
+        launch_blocking=options.launch_blocking,
+    )
     again = second.outcome
     if again is None or again.get("status") != "failed":
         why = "it crashed" if again is None else "it did not fail"
@@ -152,41 +158,25 @@ def _rerun(
         "the fault came from outside PyTorch's dispatcher; rerunning with CUDA_LAUNCH_BLOCKING=1, "
         "waiting for the GPU after each line of your code"
     )
-    third = run_script(
-        RunRequest(
-            options.script,
-            options.argv,
-            options.run_dir.path,
-            "localize-blocking",
-            snapshots=False,
-            launch_blocking=True,
-            sync_lines=True,
-            timeout=options.timeout,
-            cwd=options.cwd,
-        )
-    )
+    third = _run_again(options, "localize-blocking", launch_blocking=True, sync_lines=True)
     blocked = third.outcome if third.outcome and third.outcome.get("status") == "failed" else again
     used = third if blocked is third.outcome else second
     return _outside_dispatcher(options, first, outcome, blocked, used, progress)
 
 
-def _rerun_steps(
-    options: LocalizeOptions, first_step: int, last_step: int, *, launch_blocking: bool
-) -> RunResult:
-    """Run the script again, synchronizing around every op of steps first_step..last_step
-    (and watching every op there), to catch the op that raises."""
+def _run_again(options: LocalizeOptions, attempt: str, **how: Any) -> RunResult:
+    """Run the script again for localization (no snapshots); `how` holds the RunRequest fields
+    that make this attempt what it is (the steps to synchronize in, blocking launches, ...)."""
     return run_script(
         RunRequest(
             options.script,
             options.argv,
             options.run_dir.path,
-            "localize",
-            localize_from=first_step,
-            localize_to=last_step,
+            attempt,
             snapshots=False,
-            launch_blocking=launch_blocking,
             timeout=options.timeout,
             cwd=options.cwd,
+            **how,
         )
     )
 
@@ -211,7 +201,7 @@ def _rerun_for_op(
         f"an error at step {step}, which recorded only the ops that can device-assert; "
         "rerunning that step watching every op"
     )
-    second = _rerun_steps(options, step, step, launch_blocking=False)
+    second = _run_again(options, "localize", localize_from=step, localize_to=step)
     again = second.outcome
     culprit = again.get("culprit") if again else None
     if _names_op(culprit):
