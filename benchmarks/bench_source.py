@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import generic_reducer  # noqa: E402
-from reprocut.case import Signature, TensorSpec  # noqa: E402
-from reprocut.signature import classify  # noqa: E402
+from reprocut.model.case import Signature, TensorSpec  # noqa: E402
+from reprocut.model.signature import classify  # noqa: E402
 from reprocut.source_passes import parse, sibling_imports  # noqa: E402
 from reprocut.source_reducer import count_lines, probe_launch, reduce_source  # noqa: E402
 
@@ -201,7 +201,7 @@ import json, shutil, sys, tempfile
 from pathlib import Path
 sys.path.insert(0, {root!r})
 from benchmarks.bench_source import fresh_signature
-from reprocut.case import Signature
+from reprocut.model.case import Signature
 with open({counter!r}, "a") as handle:
     handle.write("1\n")
 code = sys.stdin.read()

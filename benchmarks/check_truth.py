@@ -5,7 +5,7 @@
 
 Each case runs `benchmarks/truth_probe.py` in a fresh process (CUDA_LAUNCH_BLOCKING=1 on CUDA,
 so the faulting call raises where it is made), with a timeout and its own process group. The
-kernel assertion lines on the child's stderr are classified with reprocut.signature, then
+kernel assertion lines on the child's stderr are classified with reprocut.model.signature, then
 compared with case.toml: culprit file and line, step, error code / type, kind, op. Writes
 benchmarks/results/truth-<device>-<date>.md; a case whose truth holds can have its
 `verified = false` flag flipped. This process never imports torch.
@@ -32,7 +32,7 @@ from benchmarks.corpus_cases import CORPUS, REPO, CorpusCase, load_cases
 from benchmarks.corpus_score import base_op
 from benchmarks.run_corpus import RESULTS
 from benchmarks.truth_probe import MARKER
-from reprocut.signature import classify
+from reprocut.model.signature import classify
 
 PROBE = REPO / "benchmarks" / "truth_probe.py"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from benchmarks.corpus_cases import CorpusCase
 
-# `reprocut record` exit codes (reprocut.errors.ExitCode), repeated here so scoring stays pure.
+# `reprocut record` exit codes (reprocut.model.errors.ExitCode), repeated here so scoring stays pure.
 RECORD_LOCALIZED = 0
 RECORD_NOTHING_TO_REPRODUCE = 1
 PASS_STATUSES = frozenset({"passed", "pass", "no-failure", "nothing-to-reproduce", "ok"})

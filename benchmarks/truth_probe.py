@@ -69,7 +69,7 @@ class _CallMode(TorchFunctionMode):
 
 
 def _public_name(func: Any) -> str:
-    from reprocut.publicapi import public_name
+    from reprocut.model.publicapi import public_name
 
     return public_name(func) or _qualified_name(func)
 
@@ -97,7 +97,7 @@ def _user_frame(exc: BaseException, root: Path) -> tuple[str, int] | None:
 def probe(script: Path, argv: list[str], ops: bool = True) -> dict[str, Any]:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from reprocut.signature import classify
+    from reprocut.model.signature import classify
 
     observer = _Observer()
 

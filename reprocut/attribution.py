@@ -17,9 +17,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from reprocut.case import Signature
-from reprocut.publicapi import aten_name, public_name
-from reprocut.signature import classify
+from reprocut.model.case import Signature
+from reprocut.model.publicapi import aten_name, public_name
+from reprocut.model.signature import classify
 
 
 def _touches_cuda(values: Any) -> bool:

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from reprocut.case import Captured, Symbol, arg_to_json
-from reprocut.tensors import layout_of, spec_from_layout
+from reprocut.model.case import Captured, Symbol, arg_to_json
+from reprocut.model.tensors import layout_of, spec_from_layout
 
 # aten ops whose CUDA kernels can raise a device-side assert (bug-patterns.md §4).
 ASSERTING_OPS = frozenset(

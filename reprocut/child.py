@@ -18,8 +18,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from reprocut.case import SourceLocation
-from reprocut.recording import atomic_write
+from reprocut.model.case import SourceLocation
+from reprocut.model.recording import atomic_write
 
 OUTCOME_FILE = "outcome.json"
 

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from reprocut import __version__
 from reprocut.display.console import make_console, print_error, print_internal_error
-from reprocut.errors import ExitCode, ReprocutError
+from reprocut.model.errors import ExitCode, ReprocutError
 
 COMMANDS = {
     "record": (

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from reprocut.case import TensorSpec
-from reprocut.tensors import to_dtype
+from reprocut.model.case import TensorSpec
+from reprocut.model.tensors import to_dtype
 
 
 @dataclass(frozen=True, slots=True)

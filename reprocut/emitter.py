@@ -17,7 +17,7 @@ from typing import Any
 import libcst as cst
 from libcst.helpers import parse_template_module
 
-from reprocut.case import (
+from reprocut.model.case import (
     FLOAT_DTYPES,
     INT_DTYPES,
     Arg,
@@ -30,7 +30,7 @@ from reprocut.case import (
     Symbol,
     TensorSpec,
 )
-from reprocut.errors import EmitError
+from reprocut.model.errors import EmitError
 
 INLINE_LIMIT = 256  # captured tensors up to this many elements are written into the script
 SIDECAR_NAME = "repro_inputs.pt"
@@ -319,7 +319,7 @@ def _as_strided(storage: cst.BaseExpression, spec: TensorSpec) -> cst.Call:
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    from reprocut.case import contiguous_stride
+    from reprocut.model.case import contiguous_stride
 
     return contiguous_stride(shape)
 
@@ -342,7 +342,7 @@ def parameter_names(case: ReproCase) -> list[str]:
     try:
         import inspect
 
-        from reprocut.tensors import resolve
+        from reprocut.model.tensors import resolve
 
         func = resolve(case.target)
         parameters = list(inspect.signature(func).parameters.values())

@@ -42,7 +42,7 @@ def _preload() -> None:
     import torch.nn.functional
 
     from reprocut import attribution
-    from reprocut.publicapi import _public_index
+    from reprocut.model.publicapi import _public_index
 
     _public_index()  # build the public-name index once, before forking
     # the first op under a dispatch mode imports torch._dynamo (about 1 s): pay it here, once

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from reprocut.case import SourceLocation
+from reprocut.model.case import SourceLocation
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _REPROCUT_DIR = os.path.dirname(__file__)

@@ -20,13 +20,20 @@ from typing import Any
 
 import torch
 
-from reprocut.case import ArgList, ReproCase, Signature, SourceLocation, TensorSpec, arg_from_json
 from reprocut.diagnosis import DIAGNOSES, explain, layout_facts
-from reprocut.errors import ScriptDidNotFailError, ScriptTimeoutError
-from reprocut.recording import ErrorInfo, Failure, RunDir, TensorReport
+from reprocut.model.case import (
+    ArgList,
+    ReproCase,
+    Signature,
+    SourceLocation,
+    TensorSpec,
+    arg_from_json,
+)
+from reprocut.model.errors import ScriptDidNotFailError, ScriptTimeoutError
+from reprocut.model.recording import ErrorInfo, Failure, RunDir, TensorReport
+from reprocut.model.signature import classify, cuda_error_code, is_cuda_failure, parse_assertions
+from reprocut.model.tensors import materialize_arg
 from reprocut.runner import RunRequest, RunResult, run_script
-from reprocut.signature import classify, cuda_error_code, is_cuda_failure, parse_assertions
-from reprocut.tensors import materialize_arg
 
 Progress = Callable[[str], None]
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reprocut.case import ReproCase, Signature
 from reprocut.emitter import SIDECAR_NAME, Header, emit, inline_captured
 from reprocut.forkserver import BLOCKING_ENV, read_output
-from reprocut.signature import classify
+from reprocut.model.case import ReproCase, Signature
+from reprocut.model.signature import classify
 
 STDERR_TAIL = 4000
 SERVER_GRACE = 30.0  # seconds the server may take beyond a check's own timeout before we give up

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from reprocut.case import (
+from reprocut.model.case import (
     DTYPE_RANK,
     FLOAT_DTYPES,
     INT_DTYPES,

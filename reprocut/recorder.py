@@ -31,10 +31,10 @@ from torch.overrides import TorchFunctionMode, _get_current_function_mode
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from reprocut.capture import ASSERTING_OPS, HeldCall, TensorStore, capture_call, hold_call
-from reprocut.case import SourceLocation
 from reprocut.frames import UserFrames, is_user_file
-from reprocut.publicapi import aten_name, aten_path, public_name
-from reprocut.signature import is_cuda_failure
+from reprocut.model.case import SourceLocation
+from reprocut.model.publicapi import aten_name, aten_path, public_name
+from reprocut.model.signature import is_cuda_failure
 from reprocut.trace import TraceWriter
 from reprocut.tripwire import Tripwire
 
@@ -536,7 +536,7 @@ class _ModeSwitch:
 
 def _public_path(path: str) -> str | None:
     """`torch.nn.functional.embedding` if that dotted path names a public torch callable."""
-    from reprocut.tensors import resolve
+    from reprocut.model.tensors import resolve
 
     try:
         return public_name(resolve(path))

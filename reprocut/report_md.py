@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 
 from reprocut.emitter import Environment
-from reprocut.recording import Failure
+from reprocut.model.recording import Failure
 
 
 def _nvidia_smi() -> tuple[str | None, str | None]:

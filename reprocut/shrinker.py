@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reprocut.case import Captured, Generated, Literal, ReproCase
+from reprocut.model.case import Captured, Generated, Literal, ReproCase
 
 GENERATOR_RANK = {
     "zeros": 0,

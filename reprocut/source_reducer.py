@@ -26,8 +26,8 @@ import libcst as cst
 import libcst.matchers as m
 import libcst.metadata
 
-from reprocut.case import Signature, TensorSpec, spec_from_json
-from reprocut.errors import NotReproducedError
+from reprocut.model.case import Signature, TensorSpec, spec_from_json
+from reprocut.model.errors import NotReproducedError
 from reprocut.source_passes import (
     COMPOUND,
     PASSES,
@@ -458,8 +458,8 @@ latest = None  # what reached the call the last time it was about to run
 
 def spec(value):
     import torch
-    from reprocut.case import spec_to_json
-    from reprocut.tensors import spec_of
+    from reprocut.model.case import spec_to_json
+    from reprocut.model.tensors import spec_of
     return spec_to_json(spec_of(value)) if isinstance(value, torch.Tensor) else None
 
 def kernel_name(frame):
@@ -700,7 +700,7 @@ def reduce_recorded(
     on_event: Callable[[SourceEvent], None] | None = None,
     timeout: float = 60.0,
 ) -> SourceResult:
-    """`reduce_source` for a recording (`reprocut.recording.Failure`): the failing call is the
+    """`reduce_source` for a recording (`reprocut.model.recording.Failure`): the failing call is the
     innermost frame in code the reducer edits (one fresh run finds it), and the tensors that
     reach it are probed just before it runs."""
     script_path = Path(failure.script).resolve()

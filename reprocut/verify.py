@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprocut.case import Signature
-from reprocut.errors import ExitCode
+from reprocut.model.case import Signature
+from reprocut.model.errors import ExitCode
+from reprocut.model.signature import classify
 from reprocut.oracle import run_with_timeout
-from reprocut.signature import classify
 
 _EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: (?P<message>.*))?$")
 

@@ -7,7 +7,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reprocut.case import (
+from reprocut.model.case import (
     ArgList,
     Captured,
     Generated,

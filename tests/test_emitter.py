@@ -10,16 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from reprocut.case import (
-    ArgList,
-    Captured,
-    Generated,
-    Literal,
-    ReproCase,
-    Signature,
-    Symbol,
-    TensorSpec,
-)
 from reprocut.emitter import (
     SIDECAR_NAME,
     Environment,
@@ -29,7 +19,17 @@ from reprocut.emitter import (
     inline_captured,
     literal,
 )
-from reprocut.errors import EmitError
+from reprocut.model.case import (
+    ArgList,
+    Captured,
+    Generated,
+    Literal,
+    ReproCase,
+    Signature,
+    Symbol,
+    TensorSpec,
+)
+from reprocut.model.errors import EmitError
 
 EMBEDDING_SIGNATURE = Signature("IndexError", None, "aten::embedding", "index out of range in self")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reprocut.case import Generated, Literal, ReproCase, Signature, TensorSpec
+from reprocut.model.case import Generated, Literal, ReproCase, Signature, TensorSpec
 from reprocut.oracle import Crashed, Oracle, OtherFailure, Passed, Reproduced, TimedOut
 
 EMBEDDING = Signature("IndexError", None, "aten::embedding", "index out of range in self")

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from reprocut.case import Captured, Generated, Literal, ReproCase, TensorSpec
+from reprocut.model.case import Captured, Generated, Literal, ReproCase, TensorSpec
 from reprocut.passes import (
     cut_index_to_offender,
     drop_optional_kwargs,
@@ -203,7 +203,7 @@ def test_passes_that_must_keep_a_property_leave_it_alone() -> None:
 
 
 def test_offenders_of_index_lists_use_the_indexed_dimension() -> None:
-    from reprocut.case import ArgList
+    from reprocut.model.case import ArgList
 
     index_put = ReproCase(
         "torch.Tensor.index_put_",

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from reprocut.cli import main
-from reprocut.errors import ExitCode
-from reprocut.recording import RunDir
+from reprocut.model.errors import ExitCode
+from reprocut.model.recording import RunDir
 
 SCRIPTS = Path(__file__).parent / "scripts"
 EXAMPLES = Path(__file__).parent.parent / "examples"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reprocut.errors import ExitCode
+from reprocut.model.errors import ExitCode
 
 SCRIPTS = Path(__file__).parent / "scripts"
 pytestmark = pytest.mark.cuda

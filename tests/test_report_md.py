@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from reprocut.case import Signature, SourceLocation, TensorSpec
 from reprocut.diagnosis import layout_facts
 from reprocut.emitter import Environment
-from reprocut.recording import ErrorInfo, Failure, TensorReport
+from reprocut.model.case import Signature, SourceLocation, TensorSpec
+from reprocut.model.recording import ErrorInfo, Failure, TensorReport
 from reprocut.report_md import ReportInputs, render, summary_line
 
 OFFSET_VIEW = TensorSpec((572,), None, 1170, "float32", "cuda")

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from reprocut.case import (
+from reprocut.cli import main
+from reprocut.emitter import count_statements
+from reprocut.model.case import (
     Captured,
     Generated,
     Literal,
@@ -20,11 +22,9 @@ from reprocut.case import (
     SourceLocation,
     TensorSpec,
 )
-from reprocut.cli import main
-from reprocut.emitter import count_statements
-from reprocut.errors import ExitCode
+from reprocut.model.errors import ExitCode
+from reprocut.model.recording import ErrorInfo, Failure, RunDir
 from reprocut.oracle import Oracle, OtherFailure
-from reprocut.recording import ErrorInfo, Failure, RunDir
 from reprocut.verify import signature_from_stderr
 
 EMBEDDING = Signature("IndexError", None, "aten::embedding", "index out of range in self")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reprocut.case import Generated, Literal, ReproCase, TensorSpec
+from reprocut.model.case import Generated, Literal, ReproCase, TensorSpec
 from reprocut.passes import PASSES
 from reprocut.shrinker import Shrinker, sort_key
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reprocut.case import Signature
-from reprocut.signature import assertion_kind, classify, cuda_error_code, parse_assertions
+from reprocut.model.case import Signature
+from reprocut.model.signature import assertion_kind, classify, cuda_error_code, parse_assertions
 
 CUDA_MESSAGE = (
     "CUDA error: device-side assert triggered\n"

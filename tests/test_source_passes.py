@@ -10,7 +10,7 @@ import libcst as cst
 import pytest
 import torch
 
-from reprocut.case import Generated, Signature, TensorSpec
+from reprocut.model.case import Generated, Signature, TensorSpec
 from reprocut.source_passes import (
     PassContext,
     SourcePass,

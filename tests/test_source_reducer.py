@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from reprocut.case import Signature, SourceLocation
-from reprocut.errors import NotReproducedError
+from reprocut.model.case import Signature, SourceLocation
+from reprocut.model.errors import NotReproducedError
 from reprocut.source_passes import PASSES, PassContext, delete_statements
 from reprocut.source_reducer import (
     SourceAccepted,
@@ -266,7 +266,7 @@ def test_statement_text_spans_a_call_over_several_lines(tmp_path: Path):
 
 @pytest.mark.slow
 def test_reduce_recorded_finds_the_call_into_the_extension_and_jumps_to_it(tmp_path: Path):
-    from reprocut.recording import ErrorInfo, Failure
+    from reprocut.model.recording import ErrorInfo, Failure
 
     project = copy_case("packed_frames", tmp_path)
     raised_in = project / "vendor" / "vecext.py"
@@ -368,7 +368,7 @@ def test_record_reads_the_kernel_and_the_tensors_reaching_a_launch(tmp_path: Pat
     """What `record` adds to a fault outside the dispatcher (on a GPU, after the blocking rerun
     named the launch line): the launched kernel's own name and the layout facts of its inputs."""
     from reprocut.localizer import LocalizeOptions, _launch_inputs
-    from reprocut.recording import RunDir
+    from reprocut.model.recording import RunDir
 
     project = copy_case("packed_frames", tmp_path)
     kernels = project / "kernels.py"

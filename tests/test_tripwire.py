@@ -151,7 +151,7 @@ def test_a_torch_that_cannot_take_the_kernels_gets_every_op_recorded(tmp_path, m
 def localize_light(tmp_path: Path, script: Path):
     """`reprocut record` with light steps forced on (CPU runs default to every op)."""
     from reprocut.localizer import LocalizeOptions, localize
-    from reprocut.recording import RunDir
+    from reprocut.model.recording import RunDir
     from reprocut.runner import RunRequest, run_script
 
     run_dir = RunDir.create(tmp_path / "rec")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reprocut.case import Signature
-from reprocut.errors import ExitCode
+from reprocut.model.case import Signature
+from reprocut.model.errors import ExitCode
 from reprocut.verify import last_exception, signature_from_stderr, verify
 
 CUDA_STDERR = """\

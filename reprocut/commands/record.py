@@ -24,8 +24,13 @@ from typing import Any
 from rich.console import Console
 
 from reprocut.display.failure import failure_json, show_failure
-from reprocut.errors import ExitCode, ReprocutError, ScriptDidNotFailError, ScriptNotFoundError
-from reprocut.recording import DEFAULT_ROOT, RunDir
+from reprocut.model.errors import (
+    ExitCode,
+    ReprocutError,
+    ScriptDidNotFailError,
+    ScriptNotFoundError,
+)
+from reprocut.model.recording import DEFAULT_ROOT, RunDir
 from reprocut.runner import RunRequest, run_script
 
 STATUS_EXIT = {

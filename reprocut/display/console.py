@@ -7,7 +7,7 @@ import traceback
 
 from rich.console import Console
 
-from reprocut.errors import ReprocutError
+from reprocut.model.errors import ReprocutError
 
 
 def make_console(*, stderr: bool = True, color: bool | None = None) -> Console:

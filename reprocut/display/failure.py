@@ -11,8 +11,8 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from reprocut.case import Captured, Generated, Literal, SourceLocation, TensorSpec
-from reprocut.recording import Failure
+from reprocut.model.case import Captured, Generated, Literal, SourceLocation, TensorSpec
+from reprocut.model.recording import Failure
 
 TITLES = {
     "localized": "first faulting op found",

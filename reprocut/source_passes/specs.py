@@ -9,7 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 import libcst.metadata
 
-from reprocut.case import Generated, Literal, TensorSpec
+from reprocut.model.case import Generated, Literal, TensorSpec
 from reprocut.source_passes.tree import (
     Enclosing,
     PassContext,

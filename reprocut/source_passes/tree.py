@@ -18,7 +18,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from reprocut.case import TensorSpec
+from reprocut.model.case import TensorSpec
 
 SourcePass = Callable[[str, "PassContext"], Generator[str, bool, None]]
 

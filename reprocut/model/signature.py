@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from reprocut.case import Signature
+from reprocut.model.case import Signature
 
 # "CUDA error: device-side assert triggered" and friends, by CUDA runtime error code.
 CUDA_ERRORS = {

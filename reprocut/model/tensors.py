@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from reprocut.case import (
+from reprocut.model.case import (
     Arg,
     ArgList,
     Captured,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from reprocut.case import (
+from reprocut.model.case import (
     ReproCase,
     Signature,
     SourceLocation,
@@ -29,7 +29,7 @@ from reprocut.case import (
     spec_from_json,
     spec_to_json,
 )
-from reprocut.errors import CorruptRecordingError, NoRecordingError
+from reprocut.model.errors import CorruptRecordingError, NoRecordingError
 
 DEFAULT_ROOT = Path(".reprocut")
 FAILURE_FILE = "failure.json"
