@@ -33,7 +33,7 @@ from reprocut.model.errors import ScriptDidNotFailError, ScriptTimeoutError
 from reprocut.model.recording import ErrorInfo, Failure, RunDir, TensorReport
 from reprocut.model.signature import classify, cuda_error_code, is_cuda_failure, parse_assertions
 from reprocut.model.tensors import materialize_arg
-from reprocut.runner import RunRequest, RunResult, run_script
+from reprocut.record.runner import RunRequest, RunResult, run_script
 
 Progress = Callable[[str], None]
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reprocut import PACKAGE_DIR
 from reprocut.emitter import SIDECAR_NAME, Header, emit, inline_captured
 from reprocut.forkserver import BLOCKING_ENV, read_output
 from reprocut.model.case import ReproCase, Signature
@@ -80,7 +81,7 @@ class ForkUnsafeError(RuntimeError):
 
 
 def _package_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)
+    return os.path.dirname(PACKAGE_DIR)
 
 
 def child_environment() -> dict[str, str]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from reprocut.capture import TensorStore, capture_call, hold_call
 from reprocut.model.tensors import spec_of
+from reprocut.record.capture import TensorStore, capture_call, hold_call
 
 
 def test_held_call_gives_the_json_of_specs_read_at_capture_time():

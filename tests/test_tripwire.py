@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprocut.recorder import Recorder, RecorderConfig
-from reprocut.tripwire import Tripwire
+from reprocut.record.recorder import Recorder, RecorderConfig
+from reprocut.record.tripwire import Tripwire
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -152,7 +152,7 @@ def localize_light(tmp_path: Path, script: Path):
     """`reprocut record` with light steps forced on (CPU runs default to every op)."""
     from reprocut.localizer import LocalizeOptions, localize
     from reprocut.model.recording import RunDir
-    from reprocut.runner import RunRequest, run_script
+    from reprocut.record.runner import RunRequest, run_script
 
     run_dir = RunDir.create(tmp_path / "rec")
     first = run_script(

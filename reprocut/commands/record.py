@@ -31,7 +31,7 @@ from reprocut.model.errors import (
     ScriptNotFoundError,
 )
 from reprocut.model.recording import DEFAULT_ROOT, RunDir
-from reprocut.runner import RunRequest, run_script
+from reprocut.record.runner import RunRequest, run_script
 
 STATUS_EXIT = {
     "localized": ExitCode.OK,

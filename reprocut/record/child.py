@@ -1,4 +1,4 @@
-"""The user's process: `python -m reprocut.child CONFIG.json` runs the script under the recorder.
+"""The user's process: `python -m reprocut.record.child CONFIG.json` runs the script under the recorder.
 
 The script runs as under `python train.py`: same `sys.argv`, `sys.path[0]`, `__main__`, working
 directory and exit code. What the recorder saw is written to the run directory as `outcome.json`
@@ -18,6 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from reprocut import PACKAGE_DIR
 from reprocut.model.case import SourceLocation
 from reprocut.model.recording import atomic_write
 
@@ -42,8 +43,8 @@ def main(config_path: str) -> None:
     import torch  # after the environment is set: CUDA reads it when it initialises
 
     from reprocut.attribution import settle_cuda
-    from reprocut.line_sync import LineSync
-    from reprocut.recorder import Recorder, RecorderConfig
+    from reprocut.record.line_sync import LineSync
+    from reprocut.record.recorder import Recorder, RecorderConfig
 
     compiled: list[str] = []
     original_compile = torch.compile
@@ -135,11 +136,10 @@ def _script_end(script: str) -> SourceLocation:
 
 def user_traceback(exc: BaseException) -> str:
     """The traceback as `python script.py` would print it: reprocut's own frames left out."""
-    here = os.path.dirname(os.path.abspath(__file__))
     frames = [
         frame
         for frame in traceback.extract_tb(exc.__traceback__)
-        if not frame.filename.startswith(here) and "<frozen runpy>" not in frame.filename
+        if not frame.filename.startswith(PACKAGE_DIR) and "<frozen runpy>" not in frame.filename
     ]
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
     lines.extend(traceback.format_exception_only(type(exc), exc))

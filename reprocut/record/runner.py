@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from reprocut.child import OUTCOME_FILE
+from reprocut import PACKAGE_DIR
+from reprocut.record.child import OUTCOME_FILE
 
-PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+PACKAGE_PARENT = os.path.dirname(PACKAGE_DIR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +97,7 @@ def run_script(
     )
     start = time.monotonic()
     process = subprocess.Popen(
-        [sys.executable, "-m", "reprocut.child", str(config_path)],
+        [sys.executable, "-m", "reprocut.record.child", str(config_path)],
         cwd=request.cwd,
         env=child_env(request.launch_blocking),
         stdin=subprocess.DEVNULL,

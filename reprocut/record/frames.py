@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 
+from reprocut import PACKAGE_DIR
 from reprocut.model.case import SourceLocation
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
-_REPROCUT_DIR = os.path.dirname(__file__)
+_REPROCUT_DIR = PACKAGE_DIR
 _LIBRARY_DIRS = tuple(
     {
         sysconfig.get_paths()["stdlib"],

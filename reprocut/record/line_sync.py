@@ -14,8 +14,8 @@ import threading
 from types import FrameType
 from typing import Any
 
-from reprocut.frames import UserFrames
 from reprocut.model.case import SourceLocation
+from reprocut.record.frames import UserFrames
 
 
 class LineSync:

@@ -30,13 +30,13 @@ import torch
 from torch.overrides import TorchFunctionMode, _get_current_function_mode
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from reprocut.capture import ASSERTING_OPS, HeldCall, TensorStore, capture_call, hold_call
-from reprocut.frames import UserFrames, is_user_file
 from reprocut.model.case import SourceLocation
 from reprocut.model.publicapi import aten_name, aten_path, public_name
 from reprocut.model.signature import is_cuda_failure
-from reprocut.trace import TraceWriter
-from reprocut.tripwire import Tripwire
+from reprocut.record.capture import ASSERTING_OPS, HeldCall, TensorStore, capture_call, hold_call
+from reprocut.record.frames import UserFrames, is_user_file
+from reprocut.record.trace import TraceWriter
+from reprocut.record.tripwire import Tripwire
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
