@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import generic_reducer  # noqa: E402
+from reprocut.check.oracle import Oracle, OtherFailure, Reproduced  # noqa: E402
 from reprocut.emitter import emit, inline_captured  # noqa: E402
 from reprocut.model.case import Captured, Generated, ReproCase, TensorSpec  # noqa: E402
-from reprocut.oracle import Oracle, OtherFailure, Reproduced  # noqa: E402
 from reprocut.shrinker import Shrinker  # noqa: E402
 
 # scripts for the generic-reducer comparison: single-file corpus cases failing on CPU

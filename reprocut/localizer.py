@@ -224,7 +224,7 @@ def _replay_snapshots(
 ) -> Failure | None:
     """Replay the failing step's asserting ops from their host snapshots, in order."""
     try:
-        from reprocut.oracle import Oracle
+        from reprocut.check.oracle import Oracle
     except ImportError:
         return None
     inputs = _load_inputs(options.run_dir)

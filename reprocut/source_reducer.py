@@ -43,7 +43,7 @@ from reprocut.source_passes import (
     sibling_imports,
 )
 
-# check(code) -> a Verdict from reprocut.oracle (anything with `.signature` that failed), or,
+# check(code) -> a Verdict from reprocut.check.oracle (anything with `.signature` that failed), or,
 # for pure predicates and the fresh-process check here, the Signature seen (None: it passed).
 Check = Callable[[str], Any]
 
@@ -169,7 +169,7 @@ def reproduces(verdict: Any, expected: Signature) -> bool:
         return verdict.matches(expected)
     if verdict is None:
         return False
-    from reprocut.oracle import Reproduced
+    from reprocut.check.oracle import Reproduced
 
     return isinstance(verdict, Reproduced)
 
@@ -287,7 +287,7 @@ def reduce_source(
     with contextlib.ExitStack() as stack:
         if check is None:
             if oracle is None:
-                from reprocut.oracle import Oracle  # the fork server: torch imported once
+                from reprocut.check.oracle import Oracle  # the fork server: torch imported once
 
                 oracle = stack.enter_context(Oracle(expected, timeout=timeout))
             check = _oracle_check(oracle, script_path, cwd, list(argv), expected, timeout)
@@ -551,7 +551,7 @@ def probe_launch(
     Launches are blocking, so an asynchronous fault raises at its call. Empty when the line is
     never reached.
     """
-    from reprocut.oracle import child_environment
+    from reprocut.check.oracle import child_environment
 
     sources = call_argument_sources(focus)
     span = statement_span(Path(file), line)
@@ -638,7 +638,7 @@ def failing_frames(
     script_path: Path, *, cwd: Path, argv: Sequence[str], timeout: float = 600.0
 ) -> list[tuple[Path, int]]:
     """The traceback of one fresh run of the script, outermost frame first (empty if it passed)."""
-    from reprocut.oracle import child_environment
+    from reprocut.check.oracle import child_environment
 
     with tempfile.TemporaryDirectory(prefix="reprocut-frames-") as tmp:
         result = Path(tmp) / "frames.json"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from reprocut.check.oracle import Crashed, Oracle, OtherFailure, Passed, Reproduced, TimedOut
 from reprocut.model.case import Generated, Literal, ReproCase, Signature, TensorSpec
-from reprocut.oracle import Crashed, Oracle, OtherFailure, Passed, Reproduced, TimedOut
 
 EMBEDDING = Signature("IndexError", None, "aten::embedding", "index out of range in self")
 
@@ -138,7 +138,7 @@ def test_device_assert_kind_survives_a_kernel_change() -> None:
 
 
 def test_falls_back_to_fresh_processes_when_fork_is_unsafe(monkeypatch: pytest.MonkeyPatch) -> None:
-    from reprocut.oracle import ForkUnsafeError
+    from reprocut.check.oracle import ForkUnsafeError
 
     def unsafe(self: Oracle) -> None:
         raise ForkUnsafeError("CUDA was initialised in the fork server before forking")

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from reprocut.check.oracle import Oracle, OtherFailure
+from reprocut.check.verify import signature_from_stderr
 from reprocut.cli import main
 from reprocut.emitter import count_statements
 from reprocut.model.case import (
@@ -24,8 +26,6 @@ from reprocut.model.case import (
 )
 from reprocut.model.errors import ExitCode
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
-from reprocut.oracle import Oracle, OtherFailure
-from reprocut.verify import signature_from_stderr
 
 EMBEDDING = Signature("IndexError", None, "aten::embedding", "index out of range in self")
 

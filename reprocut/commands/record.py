@@ -149,7 +149,7 @@ class OracleWarmer:
         self._thread.start()
 
     def _warm(self, timeout: float) -> None:
-        from reprocut.oracle import Oracle
+        from reprocut.check.oracle import Oracle
 
         self.oracle = Oracle(timeout=timeout, standby_cuda=True)
         with contextlib.suppress(Exception):  # replay starts the server itself, or says why not

@@ -42,7 +42,7 @@ def main(config_path: str) -> None:
 
     import torch  # after the environment is set: CUDA reads it when it initialises
 
-    from reprocut.attribution import settle_cuda
+    from reprocut.check.attribution import settle_cuda
     from reprocut.record.line_sync import LineSync
     from reprocut.record.recorder import Recorder, RecorderConfig
 

@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from reprocut.check.oracle import run_with_timeout
 from reprocut.model.case import Signature
 from reprocut.model.errors import ExitCode
 from reprocut.model.signature import classify
-from reprocut.oracle import run_with_timeout
 
 _EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: (?P<message>.*))?$")
 

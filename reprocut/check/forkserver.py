@@ -1,4 +1,4 @@
-"""`python -m reprocut.forkserver`: pay `import torch` once, run each candidate in a forked child.
+"""`python -m reprocut.check.forkserver`: pay `import torch` once, run each candidate in a forked child.
 
 The server sets CUDA_LAUNCH_BLOCKING and the NVML-based CUDA check *before* importing torch,
 imports torch and never touches `torch.cuda` (that would poison fork for the children). For each
@@ -41,7 +41,7 @@ def _preload() -> None:
     import torch
     import torch.nn.functional
 
-    from reprocut import attribution
+    from reprocut.check import attribution
     from reprocut.model.publicapi import _public_index
 
     _public_index()  # build the public-name index once, before forking
@@ -53,7 +53,7 @@ def _preload() -> None:
 
 def run_request(request: dict[str, Any]) -> dict[str, Any]:
     """Run the request's code as __main__ in this process; return the child's verdict."""
-    from reprocut.attribution import FaultAttribution, RaisedError, settle_cuda
+    from reprocut.check.attribution import FaultAttribution, RaisedError, settle_cuda
 
     started = time.perf_counter()
     cwd = request.get("cwd") or os.getcwd()
@@ -361,7 +361,7 @@ def run_once(request_path: Path, verdict_path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m reprocut.forkserver")
+    parser = argparse.ArgumentParser(prog="python -m reprocut.check.forkserver")
     parser.add_argument("--once", type=Path, help="run one request (JSON file) in this process")
     parser.add_argument("--verdict", type=Path, help="with --once: where to write the verdict")
     options = parser.parse_args(argv)

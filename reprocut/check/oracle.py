@@ -1,7 +1,7 @@
 """Does this candidate still fail the same way? Each check runs in a disposable process.
 
 A child's failure is data, not an exception: every check returns one Verdict. By default the
-checks go to a fork server (`reprocut.forkserver`) that has torch imported already; `fork=False`
+checks go to a fork server (`reprocut.check.forkserver`) that has torch imported already; `fork=False`
 runs each check in a fresh `python` instead (slower, but no shared parent at all).
 """
 
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from reprocut import PACKAGE_DIR
+from reprocut.check.forkserver import BLOCKING_ENV, read_output
 from reprocut.emitter import SIDECAR_NAME, Header, emit, inline_captured
-from reprocut.forkserver import BLOCKING_ENV, read_output
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.signature import classify
 
@@ -266,7 +266,7 @@ class Oracle:
     def _start_server(self) -> subprocess.Popen[str]:
         log = (self.workdir / "server.log").open("a")
         server = subprocess.Popen(
-            [sys.executable, "-m", "reprocut.forkserver"],
+            [sys.executable, "-m", "reprocut.check.forkserver"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -348,7 +348,7 @@ class Oracle:
         started = time.perf_counter()
         with out_path.open("w") as out, err_path.open("w") as err:
             process = subprocess.Popen(
-                [sys.executable, "-m", "reprocut.forkserver", "--once", str(request_path),
+                [sys.executable, "-m", "reprocut.check.forkserver", "--once", str(request_path),
                  "--verdict", str(verdict_path)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_environment(),
                 cwd=request["cwd"], start_new_session=True,
