@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import generic_reducer  # noqa: E402
 from reprocut.check.oracle import Oracle, OtherFailure, Reproduced  # noqa: E402
-from reprocut.emitter import emit, inline_captured  # noqa: E402
 from reprocut.model.case import Captured, Generated, ReproCase, TensorSpec  # noqa: E402
-from reprocut.shrinker import Shrinker  # noqa: E402
+from reprocut.shrink.emitter import emit, inline_captured  # noqa: E402
+from reprocut.shrink.shrinker import Shrinker  # noqa: E402
 
 # scripts for the generic-reducer comparison: single-file corpus cases failing on CPU
 GENERIC_SCRIPTS = ("rl_dqn_gather", "vision_label_shift", "tabular_bce_nan")

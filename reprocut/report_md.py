@@ -11,8 +11,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from reprocut.emitter import Environment
 from reprocut.model.recording import Failure
+from reprocut.shrink.emitter import Environment
 
 
 def _nvidia_smi() -> tuple[str | None, str | None]:

@@ -10,15 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from reprocut.emitter import (
-    SIDECAR_NAME,
-    Environment,
-    Header,
-    count_statements,
-    emit,
-    inline_captured,
-    literal,
-)
 from reprocut.model.case import (
     ArgList,
     Captured,
@@ -30,6 +21,15 @@ from reprocut.model.case import (
     TensorSpec,
 )
 from reprocut.model.errors import EmitError
+from reprocut.shrink.emitter import (
+    SIDECAR_NAME,
+    Environment,
+    Header,
+    count_statements,
+    emit,
+    inline_captured,
+    literal,
+)
 
 EMBEDDING_SIGNATURE = Signature("IndexError", None, "aten::embedding", "index out of range in self")
 

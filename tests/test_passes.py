@@ -7,7 +7,7 @@ import math
 import torch
 
 from reprocut.model.case import Captured, Generated, Literal, ReproCase, TensorSpec
-from reprocut.passes import (
+from reprocut.shrink.passes import (
     cut_index_to_offender,
     drop_optional_kwargs,
     drop_requires_grad,
@@ -20,7 +20,7 @@ from reprocut.passes import (
     slice_values,
     zero_storage_offset,
 )
-from reprocut.shrinker import Shrinker, find_integer, shrink
+from reprocut.shrink.shrinker import Shrinker, find_integer, shrink
 
 
 def embedding_case(ids: tuple[int, ...], rows: int = 10, cols: int = 3) -> ReproCase:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from reprocut.diagnosis import layout_facts
-from reprocut.emitter import Environment
 from reprocut.model.case import Signature, SourceLocation, TensorSpec
 from reprocut.model.recording import ErrorInfo, Failure, TensorReport
 from reprocut.report_md import ReportInputs, render, summary_line
+from reprocut.shrink.emitter import Environment
 
 OFFSET_VIEW = TensorSpec((572,), None, 1170, "float32", "cuda")
 FAILURE = Failure(

@@ -14,7 +14,6 @@ import torch
 from reprocut.check.oracle import Oracle, OtherFailure
 from reprocut.check.verify import signature_from_stderr
 from reprocut.cli import main
-from reprocut.emitter import count_statements
 from reprocut.model.case import (
     Captured,
     Generated,
@@ -26,6 +25,7 @@ from reprocut.model.case import (
 )
 from reprocut.model.errors import ExitCode
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
+from reprocut.shrink.emitter import count_statements
 
 EMBEDDING = Signature("IndexError", None, "aten::embedding", "index out of range in self")
 

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reprocut.model.case import Generated, Literal, ReproCase, TensorSpec
-from reprocut.passes import PASSES
-from reprocut.shrinker import Shrinker, sort_key
+from reprocut.shrink.passes import PASSES
+from reprocut.shrink.shrinker import Shrinker, sort_key
 
 DTYPES = st.sampled_from(["float32", "float16", "float64", "int64", "int32"])
 

@@ -24,9 +24,9 @@ from typing import Any
 
 from reprocut import PACKAGE_DIR
 from reprocut.check.forkserver import BLOCKING_ENV, read_output
-from reprocut.emitter import SIDECAR_NAME, Header, emit, inline_captured
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.signature import classify
+from reprocut.shrink.emitter import SIDECAR_NAME, Header, emit, inline_captured
 
 STDERR_TAIL = 4000
 SERVER_GRACE = 30.0  # seconds the server may take beyond a check's own timeout before we give up

@@ -23,7 +23,7 @@ from reprocut.model.case import (
     ReproCase,
     TensorSpec,
 )
-from reprocut.shrinker import Shrinker, find_integer
+from reprocut.shrink.shrinker import Shrinker, find_integer
 
 Path = tuple[Any, ...]
 

@@ -86,7 +86,7 @@ class Shrinker:
         cpu_visible: bool = False,
     ) -> None:
         if passes is None:
-            from reprocut.passes import PASSES
+            from reprocut.shrink.passes import PASSES
 
             passes = PASSES
         self.best = initial
