@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from reprocut.model.case import Generated, Signature, TensorSpec
-from reprocut.source_passes import (
+from reprocut.source.passes import (
     PassContext,
     SourcePass,
     calls_focus,
@@ -32,7 +32,7 @@ from reprocut.source_passes import (
     strip_comments,
     unwrap_blocks,
 )
-from reprocut.source_reducer import SourceReducer, sort_key
+from reprocut.source.reducer import SourceReducer, sort_key
 
 VALUE_ERROR = Signature("ValueError", None, None, "bad")
 

@@ -13,8 +13,8 @@ import pytest
 
 from reprocut.model.case import Signature, SourceLocation
 from reprocut.model.errors import NotReproducedError
-from reprocut.source_passes import PASSES, PassContext, delete_statements
-from reprocut.source_reducer import (
+from reprocut.source.passes import PASSES, PassContext, delete_statements
+from reprocut.source.reducer import (
     SourceAccepted,
     SourceChecked,
     SourceReducer,
@@ -349,7 +349,7 @@ def test_a_custom_kernel_fault_reduces_to_a_short_verified_script(name: str, tmp
 
 
 def test_pin_script_dir_keeps_sibling_imports_working_anywhere():
-    from reprocut.source_reducer import pin_script_dir
+    from reprocut.source.reducer import pin_script_dir
 
     code = (
         "import os, sys\n"

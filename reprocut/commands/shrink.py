@@ -343,13 +343,13 @@ def _assertion(failure: Failure) -> str:
 def shrink_source(
     failure: Failure, oracle: Oracle, options: argparse.Namespace, on_event: Any
 ) -> Outcome:
-    """Custom kernels and --source: reduce the user's script (reprocut.source_reducer)."""
+    """Custom kernels and --source: reduce the user's script (reprocut.source.reducer)."""
     try:
-        from reprocut.source_reducer import pin_script_dir, reduce_recorded
+        from reprocut.source.reducer import pin_script_dir, reduce_recorded
     except ImportError as exc:
         raise SourceReducerMissingError(
             "source-level reduction is not available in this installation",
-            hint="reprocut.source_reducer is missing; shrink without --source",
+            hint="reprocut.source.reducer is missing; shrink without --source",
         ) from exc
     if not failure.script:
         raise NotReproducedError(

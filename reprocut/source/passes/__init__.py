@@ -6,30 +6,30 @@ The order of PASSES is the order of a round: cheap, big cuts first.
 
 from __future__ import annotations
 
-from reprocut.source_passes.expressions import (
+from reprocut.source.passes.expressions import (
     drop_arguments,
     hoist_subexpressions,
     integer_value,
     shrink_integers,
     simplify_expressions,
 )
-from reprocut.source_passes.inlining import (
+from reprocut.source.passes.inlining import (
     import_module_name,
     inline_calls,
     inline_sibling_imports,
     sibling_file,
     sibling_imports,
 )
-from reprocut.source_passes.jump import jump_to_call
-from reprocut.source_passes.specs import literal, replace_with_specs, spec_expression
-from reprocut.source_passes.statements import (
+from reprocut.source.passes.jump import jump_to_call
+from reprocut.source.passes.specs import literal, replace_with_specs, spec_expression
+from reprocut.source.passes.statements import (
     delete_statements,
     inline_names,
     remove_unused_definitions,
     strip_comments,
     unwrap_blocks,
 )
-from reprocut.source_passes.tree import (
+from reprocut.source.passes.tree import (
     COMPOUND,
     PassContext,
     SourcePass,

@@ -28,7 +28,7 @@ import libcst.metadata
 
 from reprocut.model.case import Signature, TensorSpec, spec_from_json
 from reprocut.model.errors import NotReproducedError
-from reprocut.source_passes import (
+from reprocut.source.passes import (
     COMPOUND,
     PASSES,
     PassContext,

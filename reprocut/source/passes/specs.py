@@ -10,7 +10,7 @@ import libcst.matchers as m
 import libcst.metadata
 
 from reprocut.model.case import Generated, Literal, TensorSpec
-from reprocut.source_passes.tree import (
+from reprocut.source.passes.tree import (
     Enclosing,
     PassContext,
     focus_callee,

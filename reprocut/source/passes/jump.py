@@ -15,9 +15,9 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from reprocut.source_passes.specs import focus_scope, literal, spec_expression
-from reprocut.source_passes.statements import unused_definitions
-from reprocut.source_passes.tree import (
+from reprocut.source.passes.specs import focus_scope, literal, spec_expression
+from reprocut.source.passes.statements import unused_definitions
+from reprocut.source.passes.tree import (
     PassContext,
     body_statements,
     compiles,

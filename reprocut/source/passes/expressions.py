@@ -8,7 +8,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from reprocut.source_passes.tree import (
+from reprocut.source.passes.tree import (
     PassContext,
     count_statements,
     is_constant,

@@ -9,7 +9,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from reprocut.source_passes.tree import (
+from reprocut.source.passes.tree import (
     PassContext,
     RenameVariables,
     body_statements,
