@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from reprocut import __version__
-from reprocut.display.console import make_console, print_error, print_internal_error
 from reprocut.model.errors import ExitCode, ReprocutError
+from reprocut.report.display.console import make_console, print_error, print_internal_error
 
 COMMANDS = {
     "record": (

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from reprocut.diagnosis import DIAGNOSES, explain, layout_facts
 from reprocut.model.case import (
     ArgList,
     ReproCase,
@@ -34,6 +33,7 @@ from reprocut.model.recording import ErrorInfo, Failure, RunDir, TensorReport
 from reprocut.model.signature import classify, cuda_error_code, is_cuda_failure, parse_assertions
 from reprocut.model.tensors import materialize_arg
 from reprocut.record.runner import RunRequest, RunResult, run_script
+from reprocut.report.diagnosis import DIAGNOSES, explain, layout_facts
 
 Progress = Callable[[str], None]
 

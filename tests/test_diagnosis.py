@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from reprocut.diagnosis import explain, layout_facts, range_facts
 from reprocut.model.case import TensorSpec
+from reprocut.report.diagnosis import explain, layout_facts, range_facts
 
 
 def test_embedding_names_the_offending_id_and_its_position():

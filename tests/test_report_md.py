@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from reprocut.diagnosis import layout_facts
 from reprocut.model.case import Signature, SourceLocation, TensorSpec
 from reprocut.model.recording import ErrorInfo, Failure, TensorReport
-from reprocut.report_md import ReportInputs, render, summary_line
+from reprocut.report.diagnosis import layout_facts
+from reprocut.report.markdown import ReportInputs, render, summary_line
 from reprocut.shrink.emitter import Environment
 
 OFFSET_VIEW = TensorSpec((572,), None, 1170, "float32", "cuda")

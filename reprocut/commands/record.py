@@ -23,7 +23,6 @@ from typing import Any
 
 from rich.console import Console
 
-from reprocut.display.failure import failure_json, show_failure
 from reprocut.model.errors import (
     ExitCode,
     ReprocutError,
@@ -32,6 +31,7 @@ from reprocut.model.errors import (
 )
 from reprocut.model.recording import DEFAULT_ROOT, RunDir
 from reprocut.record.runner import RunRequest, run_script
+from reprocut.report.display.failure import failure_json, show_failure
 
 STATUS_EXIT = {
     "localized": ExitCode.OK,

@@ -20,11 +20,11 @@ from rich.console import Console
 
 from reprocut.check.oracle import Oracle, OtherFailure, Passed, Reproduced, Verdict
 from reprocut.check.verify import Verification, verify
-from reprocut.display.shrink import print_phase, print_result, shrink_display
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.errors import CorruptRecordingError, ExitCode, NotReproducedError, ReprocutError
 from reprocut.model.recording import Failure, RunDir, atomic_write
-from reprocut.report_md import ReportInputs, collect_environment, render
+from reprocut.report.display.shrink import print_phase, print_result, shrink_display
+from reprocut.report.markdown import ReportInputs, collect_environment, render
 from reprocut.shrink.emitter import (
     SIDECAR_NAME,
     Emitted,
