@@ -122,7 +122,7 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
 
     # The localizer needs torch (seconds to import): import it while the script runs.
     threading.Thread(
-        target=importlib.import_module, args=("reprocut.localizer",), daemon=True
+        target=importlib.import_module, args=("reprocut.localize.localizer",), daemon=True
     ).start()
     warmer = OracleWarmer(options.timeout or 60.0) if options.snapshots and gpu_present() else None
     try:
@@ -216,7 +216,7 @@ def _record(
         echo_stderr=None if options.quiet else sys.stderr,
         on_line=None if warmer is None else warmer.on_line,
     )
-    from reprocut.localizer import LocalizeOptions, localize
+    from reprocut.localize.localizer import LocalizeOptions, localize
 
     localize_options = LocalizeOptions(
         script=script.resolve(),
