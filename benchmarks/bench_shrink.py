@@ -35,6 +35,7 @@ from benchmarks import generic_reducer  # noqa: E402
 from reprocut.check.oracle import Oracle, OtherFailure, Reproduced  # noqa: E402
 from reprocut.model.case import Captured, Generated, ReproCase, TensorSpec  # noqa: E402
 from reprocut.shrink.emitter import emit, inline_captured  # noqa: E402
+from reprocut.shrink.passes import PASSES  # noqa: E402
 from reprocut.shrink.shrinker import Shrinker  # noqa: E402
 
 # scripts for the generic-reducer comparison: single-file corpus cases failing on CPU
@@ -118,6 +119,7 @@ def bench_families(device: str, max_time: float, timeout: float) -> list[str]:
             shrinker = Shrinker(
                 case,
                 predicate,
+                passes=PASSES,
                 inputs=inputs,
                 max_time=max_time,
                 cpu_visible=expected.error_code is None,

@@ -73,7 +73,12 @@ def test_never_accepts_a_failing_candidate_and_never_grows(case: ReproCase, seed
         return result
 
     shrinker = Shrinker(
-        case, recording, on_accept=accepted.append, max_checks=300, cpu_visible=True
+        case,
+        recording,
+        passes=PASSES,
+        on_accept=accepted.append,
+        max_checks=300,
+        cpu_visible=True,
     )
     best = shrinker.run()
     # every accepted candidate satisfied the predicate, and each was strictly smaller than the last
@@ -97,8 +102,10 @@ def test_reaches_a_fixed_point(case: ReproCase) -> None:
     def always(candidate: ReproCase) -> bool:
         return True
 
-    best = Shrinker(case, always, max_checks=10_000, max_time=60, cpu_visible=True).run()
-    again = Shrinker(best, always, max_checks=10_000, max_time=60, cpu_visible=True)
+    best = Shrinker(
+        case, always, passes=PASSES, max_checks=10_000, max_time=60, cpu_visible=True
+    ).run()
+    again = Shrinker(best, always, passes=PASSES, max_checks=10_000, max_time=60, cpu_visible=True)
     assert again.run() == best
     assert again.checks == 0  # any strictly smaller candidate would have been accepted
     # with an always-true predicate every tensor ends at one element

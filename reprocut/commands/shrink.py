@@ -33,6 +33,7 @@ from reprocut.shrink.emitter import (
     emit,
     inline_captured,
 )
+from reprocut.shrink.passes import PASSES
 from reprocut.shrink.shrinker import Shrinker
 
 BEST_FILE = "shrink-best.json"
@@ -302,6 +303,7 @@ def shrink_case(
     shrinker = Shrinker(
         case,
         predicate,
+        passes=PASSES,
         inputs=inputs,
         max_checks=options.max_checks,
         max_time=options.max_time,

@@ -3,7 +3,8 @@
 One total order (`sort_key`) says which case is simpler. `Shrinker.consider` is the only place
 `best` changes: it rejects a candidate that is not strictly smaller before paying for a check,
 and accepts it only if the predicate (same signature, via the oracle) holds. Every accepted case
-goes to `on_accept` so an interrupted shrink keeps its best on disk.
+goes to `on_accept` so an interrupted shrink keeps its best on disk. The loop knows no pass by
+name: it takes them as an argument (`reprocut.shrink.passes.PASSES` is the default list).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class Shrinker:
         initial: ReproCase,
         predicate: Predicate,
         *,
-        passes: Sequence[Pass] | None = None,
+        passes: Sequence[Pass],
         inputs: Mapping[str, Any] | None = None,
         max_checks: int = 500,
         max_time: float = 300.0,
@@ -85,10 +86,6 @@ class Shrinker:
         on_accept: Callable[[ReproCase], None] | None = None,
         cpu_visible: bool = False,
     ) -> None:
-        if passes is None:
-            from reprocut.shrink.passes import PASSES
-
-            passes = PASSES
         self.best = initial
         self.predicate = predicate
         self.passes = list(passes)
@@ -165,7 +162,7 @@ def find_integer(f: Callable[[int], bool]) -> int:
 
 
 def shrink(
-    initial: ReproCase, predicate: Predicate, passes: Sequence[Pass] | None = None, **options: Any
+    initial: ReproCase, predicate: Predicate, passes: Sequence[Pass], **options: Any
 ) -> ReproCase:
-    """Shrink `initial` under `predicate` with `passes` (all of them by default)."""
+    """Shrink `initial` under `predicate` with `passes` (`reprocut.shrink.passes.PASSES` has all)."""
     return Shrinker(initial, predicate, passes=passes, **options).run()
