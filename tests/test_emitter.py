@@ -21,15 +21,9 @@ from reprocut.model.case import (
     TensorSpec,
 )
 from reprocut.model.errors import EmitError
-from reprocut.shrink.emitter import (
-    SIDECAR_NAME,
-    Environment,
-    Header,
-    count_statements,
-    emit,
-    inline_captured,
-    literal,
-)
+from reprocut.shrink.emitter import SIDECAR_NAME, count_statements, emit, inline_captured
+from reprocut.shrink.header import Environment, Header
+from reprocut.shrink.nodes import literal
 
 EMBEDDING_SIGNATURE = Signature("IndexError", None, "aten::embedding", "index out of range in self")
 

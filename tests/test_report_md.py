@@ -6,7 +6,7 @@ from reprocut.model.case import Signature, SourceLocation, TensorSpec
 from reprocut.model.recording import ErrorInfo, Failure, TensorReport
 from reprocut.report.diagnosis import layout_facts
 from reprocut.report.markdown import ReportInputs, render, summary_line
-from reprocut.shrink.emitter import Environment
+from reprocut.shrink.header import Environment
 
 OFFSET_VIEW = TensorSpec((572,), None, 1170, "float32", "cuda")
 FAILURE = Failure(

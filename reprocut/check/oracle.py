@@ -26,7 +26,8 @@ from reprocut import PACKAGE_DIR
 from reprocut.check.forkserver import BLOCKING_ENV, read_output
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.signature import classify
-from reprocut.shrink.emitter import SIDECAR_NAME, Header, emit, inline_captured
+from reprocut.shrink.emitter import SIDECAR_NAME, emit, inline_captured
+from reprocut.shrink.header import Header
 
 STDERR_TAIL = 4000
 SERVER_GRACE = 30.0  # seconds the server may take beyond a check's own timeout before we give up

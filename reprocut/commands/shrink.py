@@ -25,14 +25,8 @@ from reprocut.model.errors import CorruptRecordingError, ExitCode, NotReproduced
 from reprocut.model.recording import Failure, RunDir, atomic_write
 from reprocut.report.display.shrink import print_phase, print_result, shrink_display
 from reprocut.report.markdown import ReportInputs, collect_environment, render
-from reprocut.shrink.emitter import (
-    SIDECAR_NAME,
-    Emitted,
-    Environment,
-    Header,
-    emit,
-    inline_captured,
-)
+from reprocut.shrink.emitter import SIDECAR_NAME, Emitted, emit, inline_captured
+from reprocut.shrink.header import Environment, Header
 from reprocut.shrink.passes import PASSES
 from reprocut.shrink.shrinker import Shrinker
 

@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 
 from reprocut.model.recording import Failure
-from reprocut.shrink.emitter import Environment
+from reprocut.shrink.header import Environment
 
 
 def _nvidia_smi() -> tuple[str | None, str | None]:
