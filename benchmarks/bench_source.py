@@ -36,7 +36,8 @@ from benchmarks import generic_reducer  # noqa: E402
 from reprocut.model.case import Signature, TensorSpec  # noqa: E402
 from reprocut.model.signature import classify  # noqa: E402
 from reprocut.source.passes import parse, sibling_imports  # noqa: E402
-from reprocut.source.reducer import count_lines, probe_launch, reduce_source  # noqa: E402
+from reprocut.source.probe import probe_launch  # noqa: E402
+from reprocut.source.reducer import count_lines, reduce_source  # noqa: E402
 
 CASES = ROOT / "benchmarks" / "source_cases"
 CORPUS = ROOT / "corpus"

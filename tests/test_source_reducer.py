@@ -14,17 +14,16 @@ import pytest
 from reprocut.model.case import Signature, SourceLocation
 from reprocut.model.errors import NotReproducedError
 from reprocut.source.passes import PASSES, PassContext, delete_statements
+from reprocut.source.probe import probe_launch, statement_text
+from reprocut.source.recorded import reduce_recorded
 from reprocut.source.reducer import (
     SourceAccepted,
     SourceChecked,
     SourceReducer,
     ending_with_a_sync,
     format_code,
-    probe_launch,
-    reduce_recorded,
     reduce_source,
     sort_key,
-    statement_text,
 )
 
 BAD = Signature("ValueError", None, None, "bad value <n>")
@@ -349,7 +348,7 @@ def test_a_custom_kernel_fault_reduces_to_a_short_verified_script(name: str, tmp
 
 
 def test_pin_script_dir_keeps_sibling_imports_working_anywhere():
-    from reprocut.source.reducer import pin_script_dir
+    from reprocut.source.recorded import pin_script_dir
 
     code = (
         "import os, sys\n"

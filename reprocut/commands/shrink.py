@@ -339,9 +339,9 @@ def _assertion(failure: Failure) -> str:
 def shrink_source(
     failure: Failure, oracle: Oracle, options: argparse.Namespace, on_event: Any
 ) -> Outcome:
-    """Custom kernels and --source: reduce the user's script (reprocut.source.reducer)."""
+    """Custom kernels and --source: reduce the user's script (reprocut.source.recorded)."""
     try:
-        from reprocut.source.reducer import pin_script_dir, reduce_recorded
+        from reprocut.source.recorded import pin_script_dir, reduce_recorded
     except ImportError as exc:
         raise SourceReducerMissingError(
             "source-level reduction is not available in this installation",

@@ -558,9 +558,9 @@ def _launch_inputs(
     options: LocalizeOptions, launch: SourceLocation
 ) -> tuple[str | None, tuple[TensorReport, ...]]:
     """The launched kernel's name and the tensors reaching the launch, with their layout facts,
-    read by one more run stopped where the launch raises (`reprocut.source.reducer.probe_launch`);
+    read by one more run stopped where the launch raises (`reprocut.source.probe.probe_launch`);
     nothing when they cannot be read."""
-    from reprocut.source.reducer import call_argument_sources, probe_launch, statement_text
+    from reprocut.source.probe import call_argument_sources, probe_launch, statement_text
 
     path = Path(launch.file)
     focus = statement_text(path, launch.line) if path.is_file() else None

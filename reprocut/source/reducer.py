@@ -5,17 +5,17 @@ there is no aten op to rebuild, so the program itself is cut down: the same fixe
 the op-level shrinker, over module texts instead of ReproCases. One total order (`sort_key`)
 says which script is simpler; `consider` is the only place `best` changes, checking "strictly
 smaller" before paying for a run and "same signature" after; each accepted script goes out
-through `on_event` so the caller can save it.
+through `on_event` so the caller can save it. What reaches the failing call comes in as specs
+and a focus line (`reprocut.source.probe`); a recording is turned into those by
+`reprocut.source.recorded`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,9 +24,8 @@ from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
-import libcst.metadata
 
-from reprocut.model.case import Signature, TensorSpec, spec_from_json
+from reprocut.model.case import Signature, TensorSpec
 from reprocut.model.errors import NotReproducedError
 from reprocut.source.passes import (
     COMPOUND,
@@ -34,12 +33,9 @@ from reprocut.source.passes import (
     PassContext,
     SourcePass,
     calls_focus,
-    focus_callee,
-    import_module_name,
     integer_value,
     is_constant,
     parse,
-    sibling_file,
     sibling_imports,
 )
 
@@ -430,348 +426,3 @@ def _oracle_check(
         )
 
     return check
-
-
-# --- what reaches the failing call -----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchSpecs:
-    """The tensors at the failing call, seen just before it ran: its arguments by position
-    (None: not a tensor), the tensor parameters of the function making it, and that function's
-    plain parameters (numbers, strings, tuples of them) with their values."""
-
-    args: tuple[TensorSpec | None, ...] = ()
-    params: tuple[tuple[str, TensorSpec], ...] = ()
-    values: tuple[tuple[str, Any], ...] = ()
-    kernel: str | None = None  # the launched kernel's own name (`cmvn_vec4`, not `_KERNEL`)
-
-
-_PROBE = r"""
-import json, os, sys, threading
-result_path, filename, target_file, first, last, sources, launched = sys.argv[1:8]
-sys.argv = [filename, *sys.argv[8:]]
-sys.path[0] = os.path.dirname(os.path.abspath(filename))
-target_file, sources = os.path.realpath(target_file), json.loads(sources)
-first, last = int(first), int(last)
-latest = None  # what reached the call the last time it was about to run
-
-def spec(value):
-    import torch
-    from reprocut.model.case import spec_to_json
-    from reprocut.model.tensors import spec_of
-    return spec_to_json(spec_of(value)) if isinstance(value, torch.Tensor) else None
-
-def kernel_name(frame):
-    try:
-        kernel = eval(launched, frame.f_globals, frame.f_locals)
-    except Exception:
-        return None
-    for name in (getattr(kernel, "name", None), getattr(kernel, "__name__", None),
-                 getattr(getattr(kernel, "fn", None), "__name__", None)):
-        if isinstance(name, str):
-            return name  # CuPy RawKernel.name, a function's or Triton JITFunction's name
-    return None
-
-def seen(frame):
-    found = {"args": [], "params": [], "kernel": kernel_name(frame) if launched else None}
-    for source in sources:
-        try:
-            found["args"].append(spec(eval(source, frame.f_globals, frame.f_locals)))
-        except Exception:
-            found["args"].append(None)
-    found["values"] = []
-    code = frame.f_code
-    for name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
-        value = frame.f_locals.get(name)
-        described = spec(value)
-        if described is not None:
-            found["params"].append([name, described])
-        elif plain(value):
-            found["values"].append([name, value])
-    return found
-
-def plain(value):
-    if isinstance(value, tuple):
-        return all(plain(v) for v in value)
-    if isinstance(value, float):
-        return value == value and abs(value) != float("inf")
-    return value is None or isinstance(value, (bool, int, str))
-
-def report(found):
-    if found is not None:
-        with open(result_path, "w") as handle:
-            json.dump(found, handle)
-    os._exit(0)  # nothing is torn down: a faulted CUDA context must not hang the exit
-
-def at_line(frame, event, arg):
-    global latest
-    if event == "line" and frame.f_lineno == first:
-        latest = seen(frame)
-    elif event == "exception" and first <= frame.f_lineno <= last:
-        report(latest)  # this call raised: these are the tensors that made it fail
-    return at_line
-
-mine = {}
-
-def on_call(frame, event, arg):
-    name = frame.f_code.co_filename
-    hit = mine.get(name)
-    if hit is None:
-        hit = mine[name] = os.path.realpath(name) == target_file
-    return at_line if hit else None
-
-sys.settrace(on_call)
-threading.settrace(on_call)
-with open(filename) as handle:
-    code = compile(handle.read(), filename, "exec")
-try:
-    exec(code, {"__name__": "__main__", "__file__": filename})
-finally:
-    report(latest)  # it failed elsewhere (or not at all): the last call is the best guess
-"""
-
-
-def probe_launch(
-    script_path: Path,
-    *,
-    cwd: Path,
-    argv: Sequence[str],
-    file: Path,
-    line: int,
-    focus: str,
-    timeout: float = 600.0,
-) -> LaunchSpecs:
-    """Run the script under a line tracer and read the specs of the tensors reaching the failing
-    call at `file:line` (`focus`: its text) the time it raised; the last time it ran when it
-    never raised there.
-
-    For custom kernels the recording knows only the launch line; this finds what the kernel was
-    given (an expand()ed or offset view included), at the step that faulted, not the first.
-    Launches are blocking, so an asynchronous fault raises at its call. Empty when the line is
-    never reached.
-    """
-    from reprocut.check.oracle import child_environment
-
-    sources = call_argument_sources(focus)
-    span = statement_span(Path(file), line)
-    first, last = (line, line) if span is None else span[1:]
-    with tempfile.TemporaryDirectory(prefix="reprocut-probe-") as tmp:
-        result = Path(tmp) / "specs.json"
-        command = [sys.executable, "-c", _PROBE, str(result), str(script_path), str(file),
-                   str(first), str(last), json.dumps(sources), launched_source(focus) or "",
-                   *argv]  # fmt: skip
-        try:
-            subprocess.run(
-                command,
-                cwd=cwd,
-                env=child_environment(),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=timeout,
-                start_new_session=True,
-            )
-        except subprocess.TimeoutExpired:
-            return LaunchSpecs()
-        try:
-            found = json.loads(result.read_text())
-        except (OSError, ValueError):
-            return LaunchSpecs()
-    return LaunchSpecs(
-        args=tuple(None if s is None else spec_from_json(s) for s in found["args"]),
-        params=tuple((name, spec_from_json(s)) for name, s in found["params"]),
-        values=tuple((name, _tuples(value)) for name, value in found.get("values", ())),
-        kernel=found.get("kernel"),
-    )
-
-
-def _tuples(value: Any) -> Any:
-    """JSON wrote the probed tuples as lists."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
-
-
-def launched_source(focus: str) -> str | None:
-    """The object the focus line calls, as code: `add_kernel` for `add_kernel[grid](...)`."""
-    callee = focus_callee(focus)
-    if callee is None:
-        return None
-    node = cst.parse_expression(callee)
-    while isinstance(node, cst.Subscript):
-        node = node.value
-    return cst.Module(body=[]).code_for_node(node)
-
-
-def call_argument_sources(focus: str) -> list[str]:
-    """The source text of each positional argument of the focus line's call."""
-    try:
-        statement = cst.parse_statement(focus.strip() + "\n")
-    except cst.ParserSyntaxError:
-        return []
-    calls = [c for c in m.findall(statement, m.Call()) if isinstance(c, cst.Call)]
-    if not calls:
-        return []
-    module = cst.Module(body=[])
-    return [module.code_for_node(a.value) for a in calls[0].args if a.keyword is None]
-
-
-# --- from a recording ------------------------------------------------------------------------
-
-_FRAMES = r"""
-import json, os, sys, traceback
-result_path, filename = sys.argv[1:3]
-sys.argv = [filename, *sys.argv[3:]]
-sys.path[0] = os.path.dirname(os.path.abspath(filename))
-frames = []
-try:
-    with open(filename) as handle:
-        code = compile(handle.read(), filename, "exec")
-    exec(code, {"__name__": "__main__", "__file__": filename})
-except BaseException as exc:
-    frames = [[f.filename, f.lineno] for f in traceback.extract_tb(exc.__traceback__)]
-with open(result_path, "w") as handle:
-    json.dump(frames, handle)
-os._exit(0)
-"""
-
-
-def failing_frames(
-    script_path: Path, *, cwd: Path, argv: Sequence[str], timeout: float = 600.0
-) -> list[tuple[Path, int]]:
-    """The traceback of one fresh run of the script, outermost frame first (empty if it passed)."""
-    from reprocut.check.oracle import child_environment
-
-    with tempfile.TemporaryDirectory(prefix="reprocut-frames-") as tmp:
-        result = Path(tmp) / "frames.json"
-        try:
-            subprocess.run(
-                [sys.executable, "-c", _FRAMES, str(result), str(script_path), *argv],
-                cwd=cwd,
-                env=child_environment(),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=timeout,
-                start_new_session=True,
-            )
-            frames = json.loads(result.read_text())
-        except (subprocess.TimeoutExpired, OSError, ValueError):
-            return []
-    return [(Path(file), line) for file, line in frames]
-
-
-def reducible_files(script_path: Path, search_dirs: Sequence[Path]) -> set[Path]:
-    """The script and the sibling modules it imports: the code the reducer edits."""
-    files = {script_path.resolve()}
-    module = parse(script_path.read_text())
-    if module is not None:
-        for line in sibling_imports(module, search_dirs):
-            name = import_module_name(line.body[0])
-            path = None if name is None else sibling_file(name, search_dirs)
-            if path is not None:
-                files.add(path.resolve())
-    return files
-
-
-def statement_span(path: Path, line: int) -> tuple[str, int, int] | None:
-    """The whole simple statement that covers `line` (a call spread over lines included): its
-    text and its first and last lines."""
-    module = parse(path.read_text())
-    if module is None:
-        return None
-    wrapper = cst.metadata.MetadataWrapper(module)
-    positions = wrapper.resolve(cst.metadata.PositionProvider)
-    for node, span in positions.items():
-        if isinstance(node, cst.BaseSmallStatement) and span.start.line <= line <= span.end.line:
-            return module.code_for_node(node), span.start.line, span.end.line
-    return None
-
-
-def statement_text(path: Path, line: int) -> str | None:
-    """The text of the whole simple statement that covers `line`."""
-    found = statement_span(path, line)
-    return None if found is None else found[0]
-
-
-def reduce_recorded(
-    failure: Any,
-    *,
-    oracle: Any = None,
-    max_checks: int = 500,
-    max_time: float = 300,
-    on_event: Callable[[SourceEvent], None] | None = None,
-    timeout: float = 60.0,
-) -> SourceResult:
-    """`reduce_source` for a recording (`reprocut.model.recording.Failure`): the failing call is the
-    innermost frame in code the reducer edits (one fresh run finds it), and the tensors that
-    reach it are probed just before it runs."""
-    script_path = Path(failure.script).resolve()
-    cwd = Path(failure.cwd or script_path.parent).resolve()
-    argv = list(failure.argv)
-    editable = reducible_files(script_path, (script_path.parent, cwd))
-    frames = failing_frames(script_path, cwd=cwd, argv=argv)
-    inner = [(file, line) for file, line in frames if file.resolve() in editable]
-    focus, launch = None, LaunchSpecs()
-    if inner:
-        file, line = inner[-1]
-        focus = statement_text(file, line)
-        if focus is not None:
-            launch = probe_launch(
-                script_path, cwd=cwd, argv=argv, file=file, line=line, focus=focus
-            )
-    specs = launch.args or tuple(report.spec for report in failure.tensors)
-    return reduce_source(
-        script_path,
-        cwd=cwd,
-        argv=argv,
-        expected=failure.signature,
-        oracle=oracle,
-        max_checks=max_checks,
-        max_time=max_time,
-        on_event=on_event,
-        specs=specs,
-        named_specs=launch.params,
-        named_values=launch.values,
-        focus=focus,
-        timeout=timeout,
-    )
-
-
-class _PinScriptDir(m.MatcherDecoratableTransformer):
-    """`os.path.dirname(__file__)` and `Path(__file__).parent` -> the original script's folder."""
-
-    def __init__(self, directory: str) -> None:
-        super().__init__()
-        self.directory = directory
-
-    @m.leave(
-        m.Call(
-            func=m.Attribute(
-                value=m.Attribute(value=m.Name("os"), attr=m.Name("path")), attr=m.Name("dirname")
-            ),
-            args=[m.Arg(m.Name("__file__"))],
-        )
-    )
-    def _pin_dirname(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        return cst.SimpleString(repr(self.directory))
-
-    @m.leave(
-        m.Attribute(
-            value=m.Call(func=m.Name("Path"), args=[m.Arg(m.Name("__file__"))]),
-            attr=m.Name("parent"),
-        )
-    )
-    def _pin_parent(
-        self, original_node: cst.Attribute, updated_node: cst.Attribute
-    ) -> cst.BaseExpression:
-        return cst.Call(
-            func=cst.Name("Path"), args=[cst.Arg(cst.SimpleString(repr(self.directory)))]
-        )
-
-
-def pin_script_dir(code: str, directory: Path) -> str:
-    """A reduced script may still import the user's own extension beside the original; pinning
-    its folder keeps `python repro.py` working wherever the repro is written."""
-    try:
-        module = cst.parse_module(code)
-    except cst.ParserSyntaxError:
-        return code
-    return module.visit(_PinScriptDir(str(directory))).code

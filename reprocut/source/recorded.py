@@ -1,0 +1,119 @@
+"""Reduce a recording's script: find the failing call, probe what reaches it, run the loop.
+
+`reduce_recorded` takes a `reprocut.model.recording.Failure` and hands `reduce_source` the
+files it may edit (the script and its sibling modules), the innermost failing frame among them
+as the focus, and the tensors probed there; `pin_script_dir` makes the result runnable
+wherever the repro is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from reprocut.source.passes import import_module_name, parse, sibling_file, sibling_imports
+from reprocut.source.probe import LaunchSpecs, failing_frames, probe_launch, statement_text
+from reprocut.source.reducer import SourceEvent, SourceResult, reduce_source
+
+
+def reducible_files(script_path: Path, search_dirs: Sequence[Path]) -> set[Path]:
+    """The script and the sibling modules it imports: the code the reducer edits."""
+    files = {script_path.resolve()}
+    module = parse(script_path.read_text())
+    if module is not None:
+        for line in sibling_imports(module, search_dirs):
+            name = import_module_name(line.body[0])
+            path = None if name is None else sibling_file(name, search_dirs)
+            if path is not None:
+                files.add(path.resolve())
+    return files
+
+
+def reduce_recorded(
+    failure: Any,
+    *,
+    oracle: Any = None,
+    max_checks: int = 500,
+    max_time: float = 300,
+    on_event: Callable[[SourceEvent], None] | None = None,
+    timeout: float = 60.0,
+) -> SourceResult:
+    """`reduce_source` for a recording (`reprocut.model.recording.Failure`): the failing call is the
+    innermost frame in code the reducer edits (one fresh run finds it), and the tensors that
+    reach it are probed just before it runs."""
+    script_path = Path(failure.script).resolve()
+    cwd = Path(failure.cwd or script_path.parent).resolve()
+    argv = list(failure.argv)
+    editable = reducible_files(script_path, (script_path.parent, cwd))
+    frames = failing_frames(script_path, cwd=cwd, argv=argv)
+    inner = [(file, line) for file, line in frames if file.resolve() in editable]
+    focus, launch = None, LaunchSpecs()
+    if inner:
+        file, line = inner[-1]
+        focus = statement_text(file, line)
+        if focus is not None:
+            launch = probe_launch(
+                script_path, cwd=cwd, argv=argv, file=file, line=line, focus=focus
+            )
+    specs = launch.args or tuple(report.spec for report in failure.tensors)
+    return reduce_source(
+        script_path,
+        cwd=cwd,
+        argv=argv,
+        expected=failure.signature,
+        oracle=oracle,
+        max_checks=max_checks,
+        max_time=max_time,
+        on_event=on_event,
+        specs=specs,
+        named_specs=launch.params,
+        named_values=launch.values,
+        focus=focus,
+        timeout=timeout,
+    )
+
+
+class _PinScriptDir(m.MatcherDecoratableTransformer):
+    """`os.path.dirname(__file__)` and `Path(__file__).parent` -> the original script's folder."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__()
+        self.directory = directory
+
+    @m.leave(
+        m.Call(
+            func=m.Attribute(
+                value=m.Attribute(value=m.Name("os"), attr=m.Name("path")), attr=m.Name("dirname")
+            ),
+            args=[m.Arg(m.Name("__file__"))],
+        )
+    )
+    def _pin_dirname(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        return cst.SimpleString(repr(self.directory))
+
+    @m.leave(
+        m.Attribute(
+            value=m.Call(func=m.Name("Path"), args=[m.Arg(m.Name("__file__"))]),
+            attr=m.Name("parent"),
+        )
+    )
+    def _pin_parent(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.BaseExpression:
+        return cst.Call(
+            func=cst.Name("Path"), args=[cst.Arg(cst.SimpleString(repr(self.directory)))]
+        )
+
+
+def pin_script_dir(code: str, directory: Path) -> str:
+    """A reduced script may still import the user's own extension beside the original; pinning
+    its folder keeps `python repro.py` working wherever the repro is written."""
+    try:
+        module = cst.parse_module(code)
+    except cst.ParserSyntaxError:
+        return code
+    return module.visit(_PinScriptDir(str(directory))).code
