@@ -1,16 +1,11 @@
 """Inside the user's process: see every aten op and public torch call, per training step.
 
-A TorchDispatchMode sees aten ops (forward, backward, optimizer); a TorchFunctionMode sees the
-public call the user made (`F.one_hot` never reaches the dispatcher as one op). Global module hooks
-name modules, optimizer hooks mark step boundaries. Each completed step is appended to trace.jsonl
-(identical steps as a back-reference), so a crash loses at most the step in flight.
-
-Three ways to meet a failing op, by mode:
-- record (CPU): the op raises synchronously, so it is the culprit; its inputs are still intact.
-- record (CUDA): asserting ops get their evidence copied to pinned memory before they run
-  (snapshots); on failure the parent replays them one by one to find the culprit.
-- localize (a rerun): at the failing step, synchronize before and after every op and copy inputs
-  first, so the op that raises is the culprit and its inputs are real.
+A TorchDispatchMode sees aten ops (forward, backward, optimizer: ops.py); a TorchFunctionMode sees
+the public call the user made (`F.one_hot` never reaches the dispatcher as one op: calls.py). The
+Recorder owns both and the tripwire: global module hooks name modules, optimizer hooks mark step
+boundaries. Each completed step is appended to trace.jsonl (identical steps as a back-reference),
+so a crash loses at most the step in flight. child.py writes its snapshots and culprit
+(records.py) to the run directory.
 """
 
 from __future__ import annotations
@@ -20,116 +15,25 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode, _get_current_function_mode
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+from torch.overrides import _get_current_function_mode
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from reprocut.model.case import SourceLocation
-from reprocut.model.publicapi import aten_name, aten_path, public_name
-from reprocut.model.signature import is_cuda_failure
-from reprocut.record.capture import ASSERTING_OPS, HeldCall, TensorStore, capture_call, hold_call
+from reprocut.model.publicapi import public_name
+from reprocut.record.calls import CallRecorder
+from reprocut.record.capture import ASSERTING_OPS, HeldCall, TensorStore, hold_call
 from reprocut.record.frames import UserFrames, is_user_file
+from reprocut.record.ops import OpRecorder, on_cpu, spec_tuple
+from reprocut.record.records import Culprit, Snapshot, StepState
 from reprocut.record.trace import TraceWriter
 from reprocut.record.tripwire import Tripwire
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
-
-
-@dataclass
-class StepState:
-    """Where the script is: training step, phase, module stack."""
-
-    step: int = 0
-    optimizer_seen: bool = False
-    in_optimizer: int = 0
-    root_forwards: int = 0
-    module_stack: list[str] = field(default_factory=list)
-
-    def phase(self) -> str:
-        if self.in_optimizer:
-            return "optimizer"
-        if torch._C._current_graph_task_id() != -1:
-            return "backward"
-        return "forward"
-
-
-@dataclass
-class Snapshot:
-    """An asserting op's call, with its evidence queued for copy to host before it ran.
-
-    The calls are held, not JSON: most snapshots belong to healthy steps and are dropped unread.
-    """
-
-    seq: int
-    op: str
-    target: str
-    call: HeldCall
-    step: int
-    phase: str
-    module: str | None
-    source: SourceLocation | None
-    public_call: str | None
-    public: HeldCall | None  # the enclosing public call's arguments, captured alike
-
-    def captured_keys(self) -> Iterator[str]:
-        """The store keys of its host copies."""
-        yield from self.call.captured_keys()
-        if self.public is not None:
-            yield from self.public.captured_keys()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "seq": self.seq,
-            "op": self.op,
-            "target": self.target,
-            "call": self.call.to_json(),
-            "step": self.step,
-            "phase": self.phase,
-            "module": self.module,
-            "source": None if self.source is None else self.source.to_json(),
-            "public_call": self.public_call,
-            "public": None if self.public is None else self.public.to_json(),
-        }
-
-
-@dataclass
-class Culprit:
-    """The op (or public call) that raised, with its inputs as captured before it ran."""
-
-    op: str | None
-    target: str | None
-    call: dict[str, Any] | None
-    step: int
-    phase: str
-    module: str | None
-    source: SourceLocation | None
-    forward_source: SourceLocation | None
-    public_call: str | None
-    public: dict[str, Any] | None
-    synchronized: bool  # raised with a sync before and after: certainly this op
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "op": self.op,
-            "target": self.target,
-            "call": self.call,
-            "step": self.step,
-            "phase": self.phase,
-            "module": self.module,
-            "source": None if self.source is None else self.source.to_json(),
-            "forward_source": None
-            if self.forward_source is None
-            else self.forward_source.to_json(),
-            "public_call": self.public_call,
-            "public": self.public,
-            "synchronized": self.synchronized,
-        }
 
 
 @dataclass
@@ -171,9 +75,9 @@ class Recorder:
         self._handles: list[Any] = []
         # The function mode costs a Python call per torch call: GPU runs keep it for the first
         # step and localized steps only (public calls are then found on the stack).
-        self._function_mode = _ModeSwitch(_CallRecorder(self), _get_current_function_mode)
+        self._function_mode = _ModeSwitch(CallRecorder(self), _get_current_function_mode)
         # Every op under the dispatch mode, or light steps (see wants_every_op).
-        self._dispatch_mode = _ModeSwitch(_OpRecorder(self), _get_current_dispatch_mode)
+        self._dispatch_mode = _ModeSwitch(OpRecorder(self), _get_current_dispatch_mode)
         self.tripwire: Tripwire | None = None
         self._asserting_key: int | None = None  # the asserting ops' layouts in the last step
         self._original_optimizer_init: Any = None
@@ -213,7 +117,9 @@ class Recorder:
 
         torch.autograd.Function.apply = classmethod(tagged_apply)  # type: ignore[method-assign,assignment]
         try:
-            self.tripwire = Tripwire(ASSERTING_OPS, self._on_asserting_call).__enter__()
+            self.tripwire = Tripwire(
+                ASSERTING_OPS, self._dispatch_mode.mode.on_asserting_call
+            ).__enter__()
         except Exception:  # a torch without Python kernels at that key: every step sees every op
             self.tripwire = None
         self._function_mode.set(True)
@@ -301,36 +207,12 @@ class Recorder:
         """The current step records only the asserting ops."""
         return not self._dispatch_mode.active
 
-    def _on_asserting_call(
-        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Any
-    ) -> Any:
-        """The tripwire's handler: snapshot the evidence; in light steps also record the op and
-        own its synchronous error (under the dispatch mode, the mode does both)."""
-        mode = self._dispatch_mode.mode
-        entry = mode._ops.get(id(func)) or mode._learn(func)
-        name = entry[0]
-        if self.localizing:
-            return run()  # the mode synchronizes around every op and captures the culprit's
-        if self.config.snapshots and _touches_cuda(args, kwargs):
-            with torch._C._DisableTorchDispatch():  # the copies are not the user's ops
-                mode._snapshot(func, name, args, kwargs)
-        if self._dispatch_mode.active:
-            return run()
-        self.last_op = name
-        try:
-            result = run()
-        except Exception as exc:
-            mode._raised(func, name, args, kwargs, exc, None, synchronizing=False)
-            raise
-        self.record_op(name, args)
-        return result
-
     def record_op(self, name: str, args: tuple[Any, ...]) -> None:
         """Add an op of the current step to the trace (the dispatch mode's hot path inlines
         this: a method call per op is measurable there)."""
         stack = self.state.module_stack
         self.ops.append(
-            (name, stack[-1] if stack else None, self.state.phase(), tuple(map(_spec_tuple, args)))
+            (name, stack[-1] if stack else None, self.state.phase(), tuple(map(spec_tuple, args)))
         )
 
     def _retire_completed_steps(self) -> None:
@@ -501,7 +383,7 @@ class Recorder:
     ) -> HeldCall:
         """On CPU every small input is kept; on CUDA the evidence goes to pinned memory, queued
         ahead of the kernels that may fault."""
-        cpu = _on_cpu(args, kwargs)
+        cpu = on_cpu(args, kwargs)
         return hold_call(
             args, kwargs, name, self.store, everything=cpu, non_blocking=not cpu, names=names
         )
@@ -542,266 +424,3 @@ def _public_path(path: str) -> str | None:
         return public_name(resolve(path))
     except (AttributeError, ValueError):
         return None
-
-
-def _on_cpu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
-            return False
-        if isinstance(value, (list, tuple)):
-            for item in value:
-                if isinstance(item, torch.Tensor) and item.device.type != "cpu":
-                    return False
-    return True
-
-
-def _touches_cuda(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    return not _on_cpu(args, kwargs)
-
-
-_Tensor = torch.Tensor
-_STRIDED = torch.strided
-
-
-def _spec_tuple(value: Any) -> Any:
-    """A tensor's layout as cheap, hashable objects; made JSON-ready only when written.
-
-    Runs for every argument of every op: a few C getters, and the device object as it is
-    (`.device.type` alone costs more than the other getters together)."""
-    if isinstance(value, _Tensor):
-        if value.layout is not _STRIDED:
-            return (value.shape, value.dtype, None, 0, value.device)
-        return (value.shape, value.dtype, value.stride(), value.storage_offset(), value.device)
-    if isinstance(value, (list, tuple)) and value and isinstance(value[0], _Tensor):
-        return tuple(map(_spec_tuple, value))
-    return None
-
-
-class _CallRecorder(TorchFunctionMode):
-    """Public torch calls: keeps the outermost call in flight and tags autograd nodes."""
-
-    def __init__(self, recorder: Recorder) -> None:
-        super().__init__()
-        self.recorder = recorder
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        recorder = self.recorder
-        stack = recorder.public_stack
-        outermost = not stack
-        if outermost:
-            name = public_name(func)
-            if name is None or name.endswith(("__get__", "__set__")):
-                return func(*args, **kwargs)
-            entry = (func, name, args, kwargs)
-            stack.append(entry)
-        try:
-            result = func(*args, **kwargs)
-        except Exception as exc:
-            if outermost and recorder.culprit is None and not is_cuda_error(exc):
-                # raised by the public call itself, not by any aten op (CPU one_hot's check)
-                name, captured = recorder.public_context()
-                recorder.note_culprit_here(public_call=name, public=captured, synchronized=True)
-            raise
-        finally:
-            if outermost:
-                stack.pop()
-                recorder.public_captured.pop(id(entry), None)
-        if outermost and isinstance(result, torch.Tensor):
-            recorder.tag_autograd_node(result)
-        return result
-
-
-def is_cuda_error(exc: BaseException) -> bool:
-    return is_cuda_failure(type(exc).__name__, str(exc), getattr(exc, "error_code", None))
-
-
-class _OpRecorder(TorchDispatchMode):
-    """Aten ops: record specs; snapshot or synchronize where the mode asks for it."""
-
-    def __init__(self, recorder: Recorder) -> None:
-        super().__init__()
-        self.recorder = recorder
-        # by id(op): hashing an OpOverload runs Python code. The op itself is kept in the
-        # entry, so its id cannot be reused.
-        self._ops: dict[int, tuple[str, bool, Any]] = {}
-        self._targets: dict[int, tuple[str, tuple[str, ...] | None, Any]] = {}
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        """No dynamo-disabling wrapper around every op: it costs as much as recording the op,
-        and nothing is compiled under reprocut (child.py runs torch.compile eagerly and sets
-        TORCH_COMPILE_DISABLE)."""
-        return False
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        # The hot path: a healthy op outside the localize window costs one dict lookup, the
-        # op, and its specs. Everything else (asserting ops, localized steps) goes the long way.
-        recorder = self.recorder
-        entry = self._ops.get(id(func))
-        if entry is None:
-            entry = self._learn(func)
-        name = entry[0]
-        recorder.last_op = name
-        if recorder.localizing or entry[1]:
-            return self._dispatch_watched(func, name, args, kwargs or {})
-        try:
-            result = func(*args, **kwargs) if kwargs else func(*args)
-        except Exception as exc:
-            self._raised(func, name, args, kwargs or {}, exc, None, synchronizing=False)
-            raise
-        state = recorder.state
-        stack = state.module_stack
-        recorder.ops.append(
-            (
-                name,
-                stack[-1] if stack else None,
-                state.phase(),
-                tuple(map(_spec_tuple, args)),
-            )
-        )
-        return result
-
-    def _learn(self, func: Any) -> tuple[str, bool, Any]:
-        """Name a new op, and whether it takes the long way (snapshots of asserting ops)."""
-        name = aten_name(func)
-        # with the tripwire in, it snapshots asserting ops (above this mode, in every step)
-        recorder = self.recorder
-        watched = recorder.config.snapshots and recorder.tripwire is None and name in ASSERTING_OPS
-        entry = self._ops[id(func)] = (name, watched, func)
-        return entry
-
-    def _dispatch_watched(self, func: Any, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
-        """An op that may need its inputs copied first: snapshots, or a localized step."""
-        recorder = self.recorder
-        call = None
-        synchronizing = recorder.localizing and torch.cuda.is_initialized()
-        if synchronizing:
-            # every op, CUDA arguments or not: a host-to-device copy also raises pending faults
-            self._synchronize_before(func, name)
-            recorder.public_context()  # copy the public call's inputs before any fault
-            call = self._capture(func, name, args, kwargs)
-        elif recorder.config.snapshots and name in ASSERTING_OPS and _touches_cuda(args, kwargs):
-            self._snapshot(func, name, args, kwargs)
-        try:
-            result = func(*args, **kwargs)
-            if synchronizing:
-                torch.cuda.synchronize()
-        except Exception as exc:
-            self._raised(func, name, args, kwargs, exc, call, synchronizing=synchronizing)
-            raise
-        recorder.record_op(name, args)
-        return result
-
-    def _raised(
-        self,
-        func: Any,
-        name: str,
-        args: Any,
-        kwargs: dict[str, Any],
-        exc: Exception,
-        call: dict[str, Any] | None,
-        *,
-        synchronizing: bool,
-    ) -> None:
-        """A CUDA error raised here is this op's own only if all earlier work was known complete
-        before it ran (a synchronized step); otherwise it merely surfaced here."""
-        recorder = self.recorder
-        if recorder.culprit is None and (synchronizing or not is_cuda_error(exc)):
-            if call is None:
-                call = self._capture(func, name, args, kwargs)
-            self._note(func, name, call, synchronized=True)
-
-    def _synchronize_before(self, func: Any, name: str) -> None:
-        """A fault already pending here came from outside the dispatcher (a custom kernel)."""
-        try:
-            torch.cuda.synchronize()
-        except Exception:
-            self.recorder.note_culprit_here(synchronized=False)
-            raise
-
-    def _capture(self, func: Any, name: str, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Every small input, as JSON: this op is (or may be) the culprit."""
-        names = self._target(func)[1]
-        store = self.recorder.store
-        return capture_call(args, kwargs, name, store, everything=True, names=names)
-
-    def _target(self, func: Any) -> tuple[str, tuple[str, ...] | None]:
-        """The op's callable path and its parameters' names (for the tensor table), cached."""
-        found = self._targets.get(id(func))
-        if found is None:
-            schema = getattr(func, "_schema", None)
-            names = None if schema is None else tuple(a.name for a in schema.arguments)
-            found = self._targets[id(func)] = (aten_path(func), names, func)
-        return found[0], found[1]
-
-    def _snapshot(self, func: Any, name: str, args: Any, kwargs: Any) -> None:
-        """Queue host copies of the evidence ahead of the op; build no JSON (see Snapshot)."""
-        recorder = self.recorder
-        recorder.seq += 1
-        target, names = self._target(func)
-        call = hold_call(args, kwargs, name, recorder.store, non_blocking=True, names=names)
-        public_call, public = recorder.public_context()
-        recorder.snapshots.append(
-            Snapshot(
-                seq=recorder.seq,
-                op=name,
-                target=target,
-                call=call,
-                step=recorder.state.step,
-                phase=recorder.state.phase(),
-                module=recorder.current_module(),
-                source=self._source(),
-                public_call=public_call,
-                public=public,
-            )
-        )
-
-    def _source(self) -> SourceLocation | None:
-        location = self.recorder.frames.here()
-        if location is None:
-            tagged = _autograd_tag()
-            if tagged is not None:
-                location = tagged[0]
-        return location
-
-    def _note(self, func: Any, name: str, call: dict[str, Any], *, synchronized: bool) -> None:
-        recorder = self.recorder
-        try:
-            public_call, public = recorder.public_context()
-        except Exception:  # after a sticky CUDA error nothing more can be copied
-            public_call, public = (
-                (recorder.public_stack[0][1] if recorder.public_stack else None),
-                None,
-            )
-        tagged = _autograd_tag()
-        phase = recorder.state.phase()
-        forward_source = tagged[0] if tagged else None
-        module = recorder.current_module()
-        if module is None and tagged is not None:
-            module = tagged[1]
-        source = recorder.frames.here()
-        if phase == "backward" and forward_source is not None:
-            source = source or forward_source
-        recorder.note_culprit(
-            Culprit(
-                op=name,
-                target=self._target(func)[0],
-                call=call,
-                step=recorder.state.step,
-                phase=phase,
-                module=module,
-                source=source,
-                forward_source=forward_source,
-                public_call=public_call,
-                public=None if public is None else public.to_json(),
-                synchronized=synchronized,
-            )
-        )
-
-
-def _autograd_tag() -> tuple[SourceLocation | None, str | None] | None:
-    node = torch._C._current_autograd_node()
-    if node is None:
-        return None
-    return node.metadata.get("reprocut")

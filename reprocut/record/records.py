@@ -1,0 +1,107 @@
+"""What the recorder keeps per step: where the script is, snapshots, and the culprit.
+
+The Recorder advances the StepState at hooks; the dispatch mode (ops.py) and the function mode
+(calls.py) fill Snapshots and the Culprit, which child.py writes to outcome.json as JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from reprocut.model.case import SourceLocation
+from reprocut.record.capture import HeldCall
+
+
+@dataclass
+class StepState:
+    """Where the script is: training step, phase, module stack."""
+
+    step: int = 0
+    optimizer_seen: bool = False
+    in_optimizer: int = 0
+    root_forwards: int = 0
+    module_stack: list[str] = field(default_factory=list)
+
+    def phase(self) -> str:
+        if self.in_optimizer:
+            return "optimizer"
+        if torch._C._current_graph_task_id() != -1:
+            return "backward"
+        return "forward"
+
+
+@dataclass
+class Snapshot:
+    """An asserting op's call, with its evidence queued for copy to host before it ran.
+
+    The calls are held, not JSON: most snapshots belong to healthy steps and are dropped unread.
+    """
+
+    seq: int
+    op: str
+    target: str
+    call: HeldCall
+    step: int
+    phase: str
+    module: str | None
+    source: SourceLocation | None
+    public_call: str | None
+    public: HeldCall | None  # the enclosing public call's arguments, captured alike
+
+    def captured_keys(self) -> Iterator[str]:
+        """The store keys of its host copies."""
+        yield from self.call.captured_keys()
+        if self.public is not None:
+            yield from self.public.captured_keys()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "op": self.op,
+            "target": self.target,
+            "call": self.call.to_json(),
+            "step": self.step,
+            "phase": self.phase,
+            "module": self.module,
+            "source": None if self.source is None else self.source.to_json(),
+            "public_call": self.public_call,
+            "public": None if self.public is None else self.public.to_json(),
+        }
+
+
+@dataclass
+class Culprit:
+    """The op (or public call) that raised, with its inputs as captured before it ran."""
+
+    op: str | None
+    target: str | None
+    call: dict[str, Any] | None
+    step: int
+    phase: str
+    module: str | None
+    source: SourceLocation | None
+    forward_source: SourceLocation | None
+    public_call: str | None
+    public: dict[str, Any] | None
+    synchronized: bool  # raised with a sync before and after: certainly this op
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "target": self.target,
+            "call": self.call,
+            "step": self.step,
+            "phase": self.phase,
+            "module": self.module,
+            "source": None if self.source is None else self.source.to_json(),
+            "forward_source": None
+            if self.forward_source is None
+            else self.forward_source.to_json(),
+            "public_call": self.public_call,
+            "public": self.public,
+            "synchronized": self.synchronized,
+        }
