@@ -205,7 +205,7 @@ def test_torch_compile_runs_eagerly_and_says_so(tmp_path, capsys):
 
 
 def test_a_location_keeps_the_text_the_child_gave(tmp_path):
-    from reprocut.localize.localizer import _location
+    from reprocut.localize.failure import location as _location
 
     script = tmp_path / "train.py"
     script.write_text("x = 1\nloss = step(x)\n")

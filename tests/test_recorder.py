@@ -105,7 +105,7 @@ def test_a_cuda_error_surfacing_in_an_unsynchronized_op_is_not_its_own(tmp_path)
 
 
 def test_snapshots_with_evidence_are_replayed_first():
-    from reprocut.localize.localizer import rank_snapshots
+    from reprocut.localize.replay import rank_snapshots
 
     def snapshot(seq, key):
         spec = {"shape": [3], "dtype": "int64", "values": {"captured": key}}

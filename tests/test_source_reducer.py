@@ -366,7 +366,8 @@ def test_pin_script_dir_keeps_sibling_imports_working_anywhere():
 def test_record_reads_the_kernel_and_the_tensors_reaching_a_launch(tmp_path: Path):
     """What `record` adds to a fault outside the dispatcher (on a GPU, after the blocking rerun
     named the launch line): the launched kernel's own name and the layout facts of its inputs."""
-    from reprocut.localize.localizer import LocalizeOptions, _launch_inputs
+    from reprocut.localize.failure import LocalizeOptions
+    from reprocut.localize.launch import _launch_inputs
     from reprocut.model.recording import RunDir
 
     project = copy_case("packed_frames", tmp_path)

@@ -150,7 +150,8 @@ def test_a_torch_that_cannot_take_the_kernels_gets_every_op_recorded(tmp_path, m
 
 def localize_light(tmp_path: Path, script: Path):
     """`reprocut record` with light steps forced on (CPU runs default to every op)."""
-    from reprocut.localize.localizer import LocalizeOptions, localize
+    from reprocut.localize.failure import LocalizeOptions
+    from reprocut.localize.localizer import localize
     from reprocut.model.recording import RunDir
     from reprocut.record.runner import RunRequest, run_script
 

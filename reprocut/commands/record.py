@@ -216,7 +216,8 @@ def _record(
         echo_stderr=None if options.quiet else sys.stderr,
         on_line=None if warmer is None else warmer.on_line,
     )
-    from reprocut.localize.localizer import LocalizeOptions, localize
+    from reprocut.localize.failure import LocalizeOptions
+    from reprocut.localize.localizer import localize
 
     localize_options = LocalizeOptions(
         script=script.resolve(),

@@ -1,0 +1,86 @@
+"""Explain a culprit's inputs: the tensor table and diagnosis a Failure carries.
+
+Takes the recorded call of the culprit (the aten call, else the public call) and the run's saved
+inputs; hands on one TensorReport per tensor argument, with the facts `report.diagnosis` finds in
+its values, and the diagnosis. All on the CPU: this process never touches CUDA, and explaining is
+best effort, so an error here never loses the recording.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from reprocut.model.case import ArgList, TensorSpec, arg_from_json
+from reprocut.model.recording import TensorReport
+from reprocut.model.tensors import materialize_arg
+from reprocut.report.diagnosis import DIAGNOSES, explain
+
+
+def plain(value: Any) -> bool:
+    return not (isinstance(value, dict) and "unsupported" in value)
+
+
+def explain_inputs(
+    culprit: dict[str, Any], inputs: dict[str, torch.Tensor]
+) -> tuple[tuple[TensorReport, ...], str]:
+    """Tensor table + diagnosis, from the aten call if known, else the public call."""
+    use_public = not culprit.get("call")
+    call = culprit.get("public") if use_public else culprit.get("call")
+    if not call:
+        return (), DIAGNOSES["layout"] if culprit.get("op") is None else ""
+    raw_args = [arg_from_json(a) for a in call["args"]]
+    raw_kwargs = {k: arg_from_json(v) for k, v in call["kwargs"] if plain(v)}
+    try:
+        values = [materialize_arg(on_cpu(a), inputs) for a in raw_args]
+        kw_values = {k: materialize_arg(on_cpu(v), inputs) for k, v in raw_kwargs.items()}
+        explanation = explain(
+            None if use_public else culprit.get("op"), culprit.get("public_call"), values, kw_values
+        )
+        if not any(explanation.facts.values()) and culprit.get("public") and not use_public:
+            public_args = [
+                materialize_arg(on_cpu(arg_from_json(a)), inputs) for a in culprit["public"]["args"]
+            ]
+            explanation = explain(None, culprit.get("public_call"), public_args, {})
+    except Exception as exc:  # explaining is best effort: never lose the recording over it
+        return _table(
+            raw_args, raw_kwargs, {}, call.get("names", ())
+        ), f"(could not analyse the inputs: {exc})"
+    return _table(
+        raw_args, raw_kwargs, explanation.facts, call.get("names", ())
+    ), explanation.diagnosis
+
+
+def on_cpu(arg: Any) -> Any:
+    """The same argument with every tensor on the CPU: this process never touches CUDA."""
+    if isinstance(arg, TensorSpec):
+        return replace(arg, device="cpu")
+    if isinstance(arg, ArgList):
+        return ArgList(tuple(on_cpu(item) for item in arg.items))
+    return arg
+
+
+def _table(
+    args: list[Any],
+    kwargs: dict[str, Any],
+    facts: dict[int | str, tuple[str, ...]],
+    names: Sequence[str] = (),
+) -> tuple[TensorReport, ...]:
+    rows = []
+    for position, arg in enumerate(args):
+        if isinstance(arg, TensorSpec):
+            name = names[position] if position < len(names) else f"arg{position}"
+            rows.append(TensorReport(name, arg, facts.get(position, ())))
+        elif isinstance(arg, ArgList):
+            name = names[position] if position < len(names) else f"arg{position}"
+            for index, item in enumerate(arg.items):
+                if isinstance(item, TensorSpec):
+                    key = f"{position}[{index}]"
+                    rows.append(TensorReport(f"{name}[{index}]", item, facts.get(key, ())))
+    for name, arg in kwargs.items():
+        if isinstance(arg, TensorSpec):
+            rows.append(TensorReport(name, arg, facts.get(name, ())))
+    return tuple(rows)

@@ -1,0 +1,135 @@
+"""What every localization strategy shares: its options, and the Failure it writes.
+
+Takes the options `localize` was called with and a child's outcome JSON (its error, stderr and
+locations); hands on the ErrorInfo, Signature and SourceLocations read from them, and `finish`,
+which stamps the script, argv, cwd and versions on a Failure and writes it to the run dir. The two
+Failures that name no op (a plain script error, a failure not localized) are built here too,
+since every strategy can end in one.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reprocut.model.case import Signature, SourceLocation
+from reprocut.model.recording import ErrorInfo, Failure, RunDir
+from reprocut.model.signature import classify, cuda_error_code, parse_assertions
+from reprocut.record.runner import RunResult
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalizeOptions:
+    script: Path
+    argv: tuple[str, ...]
+    run_dir: RunDir
+    cwd: Path
+    timeout: float | None = None
+    launch_blocking: bool = False
+    snapshots: bool = True
+    rerun: bool = True
+    oracle: Any = None  # a warmed-up Oracle for snapshot replay, if the caller made one
+
+
+def environment_summary() -> dict[str, str]:
+    """Versions only; never the user's environment variables (they may hold secrets)."""
+    return {
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def location(data: dict[str, Any] | None) -> SourceLocation | None:
+    """A location from the child, its line's text read from the file unless the child gave one
+    (the end-of-script marker, a launch line read by line_sync)."""
+    if not data:
+        return None
+    text = data.get("text", "")
+    if not text:
+        try:
+            lines = Path(data["file"]).read_text().splitlines()
+            text = lines[data["line"] - 1].strip()
+        except (OSError, IndexError):
+            pass
+    return SourceLocation(data["file"], data["line"], text, data.get("function", ""))
+
+
+def error_info(error: dict[str, Any], stderr: str) -> ErrorInfo:
+    code, name = cuda_error_code(error["message"])
+    return ErrorInfo(
+        type=error["type"],
+        message=error["message"],
+        code=error.get("code") if error.get("code") is not None else code,
+        name=name,
+        assertions=tuple(a.to_json() for a in parse_assertions(stderr)),
+    )
+
+
+def signature_of(error: dict[str, Any], stderr: str, op: str | None) -> Signature:
+    return classify(error["type"], error["message"], stderr, op, error.get("code"))
+
+
+def finish(options: LocalizeOptions, failure: Failure) -> Failure:
+    failure = replace(
+        failure,
+        script=str(options.script),
+        argv=options.argv,
+        cwd=str(options.cwd),
+        env=environment_summary(),
+    )
+    options.run_dir.write_failure(failure)
+    return failure
+
+
+def script_error(
+    options: LocalizeOptions, first: RunResult, error: ErrorInfo, outcome: dict[str, Any] | None
+) -> Failure:
+    surfaced = location(outcome.get("surfaced_at")) if outcome else None
+    return finish(
+        options,
+        Failure(
+            status="script-error",
+            error=error,
+            signature=classify(error.type, error.message),
+            step=outcome.get("step") if outcome else None,
+            phase=outcome.get("phase") if outcome else None,
+            source=surfaced,
+            surfaced_at=surfaced,
+            localization="in-process",
+            notes=("the script failed, but not inside a torch op",),
+        ),
+    )
+
+
+def not_localized(
+    options: LocalizeOptions, first: RunResult, outcome: dict[str, Any], why: str
+) -> Failure:
+    error = outcome["error"]
+    hint = (
+        ""
+        if options.launch_blocking
+        else "; try `reprocut record --launch-blocking`, or make the script deterministic (seeds)"
+    )
+    return finish(
+        options,
+        Failure(
+            status="not-localized",
+            error=error_info(error, first.stderr),
+            signature=signature_of(error, first.stderr, outcome.get("last_op")),
+            step=outcome.get("step"),
+            phase=outcome.get("phase"),
+            surfaced_at=location(outcome.get("surfaced_at")),
+            source=location(outcome.get("surfaced_at")),
+            localization="none",
+            notes=(f"the first run failed, but {why}{hint}",),
+        ),
+    )

@@ -1,0 +1,95 @@
+"""Run the script again to the failing step, synchronizing around each op there.
+
+Takes the first run's outcome (the failing step, the last step known healthy); hands on the
+Failure for the op the rerun names, else, when the fault was pending before an op, runs once
+more with blocking launches and line sync and hands the launch line to `launch`. A synchronous
+error in a light step is rerun here too, watching every op of that step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reprocut.localize.culprit import from_culprit, names_op, names_public_call
+from reprocut.localize.failure import (
+    LocalizeOptions,
+    Progress,
+    error_info,
+    not_localized,
+    script_error,
+)
+from reprocut.localize.launch import outside_dispatcher
+from reprocut.model.recording import Failure
+from reprocut.record.runner import RunRequest, RunResult, run_script
+
+
+def rerun(
+    options: LocalizeOptions, first: RunResult, outcome: dict[str, Any], progress: Progress
+) -> Failure:
+    step = outcome["step"]
+    first_suspect = min(step, outcome.get("healthy_through", step - 1) + 1)
+    span = f"step {step}" if first_suspect == step else f"steps {first_suspect}-{step}"
+    progress(f"rerunning to {span}, synchronizing around each op there")
+    second = _run_again(
+        options,
+        "localize",
+        localize_from=first_suspect,
+        localize_to=step,
+        launch_blocking=options.launch_blocking,
+    )
+    again = second.outcome
+    if again is None or again.get("status") != "failed":
+        why = "it crashed" if again is None else "it did not fail"
+        return not_localized(
+            options, first, outcome, f"the localization rerun to step {step}: {why}"
+        )
+    culprit = again.get("culprit")
+    if names_op(culprit):
+        return from_culprit(options, first, outcome, culprit, second, "rerun")
+    # A fault pending before an aten op, or raised outside any: a custom kernel.
+    progress(
+        "the fault came from outside PyTorch's dispatcher; rerunning with CUDA_LAUNCH_BLOCKING=1, "
+        "waiting for the GPU after each line of your code"
+    )
+    third = _run_again(options, "localize-blocking", launch_blocking=True, sync_lines=True)
+    blocked = third.outcome if third.outcome and third.outcome.get("status") == "failed" else again
+    used = third if blocked is third.outcome else second
+    return outside_dispatcher(options, first, outcome, blocked, used, progress)
+
+
+def _run_again(options: LocalizeOptions, attempt: str, **how: Any) -> RunResult:
+    """Run the script again for localization (no snapshots); `how` holds the RunRequest fields
+    that make this attempt what it is (the steps to synchronize in, blocking launches, ...)."""
+    return run_script(
+        RunRequest(
+            options.script,
+            options.argv,
+            options.run_dir.path,
+            attempt,
+            snapshots=False,
+            timeout=options.timeout,
+            cwd=options.cwd,
+            **how,
+        )
+    )
+
+
+def rerun_for_op(
+    options: LocalizeOptions, first: RunResult, outcome: dict[str, Any], progress: Progress
+) -> Failure:
+    """A synchronous error in a light step, where only asserting ops are watched: the step is
+    run again under the dispatch mode to name the op that raised, if any did."""
+    step = outcome["step"]
+    progress(
+        f"an error at step {step}, which recorded only the ops that can device-assert; "
+        "rerunning that step watching every op"
+    )
+    second = _run_again(options, "localize", localize_from=step, localize_to=step)
+    again = second.outcome
+    culprit = again.get("culprit") if again else None
+    if names_op(culprit):
+        return from_culprit(options, first, outcome, culprit, second, "rerun")
+    known = outcome.get("culprit")
+    if names_public_call(known):
+        return from_culprit(options, first, outcome, known, first, "in-process")
+    return script_error(options, first, error_info(outcome["error"], first.stderr), outcome)
