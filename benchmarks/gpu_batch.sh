@@ -50,7 +50,7 @@ stage_source() {
 
 stage_corpus() {
     # CORPUS_CASES: name parts to run (a partial run, tagged "partial": merge it with --merge)
-    timeout -k 10 "${CORPUS_LIMIT:-380}" python3 benchmarks/run_corpus.py --device cuda --jobs 6 \
+    timeout -k 10 "${CORPUS_LIMIT:-380}" python3 benchmarks/run_corpus.py --device cuda --jobs "${CORPUS_JOBS:-6}" \
         --timeout "${CORPUS_TIMEOUT:-200}" --out "$OUT" \
         ${CORPUS_CASES:+--cases $CORPUS_CASES --tag partial} >"$OUT/corpus.log" 2>&1
     echo "corpus exit $?" >>"$OUT/corpus.log"
