@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,10 +107,22 @@ def run_plain(script: Path, *, timeout: float = 120.0) -> RunOutcome:
 
 
 def verify(
-    script: Path, expected: Signature, *, runs: int = 3, timeout: float = 120.0
+    script: Path,
+    expected: Signature,
+    *,
+    runs: int = 3,
+    timeout: float = 120.0,
+    parallel: bool = True,
 ) -> Verification:
-    """Run `script` `runs` times; count the runs whose signature matches `expected` (op aside)."""
-    outcomes = tuple(run_plain(script, timeout=timeout) for _ in range(runs))
+    """Run `script` `runs` times; count the runs whose signature matches `expected` (op aside).
+
+    The runs are independent processes, so by default they run side by side (each still a
+    fresh `python script`, each with its own timeout): the wait is one run's, not `runs`'."""
+    if parallel and runs > 1:
+        with ThreadPoolExecutor(max_workers=runs) as pool:
+            outcomes = tuple(pool.map(lambda _: run_plain(script, timeout=timeout), range(runs)))
+    else:
+        outcomes = tuple(run_plain(script, timeout=timeout) for _ in range(runs))
     reproduced = sum(
         1
         for outcome in outcomes

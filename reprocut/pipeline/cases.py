@@ -16,6 +16,7 @@ from reprocut.check.oracle import Oracle, OtherFailure, Passed, Reproduced, Verd
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.errors import ExitCode, ReprocutError
 from reprocut.model.recording import Failure, atomic_write
+from reprocut.pipeline.phases import CPU_CHECK, FIRST_CHECK, SHRINK, Phases
 from reprocut.shrink.emitter import SIDECAR_NAME, Emitted, emit, inline_captured
 from reprocut.shrink.header import Environment, Header
 from reprocut.shrink.passes import PASSES
@@ -102,6 +103,7 @@ def shrink_case(
     out: Path,
     environment: Environment,
     on_event: Callable[[Any], None],
+    phases: Phases,
 ) -> Outcome:
     header = Header(
         expected=failure.signature,
@@ -109,7 +111,8 @@ def shrink_case(
         assertion=_assertion(failure),
         environment=environment,
     )
-    case, _ = pick_case(failure, inputs, oracle)
+    with phases.phase(FIRST_CHECK):  # waits for the fork server, if it is still starting
+        case, _ = pick_case(failure, inputs, oracle)
     if case is None:
         emitted = write_case(failure.cases[0], inputs, out, header)
         return Outcome(
@@ -142,13 +145,17 @@ def shrink_case(
         cpu_visible=expected.error_code is None,
     )
     try:
-        best = shrinker.run()
+        with phases.phase(SHRINK):
+            best = shrinker.run()
     except KeyboardInterrupt:
         raise ShrinkInterruptedError(
             f"interrupted: the best case so far is in {out / 'repro.py'} (not verified)"
         ) from None
     save(best)
-    cpu_reproduces, cpu_message = cpu_behaviour(best, inputs, oracle)
+    # Before the verification, not beside it: its answer is part of repro.py's header, and the
+    # file the plain runs verify is the final one.
+    with phases.phase(CPU_CHECK):
+        cpu_reproduces, cpu_message = cpu_behaviour(best, inputs, oracle)
     header = replace(header, cpu_reproduces=cpu_reproduces, cpu_message=cpu_message)
     emitted = write_case(best, inputs, out, header)
     return Outcome(
