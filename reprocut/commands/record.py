@@ -84,6 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where recordings are stored (default: ./.reprocut)",
     )
     parser.add_argument("--quiet", action="store_true", help="do not echo the script's own output")
+    parser.add_argument(
+        "--shrink",
+        action="store_true",
+        help="then write the verified repro.py and report.md, as `reprocut shrink` would, reusing "
+        "the warm fork server (exit code: the shrink's)",
+    )
 
 
 def check_script(script: Path) -> None:
@@ -124,7 +130,8 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
     threading.Thread(
         target=importlib.import_module, args=("reprocut.localize.localizer",), daemon=True
     ).start()
-    warmer = OracleWarmer(options.timeout or 60.0) if options.snapshots and gpu_present() else None
+    warm = (options.snapshots and gpu_present()) or options.shrink
+    warmer = OracleWarmer(options.timeout or 60.0) if warm else None
     try:
         return _record(options, console, script, cwd, run_dir, warmer)
     finally:
@@ -243,8 +250,15 @@ def _record(
         localize_seconds=round(time.perf_counter() - localize_started, 3),
     )
     run_dir.write_meta(meta)
-    if options.json:
-        print(json.dumps(failure_json(failure, run_dir.path), indent=2))
-    else:
+    if not options.json:
         show_failure(console, failure, run_dir.path)
-    return STATUS_EXIT.get(failure.status, ExitCode.NOT_LOCALIZED)
+    code = STATUS_EXIT.get(failure.status, ExitCode.NOT_LOCALIZED)
+    report = failure_json(failure, run_dir.path)
+    if options.shrink and code == ExitCode.OK:
+        from reprocut.commands.shrink import shrink_recorded
+
+        oracle = None if warmer is None else warmer.ready()
+        code, report["shrink"] = shrink_recorded(run_dir, failure, oracle, console, options.json)
+    if options.json:
+        print(json.dumps(report, indent=2))
+    return code

@@ -12,11 +12,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
+from reprocut.check.oracle import Oracle
 from reprocut.model.errors import ExitCode
-from reprocut.model.recording import RunDir
+from reprocut.model.recording import Failure, RunDir
 from reprocut.pipeline.run import ShrinkSettings, Shrunk, shrink_recording
 from reprocut.report.display.shrink import print_result
 
@@ -57,6 +59,24 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
             "unshrunk candidate. hint: try `reprocut shrink --source`"
         )
     return shrunk.exit_code
+
+
+def shrink_recorded(
+    run_dir: RunDir, failure: Failure, oracle: Oracle | None, console: Console, as_json: bool
+) -> tuple[ExitCode, dict[str, Any]]:
+    """`record --shrink`: what `reprocut shrink RUN_DIR` does, on the failure record just
+    localized, with record's warm oracle. The caller prints the JSON."""
+    shrunk = shrink_recording(
+        run_dir,
+        ShrinkSettings(),
+        console,
+        show=not as_json or sys.stderr.isatty(),
+        failure=failure,
+        oracle=oracle,
+    )
+    if not as_json:
+        show(console, shrunk)
+    return shrunk.exit_code, shrunk.result
 
 
 def show(console: Console, shrunk: Shrunk) -> None:
