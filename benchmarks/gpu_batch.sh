@@ -6,6 +6,8 @@
 #   source   benchmarks/bench_source.py --device cuda (reprocut vs shrinkray on the GPU cases)
 #   corpus   benchmarks/run_corpus.py --device cuda
 #   shrink   benchmarks/bench_shrink.py --device cuda
+#   pipeline benchmarks/bench_pipeline.py --device cuda (crash to verified repro, per phase;
+#            not in the default list: it wants the machine to itself, run it alone, ~6 min)
 # Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
 # (*_LIMIT, seconds); logs and result files go to $OUT (or benchmarks/results/logs).
 set -u
@@ -62,6 +64,15 @@ stage_shrink() {
         --repeats 5 --max-time 20 --out "$OUT/shrink-cuda.md" >"$OUT/bench_shrink.log" 2>&1
     echo "bench_shrink exit $?" >>"$OUT/bench_shrink.log"
     tail -3 "$OUT/bench_shrink.log"
+}
+
+stage_pipeline() {
+    # one case at a time; no case starts after PIPELINE_BUDGET s, so the stage ends within ~8 min
+    timeout -k 10 "${PIPELINE_LIMIT:-470}" python3 benchmarks/bench_pipeline.py --device cuda \
+        --budget "${PIPELINE_BUDGET:-330}" --timeout 120 --out "$OUT" \
+        ${PIPELINE_CASES:+--cases $PIPELINE_CASES} >"$OUT/bench_pipeline.log" 2>&1
+    echo "bench_pipeline exit $?" >>"$OUT/bench_pipeline.log"
+    tail -22 "$OUT/bench_pipeline.log"
 }
 
 for stage in $STAGES; do

@@ -10,6 +10,7 @@ the plain verification runs go side by side. Each phase's seconds go to meta.jso
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -150,7 +151,8 @@ def _start_server(oracle: Oracle, phases: Phases, started: float) -> None:
         except Exception:  # the first check starts it again, or says why it cannot
             return
         phases.add(FORK_SERVER, time.monotonic() - started)
-        oracle.prepare()  # with standby_cuda: the first check's child makes CUDA meanwhile
+        with contextlib.suppress(Exception):  # with standby_cuda: the first check's child
+            oracle.prepare()  # makes its CUDA context meanwhile
 
     threading.Thread(target=warm, daemon=True).start()
 
