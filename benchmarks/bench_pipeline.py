@@ -156,6 +156,7 @@ def run(options: argparse.Namespace, write: Any) -> tuple[dict[str, Any], list[d
         "device": options.device,
         **environment(options.device),
         "machine": f"{platform.platform(terse=True)}, {os.cpu_count()} CPUs",
+        "load_at_start": round(os.getloadavg()[0], 2),  # others' work on a shared machine
         "command": "python benchmarks/bench_pipeline.py " + " ".join(sys.argv[1:]),
     }
     rows: list[dict[str, Any]] = []
@@ -167,13 +168,36 @@ def run(options: argparse.Namespace, write: Any) -> tuple[dict[str, Any], list[d
                 rows.append({"case": case.name, "skipped": f"budget {options.budget:.0f} s"})
                 continue
             case_started = time.perf_counter()
-            row = bench_case(case, options.device, Path(tmp), options.timeout)
+            runs = [
+                bench_case(case, options.device, Path(tmp) / str(i), options.timeout)
+                for i in range(options.repeats)
+            ]
+            row = median_row(runs)
             row["case_s"] = time.perf_counter() - case_started
             rows.append(row)
             print(f"{case.name}: {json.dumps(_brief(row))}", flush=True)
             meta["wall_seconds"] = round(time.perf_counter() - started, 1)
             write(meta, rows)  # after every case: a run cut short keeps what it measured
     return meta, rows
+
+
+def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from repeated runs of a case: the median of each figure and of each phase (the
+    first run's text fields)."""
+    row = dict(runs[0])
+    if len(runs) == 1:
+        return row
+    for key, value in runs[0].items():
+        if isinstance(value, float):
+            row[key] = statistics.median(r[key] for r in runs if isinstance(r.get(key), float))
+        elif key.endswith("_phases"):
+            names = {name for r in runs for name in r.get(key, {})}
+            row[key] = {
+                name: statistics.median(r[key][name] for r in runs if name in r.get(key, {}))
+                for name in names
+            }
+    row["repeats"] = len(runs)
+    return row
 
 
 def _brief(row: dict[str, Any]) -> dict[str, Any]:
@@ -226,8 +250,10 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]], figures: dict[str, 
         f"# reprocut pipeline: crash to verified repro ({meta['device_name']}, {meta['device']})",
         "",
         f"Date {meta['date']}, torch {meta['torch']}, Python {meta['python']}, {meta['machine']}, "
+        f"load average {meta.get('load_at_start', '?')} at the start, "
         f"commit {meta.get('commit', '?')}. Command: `{meta['command']}` "
-        f"({meta['wall_seconds']} s). Wall seconds, one case at a time, one run each.",
+        f"({meta['wall_seconds']} s). Wall seconds, one case at a time; with --repeats, the "
+        "median of each figure.",
         "",
         "- plain: `python train.py --device D` (the crash); blocking: the same with "
         "`CUDA_LAUNCH_BLOCKING=1` (what a user does today: it names a line, no repro);",
@@ -299,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "--cases", nargs="*", help=f"case names, or all (default: {' '.join(DEFAULT_CASES)})"
     )
     parser.add_argument("--timeout", type=float, default=180, help="seconds per command")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per case (medians)")
     parser.add_argument("--budget", type=float, default=400, help="start no case after this")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     parser.add_argument("--tag", help="suffix for the result files")

@@ -21,6 +21,7 @@ from reprocut.model.case import Signature
 from reprocut.model.errors import ExitCode
 from reprocut.model.signature import classify
 
+DEVICE_BUSY = "busy or unavailable"  # "CUDA-capable device(s) is/are busy or unavailable"
 _EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: (?P<message>.*))?$")
 
 
@@ -118,10 +119,12 @@ def verify(
 
     The runs are independent processes, so by default they run side by side (each still a
     fresh `python script`, each with its own timeout): the wait is one run's, not `runs`'."""
+    outcomes: tuple[RunOutcome, ...] = ()
     if parallel and runs > 1:
         with ThreadPoolExecutor(max_workers=runs) as pool:
             outcomes = tuple(pool.map(lambda _: run_plain(script, timeout=timeout), range(runs)))
-    else:
+    if not outcomes or any(DEVICE_BUSY in outcome.stderr_tail for outcome in outcomes):
+        # a GPU in exclusive-process mode gives one process at a time: one after another, then
         outcomes = tuple(run_plain(script, timeout=timeout) for _ in range(runs))
     reproduced = sum(
         1
