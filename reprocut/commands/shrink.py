@@ -2,7 +2,8 @@
 
 Picks the first recorded case (most public first) that reproduces from its captured inputs,
 shrinks it with the named passes against the fork-server oracle, writes repro.py and report.md,
-then runs repro.py three times with plain `python` to verify it.
+then runs repro.py three times with plain `python`, side by side, to verify it. The seconds of
+each phase go to meta.json and --json (`phases`).
 Custom kernels (and --source) go through source-level reduction of the original script instead.
 """
 
