@@ -12,7 +12,6 @@ import contextlib
 import faulthandler
 import json
 import os
-import runpy
 import sys
 import traceback
 from pathlib import Path
@@ -22,6 +21,7 @@ from reprocut import PACKAGE_DIR
 from reprocut.model.case import SourceLocation
 from reprocut.model.recording import atomic_write
 from reprocut.record.frameworks import imported_frameworks
+from reprocut.record.main_module import run_main
 
 OUTCOME_FILE = "outcome.json"
 
@@ -79,10 +79,7 @@ def main(config_path: str) -> None:
     try:
         try:
             with line_sync or contextlib.nullcontext():
-                if module:  # as `python -m`: argv[0] becomes the module's file
-                    runpy.run_module(module, run_name="__main__", alter_sys=True)
-                else:
-                    runpy.run_path(script, run_name="__main__")
+                run_main(script, module)
         except SystemExit as exc:
             exit_request = exc
         ended = True  # from here on, a fault surfaces at the script's end

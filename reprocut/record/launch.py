@@ -22,6 +22,7 @@ import sys
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from reprocut.model.errors import ReprocutError, ScriptNotFoundError
 
@@ -174,42 +175,74 @@ def locate(launch: Launch, cwd: Path) -> Launch:
 def module_file(name: str, cwd: Path) -> str | None:
     """The file `python -m name` runs (a package's `__main__.py`), found without importing
     anything: importing the user's packages here would run their code in reprocut's process."""
-    search = [str(cwd), *_pythonpath(), *sys.path[1:]]
+    locations: list[str] = [str(cwd), *_pythonpath(), *sys.path[1:]]
     spec = None
-    locations: list[str] | None = search
     parts = name.split(".")
-    for depth in range(len(parts)):
+    for depth, part in enumerate(parts):
         spec = _find_spec(".".join(parts[: depth + 1]), locations, top=depth == 0)
         if spec is None:
             return None
-        locations = (
-            list(spec.submodule_search_locations) if spec.submodule_search_locations else None
-        )
-        if locations is None and depth < len(parts) - 1:
-            return None
-    if spec is not None and spec.submodule_search_locations is not None:  # a package
-        spec = _find_spec(f"{name}.__main__", list(spec.submodule_search_locations), top=False)
+        if spec.submodule_search_locations is None:
+            if depth < len(parts) - 1:
+                return None  # a module, not a package: nothing below it
+            break
+        locations = _search_locations(spec, [os.path.join(loc, part) for loc in locations])
+    else:  # a package: python -m runs its __main__
+        spec = _find_spec(f"{name}.__main__", locations, top=False)
     if spec is None or not spec.origin or not os.path.isfile(spec.origin):
         return None
     return os.path.abspath(spec.origin)
 
 
+def _search_locations(spec: importlib.machinery.ModuleSpec, guess: list[str]) -> list[str]:
+    """Where a package's submodules are (for a namespace package found by another finder,
+    whose path is computed from its parent in sys.modules: the parent's folders plus its name)."""
+    try:
+        return list(spec.submodule_search_locations or ())
+    except Exception:
+        return [folder for folder in guess if os.path.isdir(folder)]
+
+
 def _find_spec(
-    name: str, locations: list[str] | None, *, top: bool
+    name: str, locations: list[str], *, top: bool
 ) -> importlib.machinery.ModuleSpec | None:
-    spec = importlib.machinery.PathFinder.find_spec(name, locations)
-    if spec is None and top:  # editable installs register finders of their own
-        for finder in sys.meta_path:
-            if finder is importlib.machinery.PathFinder or not hasattr(finder, "find_spec"):
-                continue
-            try:
-                spec = finder.find_spec(name, None)
-            except Exception:
-                spec = None
-            if spec is not None and spec.origin not in (None, "built-in", "frozen"):
-                break
-            spec = None
-    return spec
+    """Like PathFinder.find_spec over `locations`, with the path hooks python uses, but a
+    namespace package's folders are kept as a plain list (PathFinder would read its parent
+    package from sys.modules)."""
+    portions: list[str] = []
+    for location in locations:
+        finder = _path_entry_finder(location)
+        spec = None if finder is None else finder.find_spec(name)
+        if spec is None:
+            continue
+        if spec.loader is not None:
+            return spec
+        portions.extend(spec.submodule_search_locations or ())
+    if portions:
+        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = portions
+        return spec
+    if not top:
+        return None
+    for finder in sys.meta_path:  # editable installs register finders of their own
+        if finder is importlib.machinery.PathFinder or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            spec = finder.find_spec(name, None)
+        except Exception:
+            continue
+        if spec is not None and spec.origin not in (None, "built-in", "frozen"):
+            return spec
+    return None
+
+
+def _path_entry_finder(location: str) -> Any:
+    for hook in sys.path_hooks:
+        try:
+            return hook(location)
+        except ImportError:
+            continue
+    return None
 
 
 def _pythonpath() -> list[str]:

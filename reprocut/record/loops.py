@@ -64,7 +64,7 @@ class _FileLoops:
 
 def _names(target: ast.AST) -> list[str]:
     if isinstance(target, ast.Name):
-        return [target.id]
+        return [] if target.id.startswith("_") else [target.id]  # `for _ in ...` counts nothing
     if isinstance(target, (ast.Tuple, ast.List)):
         return [name for element in target.elts for name in _names(element)]
     if isinstance(target, ast.Starred):
