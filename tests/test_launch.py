@@ -144,3 +144,27 @@ def test_the_script_sees_what_plain_python_shows_it(
     for form in reprocut_forms:
         command = [sys.executable, "-m", "reprocut", "record", "--quiet", "--root", str(tmp_path)]
         assert _seen(project, [*command, *form], project / where) == expected, form
+
+
+FAILING_MODULE = """\
+import torch
+
+table = torch.nn.Embedding(5, 2)
+for step in range(3):
+    ids = torch.tensor([1, 5 if step == 2 else 4])
+    table(ids).sum().backward()
+"""
+
+
+def test_a_module_run_with_dash_m_is_localized_in_its_file(tmp_path, capsys, monkeypatch):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "fails.py").write_text(FAILING_MODULE)
+    monkeypatch.chdir(tmp_path)
+    code = main(["record", "--json", "--quiet", "--root", str(tmp_path / "r"), "-m", "pkg.fails"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == ExitCode.OK, report
+    assert report["op"] == "aten::embedding"
+    assert report["source"]["file"] == str(tmp_path / "pkg" / "fails.py")
+    assert report["source"]["line"] == 6
+    assert report["loop"] == {"step": 2}
