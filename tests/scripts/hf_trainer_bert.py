@@ -1,6 +1,7 @@
 """A tiny BERT classifier under the HF Trainer whose labels go out of range in a later batch.
 
 Built from a config object (no downloads); 3 classes, and example 13 is labelled 3.
+`python hf_trainer_bert.py OUTPUT_DIR [cuda]`: on CUDA the bad label is a device-side assert.
 """
 
 import sys
@@ -38,7 +39,7 @@ def main() -> None:
         save_strategy="no",
         logging_strategy="no",
         disable_tqdm=True,
-        use_cpu=True,
+        use_cpu=sys.argv[2:] != ["cuda"],
     )
     trainer = Trainer(model=model, args=args, train_dataset=Examples())
     trainer.train()
