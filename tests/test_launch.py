@@ -23,7 +23,8 @@ SHOW = """\
 import json, os, sys
 seen = {"argv": sys.argv, "path0": sys.path[0], "name": __name__, "package": __package__,
         "spec": None if __spec__ is None else [__spec__.name, __spec__.origin],
-        "main": sys.modules["__main__"].__dict__ is globals()}
+        "main": sys.modules["__main__"].__dict__ is globals(),
+        "builtins": type(__builtins__).__name__}
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "seen.json"), "w") as out:
     json.dump(seen, out)
 """

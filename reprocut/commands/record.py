@@ -4,10 +4,10 @@ The script runs exactly as `python SCRIPT ARGS...` would (same argv, sys.path, _
 directory, output); `-m MODULE ARGS...` runs a module as `python -m` does, and after `--` comes a
 python command line as you would type it (`-- python -m pkg.train --lr 3e-4`). reprocut's own
 options go before the script. A script that finishes cleanly gives exit 1, "nothing to
-reproduce". On failure, reprocut prints the
-faulting op, the step and phase, the module path, your source line, the op's input tensors with
-the facts that explain the failure, the kernel's assertion, where the error surfaced, and a
-diagnosis. Everything is stored under .reprocut/runs/<id>/ for `reprocut shrink`.
+reproduce". On failure, reprocut prints the faulting op, the step and phase (with your own loop
+counters), the module path, your source line (and the library line that called torch, under a
+framework), the op's input tensors with the facts that explain the failure, the kernel's
+assertion, where the error surfaced, and a diagnosis. Everything is stored under .reprocut/runs/<id>/ for `reprocut shrink`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ compiled and run here in a fresh `__main__` module; a module (`-m`) goes through
 
 from __future__ import annotations
 
+import builtins
 import importlib.machinery
 import io
 import runpy
@@ -20,7 +21,7 @@ def run_main(script: str, module: str | None = None) -> None:
     """Run `module` (as `python -m`) or else the file `script` (an absolute path) as __main__;
     sys.argv and sys.path are the caller's to set."""
     if module:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        runpy.run_module(module, {"__builtins__": builtins}, run_name="__main__", alter_sys=True)
         return
     with io.open_code(script) as source:
         code = compile(source.read(), script, "exec", dont_inherit=True)
@@ -28,7 +29,7 @@ def run_main(script: str, module: str | None = None) -> None:
     main.__file__ = script
     main.__cached__ = None  # type: ignore[attr-defined]
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
-    main.__builtins__ = __builtins__  # type: ignore[attr-defined]
+    main.__builtins__ = builtins  # type: ignore[attr-defined]  # the module, as python's __main__
     saved = sys.modules.get("__main__")
     sys.modules["__main__"] = main
     try:

@@ -11,7 +11,9 @@ import torch.nn.functional as F
 class Classifier(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 5))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 5)
+        )
 
     def training_step(self, batch, batch_idx):
         x, y = batch
