@@ -16,6 +16,8 @@ OUT=${OUT:-benchmarks/results/logs}
 STAGES=${STAGES:-tests source_tests record source corpus shrink}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# the commit this tree is (the device copy's git metadata is stale): .whl/COMMIT, written by the caller
+[ -f .whl/COMMIT ] && export REPROCUT_COMMIT=$(cat .whl/COMMIT)
 
 stage_tests() {
     timeout -k 10 "${TESTS_LIMIT:-330}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 4 \
