@@ -36,6 +36,7 @@ class LocalizeOptions:
     snapshots: bool = True
     rerun: bool = True
     oracle: Any = None  # a warmed-up Oracle for snapshot replay, if the caller made one
+    nan: bool = False  # `--nan`: the first op that made a NaN/inf is the failure
 
 
 def environment_summary() -> dict[str, str]:

@@ -30,6 +30,7 @@ from reprocut.model.case import (
     spec_to_json,
 )
 from reprocut.model.errors import CorruptRecordingError, NoRecordingError
+from reprocut.model.nonfinite import NonfiniteOrigin
 
 DEFAULT_ROOT = Path(".reprocut")
 FAILURE_FILE = "failure.json"
@@ -97,7 +98,8 @@ class Failure:
     """What failed and where: the product of `record`, the input of `shrink`.
 
     status: "localized" (culprit op found), "outside-dispatcher" (a custom kernel: only the launch
-    line is known), "not-localized" (failed once, not again), "script-error" (not a torch op).
+    line is known), "not-localized" (failed once, not again), "script-error" (not a torch op),
+    "nonfinite-input" (`--nan`: the NaN/inf was already in the data or state, no op made it).
     """
 
     status: str
@@ -122,6 +124,7 @@ class Failure:
     argv: tuple[str, ...] = ()
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)  # versions only: never the user's env vars
+    nonfinite: NonfiniteOrigin | None = None  # where a NaN/inf came from (`record --nan`)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -147,6 +150,7 @@ class Failure:
             "argv": list(self.argv),
             "cwd": self.cwd,
             "env": dict(self.env),
+            "nonfinite": None if self.nonfinite is None else self.nonfinite.to_json(),
         }
 
     @classmethod
@@ -176,6 +180,9 @@ class Failure:
             argv=tuple(data.get("argv", ())),
             cwd=data.get("cwd", ""),
             env=dict(data.get("env", {})),
+            nonfinite=NonfiniteOrigin.from_json(data["nonfinite"])
+            if data.get("nonfinite")
+            else None,
         )
 
     def with_notes(self, *notes: str) -> Failure:

@@ -27,7 +27,9 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from reprocut.model.publicapi import public_name
 from reprocut.record.calls import CallRecorder
 from reprocut.record.capture import ASSERTING_OPS, HeldCall, TensorStore, hold_call
+from reprocut.record.finite_watch import OpWatch
 from reprocut.record.frames import UserFrames, is_user_file
+from reprocut.record.nonfinite import NonfiniteStop, StepFlags
 from reprocut.record.ops import OpRecorder, on_cpu, spec_tuple
 from reprocut.record.records import Culprit, Snapshot, StepState
 from reprocut.record.trace import TraceWriter
@@ -45,6 +47,9 @@ class RecorderConfig:
     tag_backward: bool = True  # tag autograd nodes with their forward line and module
     # Light steps see only the asserting ops (see Recorder.wants_every_op): None = on GPU runs
     light_steps: bool | None = None
+    # --nan: a non-finite flag per step (nonfinite.py); with a localize window, finite checks
+    # around every op of it (finite_watch.py) instead of synchronizing and capturing
+    nan: bool = False
 
 
 class Recorder:
@@ -82,6 +87,9 @@ class Recorder:
         self._asserting_key: int | None = None  # the asserting ops' layouts in the last step
         self._original_optimizer_init: Any = None
         self._original_function_apply: Any = None
+        self.flags = StepFlags() if config.nan else None
+        self.op_watch = OpWatch(self) if config.nan and config.localize_from is not None else None
+        self._original_backward: Any = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -116,6 +124,15 @@ class Recorder:
             return result
 
         torch.autograd.Function.apply = classmethod(tagged_apply)  # type: ignore[method-assign,assignment]
+        if self.flags is not None:  # the losses handed to backward
+            self._original_backward = backward = torch.autograd.backward
+            flags = self.flags
+
+            def watched_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+                flags.watch_loss(tensors)
+                return backward(tensors, *args, **kwargs)
+
+            torch.autograd.backward = watched_backward
         try:
             self.tripwire = Tripwire(
                 ASSERTING_OPS, self._dispatch_mode.mode.on_asserting_call
@@ -142,6 +159,8 @@ class Recorder:
             handle.remove()
         torch.optim.Optimizer.__init__ = self._original_optimizer_init  # type: ignore[method-assign]
         torch.autograd.Function.apply = self._original_function_apply  # type: ignore[method-assign]
+        if self._original_backward is not None:
+            torch.autograd.backward = self._original_backward
         self._original_optimizer_init = None
         self.trace.close()
 
@@ -180,10 +199,29 @@ class Recorder:
             self.pending.append((self.state.step, event, self.snapshots))
             self._retire_completed_steps()
         self.snapshots = []
+        ended = self.state.step
         self.state.step += 1
         self.localizing = self._in_localize_window(self.state.step)
         self._function_mode.set(not torch.cuda.is_initialized() or self.localizing)
         self._dispatch_mode.set(self.wants_every_op(self.state.step, layout_changed))
+        if self.flags is not None:
+            self._check_nonfinite(ended)
+
+    def _check_nonfinite(self, ended: int) -> None:
+        """--nan at a step's end: read the flags; a localizing run stops once its window is
+        done, or as soon as a step before it flipped (the localizer reruns that one)."""
+        assert self.flags is not None
+        if self.op_watch is None:
+            self.flags.end_step(ended)
+            return
+        self.flags.stop_after = None
+        self.flags.end_step(ended)
+        first, window_end = self.flags.first_step, self.config.localize_to
+        if first is not None and first < (self.config.localize_from or 0):
+            raise NonfiniteStop(f"step {first} flipped before the localized step")
+        if window_end is not None and ended >= window_end:
+            self.flags.flush(ended)
+            raise NonfiniteStop("the localized step is done")
 
     def wants_every_op(self, step: int, layout_changed: bool) -> bool:
         """Whether `step` runs under the dispatch mode (every op recorded) or is a light step.
@@ -242,9 +280,13 @@ class Recorder:
     def _on_optimizer_enter(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.state.optimizer_seen = True
         self.state.in_optimizer += 1
+        if self.flags is not None and self.state.in_optimizer == 1:
+            self.flags.watch_optimizer(optimizer, "gradients")
 
     def _on_optimizer_exit(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.state.in_optimizer -= 1
+        if self.flags is not None and self.state.in_optimizer == 0:
+            self.flags.watch_optimizer(optimizer, "parameters")
         if self.state.in_optimizer == 0:
             self._end_step()
 
@@ -269,6 +311,8 @@ class Recorder:
             # tagged before the pop, while it is the current one
             self.tag_autograd_node(output, locate=False, overwrite=False)
         self.state.module_stack.pop()
+        if self.flags is not None and not self.state.module_stack:
+            self.flags.watch_output(output)
 
     def _name_root(self, module: torch.nn.Module) -> str:
         """Name a module first seen outside any other: after the user's variable, if any."""

@@ -56,6 +56,7 @@ class RunRequest:
     light_steps: bool | None = None  # see Recorder.wants_every_op; None: on GPU runs
     launch_blocking: bool = False
     sync_lines: bool = False  # wait for the GPU after each user line (see line_sync)
+    nan: bool = False  # a non-finite flag per step; finite checks per op in the localize window
     timeout: float | None = None
     cwd: Path | None = None
 
@@ -92,6 +93,7 @@ def run_script(
                 "snapshots": request.snapshots,
                 "light_steps": request.light_steps,
                 "sync_lines": request.sync_lines,
+                "nan": request.nan,
             }
         )
     )
