@@ -19,6 +19,7 @@ from typing import Any
 from rich.console import Console
 
 from reprocut.check.oracle import Oracle, OtherFailure, Passed, Reproduced, Verdict
+from reprocut.check.precision import float64_behaviour
 from reprocut.check.verify import Verification, verify
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.errors import CorruptRecordingError, ExitCode, NotReproducedError, ReprocutError
@@ -94,6 +95,12 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
     started = time.monotonic()
     run_dir = RunDir.open(options.run_dir) if options.run_dir else RunDir.latest()
     failure = run_dir.read_failure()
+    if failure.status == "nonfinite-input":
+        raise NothingToShrinkError(
+            "the recorded NaN/inf was made by no op: it was already in the data or state "
+            f"({failure.nonfinite.entered_as if failure.nonfinite else 'an input'})",
+            hint="find where that tensor was filled (the data pipeline, a buffer update)",
+        )
     if failure.status == "script-error" and not options.source:
         raise NothingToShrinkError(
             f"the recorded failure is not in a torch op ({failure.error.type}: "
@@ -314,6 +321,8 @@ def shrink_case(
     save(best)
     cpu_reproduces, cpu_message = cpu_behaviour(best, inputs, oracle)
     header = replace(header, cpu_reproduces=cpu_reproduces, cpu_message=cpu_message)
+    if best.check_finite:  # a NaN/inf origin: precision, or the values themselves?
+        header = replace(header, float64=float64_behaviour(best, inputs, oracle))
     emitted = write_case(best, inputs, out, header)
     return Outcome(
         code=emitted.code,

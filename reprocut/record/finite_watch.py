@@ -126,8 +126,11 @@ class OpWatch:
         if self.done or name in UNCHECKED:
             return self._run(mode, func, name, args, kwargs)
         before = self._before(func, args) if BORN not in self.candidates else {}
-        result = self._run(mode, func, name, args, kwargs)
+        returned = result = self._run(mode, func, name, args, kwargs)
         self.checked += 1
+        if result is None:  # in-place ops that return nothing (_foreach_add_): what they wrote
+            positions = self._written.get(id(func), ((),))[0]
+            result = [args[i] for i in positions if i < len(args)]
         out_kind = value_kind(result)
         flat_in = [*_leaves(list(args)), *_leaves(kwargs)]
         for candidate in self.candidates.values():
@@ -135,19 +138,19 @@ class OpWatch:
                 candidate.chain.append(self._where(name, out_kind))
                 candidate.taint(result)
         if out_kind is None or BORN in self.candidates:
-            return result
+            return returned
         inputs = tuple(before.get(i, arg) for i, arg in enumerate(args))
         in_kind = value_kind([list(inputs), kwargs])
         if in_kind is None:
             self._add(BORN, mode, func, name, inputs, kwargs, out_kind, result)
         elif any(c.reads(flat_in) for c in self.candidates.values()):
-            return result  # carried on from a candidate: a link, not an origin
+            return returned  # carried on from a candidate: a link, not an origin
         elif out_kind == "nan" and in_kind == "inf" and FROM_INF not in self.candidates:
             self._add(FROM_INF, mode, func, name, inputs, kwargs, out_kind, result)
         elif ENTERED not in self.candidates:
             self._add(ENTERED, mode, func, name, inputs, kwargs, out_kind, result)
             self.candidates[ENTERED].record["entered_as"] = self._entered_as(func, inputs, kwargs)
-        return result
+        return returned
 
     def _run(
         self, mode: OpRecorder, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
