@@ -176,8 +176,11 @@ def _origin(
     except Exception as exc:  # explaining is best effort: never lose the origin over it
         per_arg, facts = {}, (f"(could not analyse the inputs: {exc})",)
     if how == ENTERED and candidate.get("entered_as"):
-        facts = (f"{candidate['entered_as']} already held it when step {candidate['step']} "
-                 "began", *facts)  # fmt: skip
+        held = candidate["entered_as"]
+        if "." not in held:  # not a parameter or buffer: an argument of the op
+            held = f"the {held} argument of {candidate['op']}"
+        facts = (f"{held} already held it when step {candidate['step']} began: no op of that "
+                 "step made it (the data, or state from before)", *facts)  # fmt: skip
     origin = NonfiniteOrigin(
         how=how,
         op=candidate["op"],
@@ -213,7 +216,7 @@ def _origin_failure(
     origin: NonfiniteOrigin,
     candidate: dict[str, Any],
     tensors: tuple[TensorReport, ...],
-    base: Failure | None,
+    base: Failure | None,  # the failure the script ended in, if any (in origin.ended)
 ) -> Failure:
     """`--nan`: the producing op is the failure, and its case is what `shrink` reduces."""
     signature = nonfinite_signature(origin.op, origin.kind)
@@ -236,7 +239,6 @@ def _origin_failure(
         (spec.device for case in cases for _, spec in case.tensors() if spec.device != "cpu"),
         "cpu",
     )
-    notes = [] if base is None else [f"the script then failed: {base.signature.describe()}"]
     return Failure(
         status="nonfinite-input" if origin.how == ENTERED else "localized",
         error=ErrorInfo(NONFINITE_ERROR, NONFINITE_MESSAGE.format(kind=origin.kind)),
@@ -248,13 +250,11 @@ def _origin_failure(
         module=origin.module,
         source=origin.source,
         forward_source=origin.source if origin.phase == "backward" else None,
-        surfaced_at=origin.ended.source if origin.ended else None,
         tensors=tensors,
         diagnosis=DIAGNOSES[family(origin.op, origin.how)],
         localization="rerun",
         device=device,
         cases=tuple(cases),
-        notes=tuple(notes),
         nonfinite=origin,
     )
 

@@ -179,7 +179,8 @@ def _argument_facts(
         first = int(torch.nonzero(zeros)[0])
         count = int(zeros.sum())
         more = f" ({count} zeros)" if count > 1 else ""
-        found = [f"{label} has an exact 0 at {_where(data, first)}{more}"]
+        where = "is exactly 0" if data.dim() == 0 else f"has an exact 0 at {_where(data, first)}"
+        found = [f"{label} {where}{more}"]
         if name == "div" and isinstance(position, int) and position == 1:
             found.extend(_zero_over_zero(floats, data))
         return tuple(found)
