@@ -20,15 +20,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.nan_cases import NanCase, compare, load_nan_cases, record  # noqa: E402
-from reprocut.model.case import Literal, ReproCase, TensorSpec  # noqa: E402
-from reprocut.model.nonfinite import Ended, Link, NonfiniteOrigin, offending  # noqa: E402
-from reprocut.model.recording import ErrorInfo, Failure  # noqa: E402
-from reprocut.model.signature import classify, is_nonfinite, nonfinite_signature  # noqa: E402
-from reprocut.record.nonfinite import NonfiniteStop, StepFlags  # noqa: E402
-from reprocut.record.recorder import Recorder, RecorderConfig  # noqa: E402
-from reprocut.report.nonfinite import argument_texts, nonfinite_facts  # noqa: E402
-from reprocut.shrink.emitter import emit  # noqa: E402
+from benchmarks.nan_cases import NanCase, compare, load_nan_cases, record
+from reprocut.model.case import Literal, ReproCase, TensorSpec
+from reprocut.model.nonfinite import Ended, Link, NonfiniteOrigin, offending
+from reprocut.model.recording import ErrorInfo, Failure
+from reprocut.model.signature import classify, is_nonfinite, nonfinite_signature
+from reprocut.record.nonfinite import NonfiniteStop, StepFlags
+from reprocut.record.recorder import Recorder, RecorderConfig
+from reprocut.report.nonfinite import argument_texts, nonfinite_facts
+from reprocut.shrink.emitter import emit
 
 CASES = load_nan_cases()
 
