@@ -227,6 +227,7 @@ def test_shrink_writes_a_verified_repro_of_the_producing_op(recorded, tmp_path):
         done = subprocess.run(
             [sys.executable, "-m", "reprocut", "shrink", run_dir, "--json", "--max-time", "60"],
             capture_output=True, text=True, timeout=400,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
         )  # fmt: skip
         return done.returncode, json.loads(done.stdout or "{}"), run_dir
 
@@ -259,3 +260,27 @@ def test_record_finds_the_origin_on_cuda(case: NanCase, tmp_path: Path) -> None:
     assert not problems, "\n".join(problems) + "\n" + json.dumps(result.get("nonfinite"))[:2000]
     if case.with_nan and case.origin["how"] == "born":
         assert result["device"].startswith("cuda"), result["device"]
+
+
+@pytest.mark.slow
+def test_nan_on_a_healthy_script_says_nothing_non_finite_was_seen(tmp_path: Path) -> None:
+    script = tmp_path / "healthy.py"
+    script.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    loss = model(torch.ones(4, 2)).pow(2).mean()\n"
+        "    opt.zero_grad()\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "reprocut", "record", "--nan", "--json", "--quiet", str(script)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["status"] == "script-did-not-fail"
+    assert "no NaN or inf reached" in result["message"]

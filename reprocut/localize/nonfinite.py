@@ -67,7 +67,8 @@ def trace_origin(
     if not options.rerun:
         hint = "`reprocut record --nan` (without --no-rerun) finds the op that made it"
         if base is None:
-            return not_localized(options, first, outcome, f"reruns are off; {hint}")
+            seen = {**outcome, "error": _flag_error(outcome)}
+            return not_localized(options, first, seen, f"reruns are off; {hint}")
         return finish(options, base.with_notes(f"NaN/inf explains this failure: {hint}"))
     found, run = _rerun_to_origin(options, step, progress)
     candidate = _pick(found)

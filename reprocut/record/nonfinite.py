@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 GRACE_STEPS = 5  # steps a run may go on after its first non-finite step, to see where it ends
+MAX_FLAGS_PER_STEP = 256
 
 
 class NonfiniteStop(BaseException):
@@ -82,6 +83,17 @@ class StepFlags:
             flags = nonfinite_flag(found)
             self._current.extend(flags)
             self._what_current.extend(what for _ in flags)
+        if len(self._current) > MAX_FLAGS_PER_STEP:  # a loop with no step boundary: fold them
+            self._fold()
+
+    def _fold(self) -> None:
+        folded: dict[torch.device, torch.Tensor] = {}
+        with unrecorded():
+            for flag in self._current:
+                seen = folded.get(flag.device)
+                folded[flag.device] = flag if seen is None else seen | flag
+        self._current = list(folded.values())
+        self._what_current = [" or ".join(dict.fromkeys(self._what_current))] * len(folded)
 
     def watch_loss(self, tensors: Any) -> None:
         self.watch("loss", floating_tensors(tensors))
