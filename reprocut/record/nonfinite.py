@@ -13,7 +13,7 @@ GRACE_STEPS later with NonfiniteStop: a NaN loss does not end a training script 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -46,6 +46,18 @@ def floating_tensors(value: Any) -> Iterator[torch.Tensor]:
     elif isinstance(value, dict):
         for item in value.values():
             yield from floating_tensors(item)
+
+
+def watch_backward(flags: StepFlags) -> Callable[..., Any]:
+    """Let `flags` see every loss handed to backward; returns the original to put back."""
+    original = torch.autograd.backward
+
+    def watched_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        flags.watch_loss(tensors)
+        return original(tensors, *args, **kwargs)
+
+    torch.autograd.backward = watched_backward
+    return original
 
 
 def nonfinite_flag(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
@@ -122,6 +134,17 @@ class StepFlags:
         ):
             self.stopped_at = step
             raise NonfiniteStop(f"stopped {self.stop_after} steps after step {self.first_step}")
+
+    def end_localized_step(self, step: int, first: int | None, last: int | None) -> None:
+        """A rerun localizing steps first..last: stop once they are done, or as soon as a
+        step before them flipped (the localizer reruns that one instead)."""
+        self.stop_after = None
+        self.end_step(step)
+        if self.first_step is not None and self.first_step < (first or 0):
+            raise NonfiniteStop(f"step {self.first_step} flipped before the localized step")
+        if last is not None and step >= last:
+            self.flush(step)
+            raise NonfiniteStop("the localized step is done")
 
     def flush(self, in_flight_step: int) -> None:
         """Read every flag still pending, the step in flight's too (the run is over); after a

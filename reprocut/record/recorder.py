@@ -29,7 +29,7 @@ from reprocut.record.calls import CallRecorder
 from reprocut.record.capture import ASSERTING_OPS, HeldCall, TensorStore, hold_call
 from reprocut.record.finite_watch import OpWatch
 from reprocut.record.frames import UserFrames, is_user_file
-from reprocut.record.nonfinite import NonfiniteStop, StepFlags
+from reprocut.record.nonfinite import StepFlags, watch_backward
 from reprocut.record.ops import OpRecorder, on_cpu, spec_tuple
 from reprocut.record.records import Culprit, Snapshot, StepState
 from reprocut.record.trace import TraceWriter
@@ -125,14 +125,7 @@ class Recorder:
 
         torch.autograd.Function.apply = classmethod(tagged_apply)  # type: ignore[method-assign,assignment]
         if self.flags is not None:  # the losses handed to backward
-            self._original_backward = backward = torch.autograd.backward
-            flags = self.flags
-
-            def watched_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-                flags.watch_loss(tensors)
-                return backward(tensors, *args, **kwargs)
-
-            torch.autograd.backward = watched_backward
+            self._original_backward = watch_backward(self.flags)
         try:
             self.tripwire = Tripwire(
                 ASSERTING_OPS, self._dispatch_mode.mode.on_asserting_call
@@ -204,24 +197,12 @@ class Recorder:
         self.localizing = self._in_localize_window(self.state.step)
         self._function_mode.set(not torch.cuda.is_initialized() or self.localizing)
         self._dispatch_mode.set(self.wants_every_op(self.state.step, layout_changed))
-        if self.flags is not None:
-            self._check_nonfinite(ended)
-
-    def _check_nonfinite(self, ended: int) -> None:
-        """--nan at a step's end: read the flags; a localizing run stops once its window is
-        done, or as soon as a step before it flipped (the localizer reruns that one)."""
-        assert self.flags is not None
-        if self.op_watch is None:
-            self.flags.end_step(ended)
-            return
-        self.flags.stop_after = None
-        self.flags.end_step(ended)
-        first, window_end = self.flags.first_step, self.config.localize_to
-        if first is not None and first < (self.config.localize_from or 0):
-            raise NonfiniteStop(f"step {first} flipped before the localized step")
-        if window_end is not None and ended >= window_end:
-            self.flags.flush(ended)
-            raise NonfiniteStop("the localized step is done")
+        if self.flags is not None:  # --nan: may stop the run (NonfiniteStop)
+            config = self.config
+            if self.op_watch is None:
+                self.flags.end_step(ended)
+            else:
+                self.flags.end_localized_step(ended, config.localize_from, config.localize_to)
 
     def wants_every_op(self, step: int, layout_changed: bool) -> bool:
         """Whether `step` runs under the dispatch mode (every op recorded) or is a light step.
