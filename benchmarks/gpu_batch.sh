@@ -6,6 +6,8 @@
 #   source   benchmarks/bench_source.py --device cuda (reprocut vs shrinkray on the GPU cases)
 #   corpus   benchmarks/run_corpus.py --device cuda
 #   shrink   benchmarks/bench_shrink.py --device cuda
+#   pipeline benchmarks/bench_pipeline.py --device cuda (crash to verified repro, per phase;
+#            not in the default list: it wants the machine to itself, run it alone, ~6 min)
 #   nan      the NaN/inf origin cuda tests (tests/test_nan.py -m cuda), then benchmarks/bench_nan.py
 # Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
 # (*_LIMIT, seconds); logs and result files go to $OUT (or benchmarks/results/logs).
@@ -51,7 +53,7 @@ stage_source() {
 
 stage_corpus() {
     # CORPUS_CASES: name parts to run (a partial run, tagged "partial": merge it with --merge)
-    timeout -k 10 "${CORPUS_LIMIT:-380}" python3 benchmarks/run_corpus.py --device cuda --jobs 6 \
+    timeout -k 10 "${CORPUS_LIMIT:-380}" python3 benchmarks/run_corpus.py --device cuda --jobs "${CORPUS_JOBS:-6}" \
         --timeout "${CORPUS_TIMEOUT:-200}" --out "$OUT" \
         ${CORPUS_CASES:+--cases $CORPUS_CASES --tag partial} >"$OUT/corpus.log" 2>&1
     echo "corpus exit $?" >>"$OUT/corpus.log"
@@ -63,6 +65,15 @@ stage_shrink() {
         --repeats 5 --max-time 20 --out "$OUT/shrink-cuda.md" >"$OUT/bench_shrink.log" 2>&1
     echo "bench_shrink exit $?" >>"$OUT/bench_shrink.log"
     tail -3 "$OUT/bench_shrink.log"
+}
+
+stage_pipeline() {
+    # one case at a time; no case starts after PIPELINE_BUDGET s, so the stage ends within ~8 min
+    timeout -k 10 "${PIPELINE_LIMIT:-470}" python3 benchmarks/bench_pipeline.py --device cuda \
+        --budget "${PIPELINE_BUDGET:-330}" --timeout 120 --out "$OUT" \
+        ${PIPELINE_CASES:+--cases $PIPELINE_CASES} >"$OUT/bench_pipeline.log" 2>&1
+    echo "bench_pipeline exit $?" >>"$OUT/bench_pipeline.log"
+    tail -22 "$OUT/bench_pipeline.log"
 }
 
 stage_nan() {

@@ -81,6 +81,19 @@ def error_json(exc: ReprocutError) -> dict[str, object]:
     }
 
 
+def _parse(parser: argparse.ArgumentParser, args: list[str]) -> argparse.Namespace:
+    """argv as a Namespace. A command that runs a program (record) first cuts that program's
+    command line off (`split_args`): argparse would read its `-m` and options as reprocut's."""
+    module = importlib.import_module(COMMANDS[args[0]][0]) if args and args[0] in COMMANDS else None
+    split = getattr(module, "split_args", None)
+    if split is None:
+        return parser.parse_args(args)
+    own, launch = split(args[1:])
+    options = parser.parse_args([args[0], *own])
+    options.launch_args = launch
+    return options
+
+
 def entry() -> NoReturn:
     """The `reprocut` command: main(), then exit without the interpreter's teardown.
 
@@ -100,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(args[0] if args and args[0] in COMMANDS else "")
     console = make_console()
     try:
-        options = parser.parse_args(args)
+        options = _parse(parser, args)
     except SystemExit as exc:
         return ExitCode.OK if exc.code == 0 else ExitCode.USAGE_ERROR
     if options.command is None:

@@ -45,7 +45,7 @@ def _preload() -> None:
     from reprocut.model.publicapi import _public_index
 
     _public_index()  # build the public-name index once, before forking
-    # the first op under a dispatch mode imports torch._dynamo (about 1 s): pay it here, once
+    # the first op under the modes warms their code paths once (torch._dynamo stays unimported)
     if os.environ.get("REPROCUT_FORKSERVER_WARMUP", "1") != "0":
         with attribution.FaultAttribution():
             torch.nn.functional.embedding(torch.tensor([0]), torch.zeros(1, 1)).sum().item()

@@ -155,6 +155,7 @@ class Oracle:
         self._sidecar_keys: tuple[tuple[str, ...], int] | None = None
         self.standby_cuda = standby_cuda
         self._server_lock = threading.Lock()  # prepare() may come from another thread
+        self.startup_seconds: float | None = None  # how long warm_up took to start the server
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -213,9 +214,20 @@ class Oracle:
         return verdict_from_reply(reply, expected or self.expected, compare_op=self.compare_op)
 
     def warm_up(self) -> None:
-        """Start the fork server now (it imports torch: seconds), e.g. while a script runs."""
-        if self.fork and (self._server is None or self._server.poll() is not None):
-            self._server = self._start_server()
+        """Start the fork server now (it imports torch: seconds), e.g. while a script runs or a
+        recording is read, on a thread of the caller's: checks that come meanwhile wait for it.
+        A server that finds CUDA initialised sends the oracle to fresh processes, as a check
+        would."""
+        with self._server_lock:
+            if self.fork and (self._server is None or self._server.poll() is not None):
+                started = time.perf_counter()
+                try:
+                    self._server = self._start_server()
+                except ForkUnsafeError as exc:
+                    self.fork = False
+                    self.fork_disabled = str(exc)
+                    return
+                self.startup_seconds = time.perf_counter() - started
 
     def prepare(self) -> int | None:
         """A check is coming: have the server fork its child now, so that the child's CUDA start

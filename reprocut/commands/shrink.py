@@ -2,7 +2,8 @@
 
 Picks the first recorded case (most public first) that reproduces from its captured inputs,
 shrinks it with the named passes against the fork-server oracle, writes repro.py and report.md,
-then runs repro.py three times with plain `python` to verify it.
+then runs repro.py three times with plain `python`, side by side, to verify it. The seconds of
+each phase go to meta.json and --json (`phases`).
 Custom kernels (and --source) go through source-level reduction of the original script instead.
 """
 
@@ -11,41 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from reprocut.check.oracle import Oracle, OtherFailure, Passed, Reproduced, Verdict
-from reprocut.check.precision import float64_behaviour
-from reprocut.check.verify import Verification, verify
-from reprocut.model.case import ReproCase, Signature
-from reprocut.model.errors import CorruptRecordingError, ExitCode, NotReproducedError, ReprocutError
-from reprocut.model.recording import Failure, RunDir, atomic_write
-from reprocut.report.display.shrink import print_phase, print_result, shrink_display
-from reprocut.report.markdown import ReportInputs, collect_environment, render
-from reprocut.shrink.emitter import SIDECAR_NAME, Emitted, emit, inline_captured
-from reprocut.shrink.header import Environment, Header
-from reprocut.shrink.passes import PASSES
-from reprocut.shrink.shrinker import Shrinker
-
-BEST_FILE = "shrink-best.json"
-
-
-class SourceReducerMissingError(ReprocutError):
-    slug = "no-source-reducer"
-
-
-class NothingToShrinkError(ReprocutError):
-    slug = "script-error"
-    exit_code = ExitCode.SCRIPT_ERROR
-
-
-class ShrinkInterruptedError(ReprocutError):
-    slug = "interrupted"
-    exit_code = ExitCode.INTERRUPTED
+from reprocut.check.oracle import Oracle
+from reprocut.model.errors import ExitCode
+from reprocut.model.recording import Failure, RunDir
+from reprocut.pipeline.run import ShrinkSettings, Shrunk, shrink_recording
+from reprocut.report.display.shrink import print_result
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,320 +36,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=3, help="plain verification runs (3)")
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What a shrink produced, before verification."""
-
-    code: str
-    statements: int
-    tensor_elements: int | None
-    checks: int
-    sidecar: bool
-    reproduced_from_capture: bool = True
-    cpu_reproduces: bool | None = None
-    cpu_message: str = ""
-
-
-def load_inputs(run: RunDir) -> dict[str, Any]:
-    if not run.inputs_path.exists():
-        return {}
-    import torch
-
-    try:
-        data = torch.load(run.inputs_path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise CorruptRecordingError(
-            f"{run.inputs_path} cannot be read: {exc}",
-            hint="record the script again with `reprocut record`",
-        ) from exc
-    if not isinstance(data, dict):
-        raise CorruptRecordingError(f"{run.inputs_path} does not hold a dict of tensors")
-    return data
-
-
 def run(options: argparse.Namespace, console: Console) -> ExitCode:
-    started = time.monotonic()
     run_dir = RunDir.open(options.run_dir) if options.run_dir else RunDir.latest()
-    failure = run_dir.read_failure()
-    if failure.status == "nonfinite-input":
-        raise NothingToShrinkError(
-            "the recorded NaN/inf was made by no op: it was already in the data or state "
-            f"({failure.nonfinite.entered_as if failure.nonfinite else 'an input'})",
-            hint="find where that tensor was filled (the data pipeline, a buffer update)",
-        )
-    if failure.status == "script-error" and not options.source:
-        raise NothingToShrinkError(
-            f"the recorded failure is not in a torch op ({failure.error.type}: "
-            f"{failure.error.message.strip().splitlines()[0] if failure.error.message.strip() else ''})",
-            hint="fix the script error first; `--source` reduces the script anyway",
-        )
-    out = (options.out or run_dir.path).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    environment = collect_environment(failure)
-    oracle = Oracle(failure.signature, fork=not options.no_fork, timeout=options.timeout)
-    show = not options.json or sys.stderr.isatty()
-    try:
-        with shrink_display(console, enabled=show) as on_event:
-            if options.source or failure.status == "outside-dispatcher" or not failure.cases:
-                if (
-                    not failure.cases
-                    and not options.source
-                    and failure.status != "outside-dispatcher"
-                ):
-                    print_phase(console, "no captured call to shrink: reducing the script instead")
-                outcome = shrink_source(failure, oracle, options, on_event)
-            else:
-                inputs = load_inputs(run_dir)
-                outcome = shrink_case(failure, inputs, oracle, options, out, environment, on_event)
-    finally:
-        oracle.close()
-    if oracle.fork_disabled:
-        console.print(f"[yellow]note[/]: checks ran in fresh processes ({oracle.fork_disabled})")
-    repro = out / "repro.py"
-    atomic_write(repro, outcome.code)
-    print_phase(console, f"verifying: {options.runs} runs of python {repro.name}")
-    verification = verify(repro, failure.signature, runs=options.runs, timeout=options.timeout * 2)
-    seconds = time.monotonic() - started
-    report = out / "report.md"
-    atomic_write(
-        report, render(_report_inputs(outcome, failure, environment, verification, seconds))
+    settings = ShrinkSettings(
+        out=options.out,
+        max_checks=options.max_checks,
+        max_time=options.max_time,
+        timeout=options.timeout,
+        fork=not options.no_fork,
+        source=options.source,
+        runs=options.runs,
     )
-    result = _result(outcome, failure.signature, verification, repro, report, seconds)
+    shrunk = shrink_recording(
+        run_dir, settings, console, show=not options.json or sys.stderr.isatty()
+    )
     if options.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(shrunk.result, indent=2))
     else:
-        print(repro)
-        print_result(console, {**result, "signature_text": failure.signature.describe()})
-    if not outcome.reproduced_from_capture:
+        show(console, shrunk)
+    if not shrunk.reproduced_from_capture:
         console.print(
             "[yellow]the captured call did not reproduce the failure[/]: repro.py is the "
             "unshrunk candidate. hint: try `reprocut shrink --source`"
         )
-        return ExitCode.NOT_REPRODUCED
-    return verification.exit_code
+    return shrunk.exit_code
 
 
-def _status(outcome: Outcome, verification: Verification) -> str:
-    if not outcome.reproduced_from_capture:
-        return "not-reproduced"
-    if verification.reproduced == verification.runs:
-        return "verified"
-    return "flaky" if verification.reproduced else "not-verified"
-
-
-def _result(
-    outcome: Outcome,
-    signature: Signature,
-    verification: Verification,
-    repro: Path,
-    report: Path,
-    seconds: float,
-) -> dict[str, Any]:
-    return {
-        "status": _status(outcome, verification),
-        "repro": str(repro),
-        "report": str(report),
-        "statements": outcome.statements,
-        "tensor_elements": outcome.tensor_elements,
-        "checks": outcome.checks,
-        "seconds": round(seconds, 3),
-        "signature": {
-            "error_type": signature.error_type,
-            "error_code": signature.error_code,
-            "op": signature.op,
-            "kind": signature.kind,
-        },
-        "cpu_reproduces": outcome.cpu_reproduces,
-        "cpu_message": outcome.cpu_message,
-        "verified": {"runs": verification.runs, "reproduced": verification.reproduced},
-    }
-
-
-def _report_inputs(
-    outcome: Outcome,
-    failure: Failure,
-    environment: Environment,
-    verification: Verification,
-    seconds: float,
-) -> ReportInputs:
-    return ReportInputs(
-        code=outcome.code,
+def shrink_recorded(
+    run_dir: RunDir, failure: Failure, oracle: Oracle | None, console: Console, as_json: bool
+) -> tuple[ExitCode, dict[str, Any]]:
+    """`record --shrink`: what `reprocut shrink RUN_DIR` does, on the failure record just
+    localized, with record's warm oracle. The caller prints the JSON."""
+    shrunk = shrink_recording(
+        run_dir,
+        ShrinkSettings(),
+        console,
+        show=not as_json or sys.stderr.isatty(),
         failure=failure,
-        environment=environment,
-        statements=outcome.statements,
-        tensor_elements=outcome.tensor_elements,
-        checks=outcome.checks,
-        seconds=seconds,
-        verified_runs=verification.runs,
-        verified_reproduced=verification.reproduced,
-        cpu_reproduces=outcome.cpu_reproduces,
-        cpu_message=outcome.cpu_message,
-        reproduced_from_capture=outcome.reproduced_from_capture,
-        sidecar=outcome.sidecar,
-    )
-
-
-# --- case-level shrinking ----------------------------------------------------------------------
-
-
-def _expected(case: ReproCase, failure: Failure) -> Signature:
-    return case.expected or failure.signature
-
-
-def pick_case(
-    failure: Failure, inputs: dict[str, Any], oracle: Oracle
-) -> tuple[ReproCase | None, list[Verdict]]:
-    """The first case (most public first) that reproduces from its captured inputs."""
-    verdicts = []
-    for case in failure.cases:
-        verdict = oracle.check_case(case, inputs, expected=_expected(case, failure))
-        verdicts.append(verdict)
-        if isinstance(verdict, Reproduced):
-            return case, verdicts
-    return None, verdicts
-
-
-def on_cpu(case: ReproCase) -> ReproCase:
-    for path, spec in list(case.tensors()):
-        if spec.device != "cpu":
-            case = case.with_arg(path, replace(spec, device="cpu"))
-    return case
-
-
-def cpu_behaviour(
-    case: ReproCase, inputs: dict[str, Any], oracle: Oracle
-) -> tuple[bool | None, str]:
-    """Does the same call fail on the CPU too, and with which message?"""
-    if all(spec.device == "cpu" for _, spec in case.tensors()):
-        return True, ""
-    verdict = oracle.check_case(on_cpu(case), inputs, expected=None)
-    if isinstance(verdict, (OtherFailure, Reproduced)):
-        return True, f"{verdict.signature.error_type}: {verdict.message.strip().splitlines()[0]}"
-    if isinstance(verdict, Passed):
-        return False, "runs without error"
-    return None, type(verdict).__name__
-
-
-def write_case(case: ReproCase, inputs: dict[str, Any], out: Path, header: Header) -> Emitted:
-    """repro.py text for `case`; captured tensors too big to inline go to repro_inputs.pt."""
-    inlined = inline_captured(case, inputs)
-    emitted = emit(inlined, header)
-    if emitted.sidecar_keys:
-        import torch
-
-        torch.save({key: inputs[key] for key in emitted.sidecar_keys}, out / SIDECAR_NAME)
-    return emitted
-
-
-def shrink_case(
-    failure: Failure,
-    inputs: dict[str, Any],
-    oracle: Oracle,
-    options: argparse.Namespace,
-    out: Path,
-    environment: Environment,
-    on_event: Any,
-) -> Outcome:
-    header = Header(
-        expected=failure.signature,
-        message=failure.error.message,
-        assertion=_assertion(failure),
-        environment=environment,
-    )
-    case, _ = pick_case(failure, inputs, oracle)
-    if case is None:
-        emitted = write_case(failure.cases[0], inputs, out, header)
-        return Outcome(
-            code=emitted.code,
-            statements=emitted.statements,
-            tensor_elements=failure.cases[0].total_numel(),
-            checks=oracle.checks,
-            sidecar=bool(emitted.sidecar_keys),
-            reproduced_from_capture=False,
-        )
-    expected = _expected(case, failure)
-
-    def predicate(candidate: ReproCase) -> bool:
-        return isinstance(oracle.check_case(candidate, inputs, expected=expected), Reproduced)
-
-    def save(best: ReproCase) -> None:
-        """Every accepted case goes to disk: an interrupted shrink keeps its best repro."""
-        atomic_write(out / BEST_FILE, best.dumps())
-        atomic_write(out / "repro.py", write_case(best, inputs, out, header).code)
-
-    shrinker = Shrinker(
-        case,
-        predicate,
-        passes=PASSES,
-        inputs=inputs,
-        max_checks=options.max_checks,
-        max_time=options.max_time,
-        on_event=on_event,
-        on_accept=save,
-        cpu_visible=expected.error_code is None,
-    )
-    try:
-        best = shrinker.run()
-    except KeyboardInterrupt:
-        raise ShrinkInterruptedError(
-            f"interrupted: the best case so far is in {out / 'repro.py'} (not verified)"
-        ) from None
-    save(best)
-    cpu_reproduces, cpu_message = cpu_behaviour(best, inputs, oracle)
-    header = replace(header, cpu_reproduces=cpu_reproduces, cpu_message=cpu_message)
-    if best.check_finite:  # a NaN/inf origin: precision, or the values themselves?
-        header = replace(header, float64=float64_behaviour(best, inputs, oracle))
-    emitted = write_case(best, inputs, out, header)
-    return Outcome(
-        code=emitted.code,
-        statements=emitted.statements,
-        tensor_elements=best.total_numel(),
-        checks=oracle.checks,
-        sidecar=bool(emitted.sidecar_keys),
-        cpu_reproduces=cpu_reproduces,
-        cpu_message=cpu_message,
-    )
-
-
-def _assertion(failure: Failure) -> str:
-    for assertion in failure.error.assertions:
-        if isinstance(assertion, dict) and assertion.get("condition"):
-            return str(assertion["condition"])
-    return ""
-
-
-# --- source-level reduction ----------------------------------------------------------------------
-
-
-def shrink_source(
-    failure: Failure, oracle: Oracle, options: argparse.Namespace, on_event: Any
-) -> Outcome:
-    """Custom kernels and --source: reduce the user's script (reprocut.source.recorded)."""
-    try:
-        from reprocut.source.recorded import pin_script_dir, reduce_recorded
-    except ImportError as exc:
-        raise SourceReducerMissingError(
-            "source-level reduction is not available in this installation",
-            hint="reprocut.source.reducer is missing; shrink without --source",
-        ) from exc
-    if not failure.script:
-        raise NotReproducedError(
-            "the recording does not name the original script",
-            hint="record it again with `reprocut record your_script.py`",
-        )
-    # reduce_recorded finds the failing call in the script or its sibling modules and probes
-    # the tensors reaching it, so they can stand in for the model and data pipeline.
-    result = reduce_recorded(
-        failure,
         oracle=oracle,
-        max_checks=options.max_checks,
-        max_time=options.max_time,
-        on_event=on_event,
     )
-    return Outcome(
-        code=pin_script_dir(result.code, Path(failure.script).resolve().parent),
-        statements=result.statements,
-        tensor_elements=None,
-        checks=result.checks,
-        sidecar=False,
-    )
+    if not as_json:
+        show(console, shrunk)
+    return shrunk.exit_code, shrunk.result
+
+
+def show(console: Console, shrunk: Shrunk) -> None:
+    """What people read once the repro is written: its path on stdout, the summary on stderr."""
+    print(shrunk.result["repro"])
+    print_result(console, {**shrunk.result, "signature_text": shrunk.signature_text})

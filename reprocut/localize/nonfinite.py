@@ -21,6 +21,7 @@ import torch
 from reprocut.localize.culprit import repro_case
 from reprocut.localize.explain import _table, on_cpu, plain
 from reprocut.localize.failure import LocalizeOptions, Progress, finish, location, not_localized
+from reprocut.localize.rerun import _run_again
 from reprocut.model.case import ReproCase, arg_from_json
 from reprocut.model.nonfinite import BORN, ENTERED, FROM_INF, Ended, Link, NonfiniteOrigin
 from reprocut.model.recording import ErrorInfo, Failure, TensorReport
@@ -28,7 +29,7 @@ from reprocut.model.signature import NONFINITE_ERROR, NONFINITE_MESSAGE, nonfini
 from reprocut.model.tensors import materialize_arg
 from reprocut.record.child import NONFINITE_INPUTS_FILE
 from reprocut.record.nonfinite import GRACE_STEPS
-from reprocut.record.runner import RunRequest, RunResult, run_script
+from reprocut.record.runner import RunResult
 from reprocut.report.nonfinite import DIAGNOSES, family, nonfinite_facts
 
 MENTIONS_NONFINITE = re.compile(r"\bnan\b|\binf\b|infinit|non-?finite|not finite", re.IGNORECASE)
@@ -95,20 +96,7 @@ def _rerun_to_origin(
     found: dict[str, Any] | None = None
     for _ in range(MAX_RERUNS):
         progress(f"rerunning to step {step}, checking every op's outputs for NaN and inf there")
-        run = run_script(
-            RunRequest(
-                options.script,
-                options.argv,
-                options.run_dir.path,
-                "nonfinite",
-                localize_from=step,
-                localize_to=step,
-                snapshots=False,
-                nan=True,
-                timeout=options.timeout,
-                cwd=options.cwd,
-            )
-        )
+        run = _run_again(options, "nonfinite", localize_from=step, localize_to=step, nan=True)
         found = (run.outcome or {}).get("nonfinite")
         earlier = flagged_step(run.outcome)
         if found is None or earlier is None or earlier >= step:

@@ -124,6 +124,12 @@ class Failure:
     argv: tuple[str, ...] = ()
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)  # versions only: never the user's env vars
+    # the deepest frame outside torch that called the failing torch API (a library's line, such
+    # as transformers' `loss = loss_fct(...)`, when `source` is only `trainer.train()`)
+    call_site: SourceLocation | None = None
+    loop: dict[str, int] = field(default_factory=dict)  # the user's `for` counters at the failure
+    frameworks: dict[str, str] = field(default_factory=dict)  # versions the script imported
+    run_module: str | None = None  # launched as `python -m run_module`
     nonfinite: NonfiniteOrigin | None = None  # where a NaN/inf came from (`record --nan`)
 
     def to_json(self) -> dict[str, Any]:
@@ -150,6 +156,10 @@ class Failure:
             "argv": list(self.argv),
             "cwd": self.cwd,
             "env": dict(self.env),
+            "call_site": _location_json(self.call_site),
+            "loop": dict(self.loop),
+            "frameworks": dict(self.frameworks),
+            "run_module": self.run_module,
             "nonfinite": None if self.nonfinite is None else self.nonfinite.to_json(),
         }
 
@@ -180,6 +190,10 @@ class Failure:
             argv=tuple(data.get("argv", ())),
             cwd=data.get("cwd", ""),
             env=dict(data.get("env", {})),
+            call_site=_location(data.get("call_site")),
+            loop={str(k): int(v) for k, v in (data.get("loop") or {}).items()},
+            frameworks={str(k): str(v) for k, v in (data.get("frameworks") or {}).items()},
+            run_module=data.get("run_module"),
             nonfinite=NonfiniteOrigin.from_json(data["nonfinite"])
             if data.get("nonfinite")
             else None,

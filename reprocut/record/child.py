@@ -1,7 +1,7 @@
 """The user's process: `python -m reprocut.record.child CONFIG.json` runs the script under the recorder.
 
-The script runs as under `python train.py`: same `sys.argv`, `sys.path[0]`, `__main__`, working
-directory and exit code. What the recorder saw is written to the run directory as `outcome.json`
+The script runs as under `python train.py` (or `python -m pkg.train`): same `sys.argv`,
+`sys.path[0]`, `__main__`, `__spec__`, working directory and exit code. What the recorder saw is written to the run directory as `outcome.json`
 (+ `inputs.pt`) before the process leaves through `os._exit`: after a sticky CUDA error, teardown
 can hang, so no destructors and no atexit run.
 """
@@ -12,7 +12,6 @@ import contextlib
 import faulthandler
 import json
 import os
-import runpy
 import sys
 import traceback
 from pathlib import Path
@@ -21,6 +20,8 @@ from typing import Any
 from reprocut import PACKAGE_DIR
 from reprocut.model.case import SourceLocation
 from reprocut.model.recording import atomic_write
+from reprocut.record.frameworks import imported_frameworks
+from reprocut.record.main_module import run_main
 
 OUTCOME_FILE = "outcome.json"
 NONFINITE_INPUTS_FILE = "nonfinite-inputs.pt"
@@ -70,8 +71,9 @@ def main(config_path: str) -> None:
             nan=config.get("nan", False),
         )
     )
-    sys.argv = [script, *config.get("argv", [])]
-    sys.path[0] = os.path.dirname(script)
+    module = config.get("module")
+    sys.argv = [config.get("argv0") or script, *config.get("argv", [])]
+    sys.path[0] = os.getcwd() if module else os.path.dirname(script)  # as python sets it
     outcome: dict[str, Any] = {"status": "passed", "exit_code": 0}
     exit_code, ended = 0, False
     exit_request: SystemExit | None = None
@@ -81,7 +83,7 @@ def main(config_path: str) -> None:
     try:
         try:
             with line_sync or contextlib.nullcontext():
-                runpy.run_path(script, run_name="__main__")
+                run_main(script, module)
         except SystemExit as exc:
             exit_request = exc
         except NonfiniteStop:
@@ -110,6 +112,7 @@ def main(config_path: str) -> None:
             "traceback": user_traceback(exc),
             "surfaced_at": _location_json(surfaced),
             "last_op": recorder.last_op,
+            "loop": recorder.loops.from_traceback(exc.__traceback__),
             "interrupted": isinstance(exc, KeyboardInterrupt),
         }
         sys.stderr.write(outcome["traceback"])
@@ -120,6 +123,7 @@ def main(config_path: str) -> None:
     outcome["light_step"] = recorder.light_step  # only asserting ops seen: no in-process culprit
     outcome["phase"] = recorder.state.phase() if outcome["status"] == "failed" else None
     outcome["compiled"] = compiled
+    outcome["frameworks"] = imported_frameworks()
     outcome["culprit"] = None if recorder.culprit is None else recorder.culprit.to_json()
     outcome["snapshots"] = [s.to_json() for s in recorder.all_snapshots()]
     outcome["healthy_through"] = recorder.healthy_through

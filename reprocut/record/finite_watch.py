@@ -245,7 +245,7 @@ class OpWatch:
 
     def _owner(self, tensor: torch.Tensor) -> str | None:
         key = _storage_key(tensor)
-        for module, path in list(self.recorder.module_names.items()):
+        for module, path in list(self.recorder.module_names.names.items()):
             for kind in ("_parameters", "_buffers"):
                 for name, owned in getattr(module, kind, {}).items():
                     if owned is not None and _storage_key(owned) == key:

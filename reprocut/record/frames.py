@@ -2,6 +2,8 @@
 
 User code is anything that is not torch, reprocut, the standard library or an installed package:
 the script and its sibling modules. Lookups are cached per code object, since they run per op.
+The call site is the innermost frame outside torch, reprocut and the standard library: under
+the HF Trainer the user's line is `trainer.train()`, the call site transformers' own line.
 """
 
 from __future__ import annotations
@@ -31,6 +33,17 @@ _LIBRARY_DIRS = tuple(
 
 
 _COMPILED_SOURCES = (".pyx", ".pxd", ".pxi")
+_STDLIB_DIR = os.path.join(sysconfig.get_paths()["stdlib"], "")
+_NOT_CALLERS = (os.path.join(_TORCH_DIR, ""), os.path.join(_REPROCUT_DIR, ""))
+
+
+def is_caller_file(filename: str) -> bool:
+    """A file whose frame can be the call site: anything but torch, reprocut, the standard
+    library and generated code (`<string>`, `<frozen runpy>`). Installed packages count."""
+    if filename.startswith("<") or filename.startswith(_NOT_CALLERS):
+        return False
+    in_packages = "site-packages" in filename or "dist-packages" in filename
+    return in_packages or not filename.startswith(_STDLIB_DIR)
 
 
 def is_user_file(filename: str) -> bool:
@@ -52,6 +65,7 @@ class UserFrames:
 
     def __init__(self) -> None:
         self._is_user: dict[Any, bool] = {}
+        self._is_caller: dict[Any, bool] = {}
 
     def is_user(self, code: CodeType) -> bool:
         user = self._is_user.get(code)
@@ -69,6 +83,19 @@ class UserFrames:
 
     def here(self) -> SourceLocation | None:
         return self.find(sys._getframe(1))
+
+    def call_site(self, frame: FrameType | None) -> SourceLocation | None:
+        """The innermost frame from `frame` outward that is not torch's, reprocut's or the
+        standard library's: the line that called the torch API."""
+        while frame is not None:
+            code = frame.f_code
+            caller = self._is_caller.get(code)
+            if caller is None:
+                caller = self._is_caller[code] = is_caller_file(code.co_filename)
+            if caller:
+                return SourceLocation(code.co_filename, frame.f_lineno, function=code.co_name)
+            frame = frame.f_back
+        return None
 
     def innermost_in_traceback(self, tb: Any) -> SourceLocation | None:
         found = None

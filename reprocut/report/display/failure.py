@@ -15,6 +15,7 @@ from reprocut.model.case import Captured, Generated, Literal, SourceLocation, Te
 from reprocut.model.recording import Failure
 from reprocut.model.signature import is_nonfinite
 from reprocut.report.display.nonfinite import nonfinite_json, nonfinite_section
+from reprocut.report.paths import shown_path
 
 TITLES = {
     "localized": "first faulting op found",
@@ -32,6 +33,19 @@ def _where(location: SourceLocation | None, cwd: str = "") -> str:
     if cwd and path.startswith(cwd.rstrip("/") + "/"):
         path = path[len(cwd.rstrip("/")) + 1 :]
     return f"{path}:{location.line}"
+
+
+def _where_shown(location: SourceLocation, cwd: str) -> str:
+    return f"{shown_path(location.file, cwd)}:{location.line}"
+
+
+def same_line(a: SourceLocation | None, b: SourceLocation | None) -> bool:
+    return a is not None and b is not None and (a.file, a.line) == (b.file, b.line)
+
+
+def loop_text(loop: dict[str, int]) -> str:
+    """`epoch=0, step=41`: the user's loop counters."""
+    return ", ".join(f"{name}={value}" for name, value in loop.items())
 
 
 def source_context(location: SourceLocation, context: int = 3) -> RenderableType:
@@ -108,7 +122,10 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
         head.append("   (not a PyTorch op)\n", style="dim")
     if failure.step is not None:
         head.append("step     ", style="bold")
-        head.append(f"{failure.step}" + (f" ({failure.phase})" if failure.phase else "") + "\n")
+        head.append(f"{failure.step}" + (f" ({failure.phase})" if failure.phase else ""))
+        if failure.loop:
+            head.append(f"   your loop: {loop_text(failure.loop)}", style="cyan")
+        head.append("\n")
     if failure.module:
         head.append("module   ", style="bold")
         head.append(f"{failure.module}\n")
@@ -127,6 +144,12 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
         )
         parts.append(Text(f"\n{label}: {_where(failure.source, failure.cwd)}", style="bold"))
         parts.append(source_context(failure.source))
+    if failure.call_site is not None and not same_line(failure.call_site, failure.source):
+        site = Text("torch called from ", style="bold")
+        site.append(_where_shown(failure.call_site, failure.cwd), style="cyan")
+        if failure.call_site.text:
+            site.append(f"  {failure.call_site.text}", style="dim")
+        parts.append(site)
     if failure.tensors:
         parts.append(Text(""))
         parts.append(tensor_table(failure))
@@ -194,6 +217,9 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
         "module": failure.module,
         "source": location(failure.source),
         "forward_source": location(failure.forward_source),
+        "call_site": location(failure.call_site),
+        "loop": dict(failure.loop),
+        "frameworks": dict(failure.frameworks),
         "error": {
             "type": failure.error.type,
             "code": failure.error.code,

@@ -9,6 +9,21 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+PHASE_LABELS = {
+    "fork_server": "fork server start",
+    "read": "reading the recording",
+    "first_check": "first check",
+    "shrink": "shrinking",
+    "source_reduce": "reducing the script",
+    "cpu_check": "CPU check",
+    "verify": "verification",
+    "report": "report",
+}
+
+
+def phase_label(name: str) -> str:
+    return PHASE_LABELS.get(name, name.replace("_", " "))
+
 
 def _describe(event: Any) -> tuple[str, int, str]:
     """(pass name, checks, size text) of a case-shrinker or source-reducer event."""
@@ -38,6 +53,11 @@ def shrink_display(console: Console, *, enabled: bool = True) -> Iterator[Callab
         task = progress.add_task("shrinking")
 
         def on_event(event: Any) -> None:
+            phase = getattr(event, "phase", None)
+            if phase is not None:  # a pipeline phase started (seconds None) or ended
+                if getattr(event, "seconds", None) is None:
+                    progress.update(task, description=f"{phase_label(phase)}…")
+                return
             name, checks, size = _describe(event)
             kind = getattr(event, "kind", None)
             accepted = kind == "accepted" or getattr(event, "accepted", False) is True
@@ -70,3 +90,11 @@ def print_result(console: Console, result: dict[str, Any]) -> None:
         console.print(f"CPU reproduces: {'yes' if result['cpu_reproduces'] else 'no'}")
     if result.get("report"):
         console.print(f"report: {result['report']}")
+    if result.get("phases"):
+        console.print(phases_line(result["phases"]))
+
+
+def phases_line(phases: dict[str, float]) -> str:
+    """Where the time went, phase by phase (some ran side by side)."""
+    parts = [f"{phase_label(name)} {seconds:.1f} s" for name, seconds in phases.items()]
+    return "[dim]time: " + " · ".join(parts) + "[/]"
