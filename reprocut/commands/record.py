@@ -42,6 +42,7 @@ STATUS_EXIT = {
     "outside-dispatcher": ExitCode.OK,
     "not-localized": ExitCode.NOT_LOCALIZED,
     "script-error": ExitCode.SCRIPT_ERROR,
+    "nonfinite-input": ExitCode.OK,
 }
 
 
@@ -92,6 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_ROOT,
         metavar="DIR",
         help="where recordings are stored (default: ./.reprocut)",
+    )
+    parser.add_argument(
+        "--nan",
+        action="store_true",
+        help="watch for NaN/inf (a flag per step over losses, gradients, parameters and model "
+        "outputs, read without waiting for the GPU); report the first op that made one from "
+        "finite inputs, found by a rerun to that step",
     )
     parser.add_argument("--quiet", action="store_true", help="do not echo the script's own output")
     parser.add_argument(
@@ -245,6 +253,7 @@ def _record(
             snapshots=options.snapshots,
             light_steps=False if options.full_trace else None,
             launch_blocking=False,
+            nan=options.nan,
             timeout=options.timeout,
             cwd=cwd,
             launch=launch,
@@ -268,6 +277,7 @@ def _record(
         snapshots=options.snapshots,
         rerun=options.rerun,
         oracle=None if warmer is None else warmer.ready(),
+        nan=options.nan,
     )
     meta = run_dir.read_meta()
     localize_started = time.perf_counter()

@@ -39,6 +39,7 @@ class LocalizeOptions:
     oracle: Any = None  # a warmed-up Oracle for snapshot replay, if the caller made one
     launch: Launch | None = None  # `-m`, argv[0] as typed, python options: reruns launch alike
     frameworks: tuple[tuple[str, str], ...] = ()  # versions the script imported (its outcome)
+    nan: bool = False  # `--nan`: the first op that made a NaN/inf is the failure
 
 
 def environment_summary() -> dict[str, str]:

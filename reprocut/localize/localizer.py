@@ -8,6 +8,8 @@ In order of cost:
 3. rerun: the script runs again to the failing step, synchronizing around each op of that step;
    a fault pending *before* an op came from outside the dispatcher, and a blocking rerun then
    names the Python line that launched the custom kernel.
+A NaN or inf (a `--nan` run's flag flipped, or the failure's inputs held one) is traced to the
+op that made it by one more rerun (nonfinite.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from reprocut.localize.failure import (
     not_localized,
     script_error,
 )
+from reprocut.localize.nonfinite import flagged_step, trace_origin, wants_origin
 from reprocut.localize.replay import replay_snapshots
 from reprocut.localize.rerun import rerun, rerun_for_op
 from reprocut.model.case import Signature
@@ -32,6 +35,28 @@ from reprocut.record.runner import RunResult
 
 def localize(options: LocalizeOptions, first: RunResult, progress: Progress) -> Failure:
     """Turn the first run's result into a Failure (written to the run dir), or raise."""
+    step = flagged_step(first.outcome) if options.nan and not first.timed_out else None
+    if step is not None:
+        progress(f"a NaN or inf appeared at step {step}; finding the op that made it")
+        return trace_origin(options, first, step, None, progress)
+    try:
+        failure = _localize_error(options, first, progress)
+    except ScriptDidNotFailError as exc:
+        if options.nan:
+            raise ScriptDidNotFailError(
+                "the script finished without error, and no NaN or inf reached its losses, "
+                "gradients, parameters or model outputs",
+                hint=exc.hint,
+            ) from None
+        raise
+    if wants_origin(failure):
+        progress("NaN/inf in what failed; finding the op that made it")
+        origin_step = failure.step if failure.step is not None else first.outcome["step"]
+        return trace_origin(options, first, origin_step, failure, progress)
+    return failure
+
+
+def _localize_error(options: LocalizeOptions, first: RunResult, progress: Progress) -> Failure:
     outcome = first.outcome
     if first.timed_out:
         steps = sum(1 for r in options.run_dir.read_trace() if r.get("type") == "step")

@@ -196,6 +196,9 @@ class ReproCase:
     aten_op: str | None = None  # the aten op that faulted in the user's run
     source: SourceLocation | None = None  # where the user's code made the call
     inputs_file: str | None = None  # file holding Captured values, relative to the case's run dir
+    # a non-finite origin (`record --nan`): the repro ends by raising if the call's floating
+    # outputs hold NaN or inf (model.signature.nonfinite_signature is what it raises)
+    check_finite: bool = False
 
     def tensors(self) -> Iterator[tuple[tuple[Any, ...], TensorSpec]]:
         """Every tensor argument with its path: ("args", i[, j...]) or ("kwargs", name[, j...])."""
@@ -252,6 +255,7 @@ class ReproCase:
             "aten_op": self.aten_op,
             "source": None if self.source is None else self.source.to_json(),
             "inputs_file": self.inputs_file,
+            "check_finite": self.check_finite,
         }
 
     @classmethod
@@ -264,6 +268,7 @@ class ReproCase:
             aten_op=data.get("aten_op"),
             source=None if data.get("source") is None else SourceLocation(**data["source"]),
             inputs_file=data.get("inputs_file"),
+            check_finite=data.get("check_finite", False),
         )
 
     def dumps(self) -> str:

@@ -30,6 +30,7 @@ from reprocut.model.case import (
     spec_to_json,
 )
 from reprocut.model.errors import CorruptRecordingError, NoRecordingError
+from reprocut.model.nonfinite import NonfiniteOrigin
 
 DEFAULT_ROOT = Path(".reprocut")
 FAILURE_FILE = "failure.json"
@@ -97,7 +98,8 @@ class Failure:
     """What failed and where: the product of `record`, the input of `shrink`.
 
     status: "localized" (culprit op found), "outside-dispatcher" (a custom kernel: only the launch
-    line is known), "not-localized" (failed once, not again), "script-error" (not a torch op).
+    line is known), "not-localized" (failed once, not again), "script-error" (not a torch op),
+    "nonfinite-input" (`--nan`: the NaN/inf was already in the data or state, no op made it).
     """
 
     status: str
@@ -128,6 +130,7 @@ class Failure:
     loop: dict[str, int] = field(default_factory=dict)  # the user's `for` counters at the failure
     frameworks: dict[str, str] = field(default_factory=dict)  # versions the script imported
     run_module: str | None = None  # launched as `python -m run_module`
+    nonfinite: NonfiniteOrigin | None = None  # where a NaN/inf came from (`record --nan`)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -157,6 +160,7 @@ class Failure:
             "loop": dict(self.loop),
             "frameworks": dict(self.frameworks),
             "run_module": self.run_module,
+            "nonfinite": None if self.nonfinite is None else self.nonfinite.to_json(),
         }
 
     @classmethod
@@ -190,6 +194,9 @@ class Failure:
             loop={str(k): int(v) for k, v in (data.get("loop") or {}).items()},
             frameworks={str(k): str(v) for k, v in (data.get("frameworks") or {}).items()},
             run_module=data.get("run_module"),
+            nonfinite=NonfiniteOrigin.from_json(data["nonfinite"])
+            if data.get("nonfinite")
+            else None,
         )
 
     def with_notes(self, *notes: str) -> Failure:

@@ -68,6 +68,25 @@ _DRIVER_ERROR = re.compile(r"(?:CUDA_ERROR_[A-Z_]+|cudaError[A-Za-z]+): ([^\n]+)
 _CUBLAS = re.compile(r"(CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+)")
 
 
+# A non-finite output (`record --nan`): the repro's own check raises it, so a plain run shows it
+# as `FloatingPointError: non-finite output: nan` (or `inf`: NaN wins when both are there).
+NONFINITE_ERROR = "FloatingPointError"
+NONFINITE_MESSAGE = "non-finite output: {kind}"
+
+
+def nonfinite_signature(op: str | None, kind: str) -> Signature:
+    """The signature of an op whose output held NaN (`kind` "nan") or else inf ("inf")."""
+    return Signature(NONFINITE_ERROR, None, op, NONFINITE_MESSAGE.format(kind=kind))
+
+
+def is_nonfinite(signature: Signature | None) -> bool:
+    return (
+        signature is not None
+        and signature.error_type == NONFINITE_ERROR
+        and signature.kind.startswith(NONFINITE_MESSAGE.format(kind=""))
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class AssertionLine:
     """One device-side assertion printed by a kernel thread."""

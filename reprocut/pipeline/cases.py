@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from reprocut.check.oracle import Oracle, OtherFailure, Passed, Reproduced, Verdict
+from reprocut.check.precision import float64_behaviour
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.errors import ExitCode, ReprocutError
 from reprocut.model.recording import Failure, atomic_write
@@ -156,6 +157,8 @@ def shrink_case(
     # file the plain runs verify is the final one.
     with phases.phase(CPU_CHECK):
         cpu_reproduces, cpu_message = cpu_behaviour(best, inputs, oracle)
+        if best.check_finite:  # a NaN/inf origin: precision, or the values themselves?
+            header = replace(header, float64=float64_behaviour(best, inputs, oracle))
     header = replace(header, cpu_reproduces=cpu_reproduces, cpu_message=cpu_message)
     emitted = write_case(best, inputs, out, header)
     return Outcome(

@@ -168,6 +168,12 @@ def _is_source(failure: Failure, settings: ShrinkSettings) -> bool:
 
 
 def _refuse(failure: Failure, settings: ShrinkSettings) -> None:
+    if failure.status == "nonfinite-input":
+        raise NothingToShrinkError(
+            "the recorded NaN/inf was made by no op: it was already in the data or state "
+            f"({failure.nonfinite.entered_as if failure.nonfinite else 'an input'})",
+            hint="find where that tensor was filled (the data pipeline, a buffer update)",
+        )
     if failure.status == "script-error" and not settings.source:
         raise NothingToShrinkError(
             f"the recorded failure is not in a torch op ({failure.error.type}: "

@@ -24,6 +24,7 @@ from reprocut.record.frameworks import imported_frameworks
 from reprocut.record.main_module import run_main
 
 OUTCOME_FILE = "outcome.json"
+NONFINITE_INPUTS_FILE = "nonfinite-inputs.pt"
 
 
 def _error_info(exc: BaseException) -> dict[str, Any]:
@@ -45,6 +46,7 @@ def main(config_path: str) -> None:
 
     from reprocut.check.attribution import settle_cuda
     from reprocut.record.line_sync import LineSync
+    from reprocut.record.nonfinite import NonfiniteStop
     from reprocut.record.recorder import Recorder, RecorderConfig
 
     compiled: list[str] = []
@@ -66,6 +68,7 @@ def main(config_path: str) -> None:
             snapshots=config.get("snapshots", True),
             light_steps=config.get("light_steps"),
             tag_backward=config.get("tag_backward", True),
+            nan=config.get("nan", False),
         )
     )
     module = config.get("module")
@@ -74,6 +77,7 @@ def main(config_path: str) -> None:
     outcome: dict[str, Any] = {"status": "passed", "exit_code": 0}
     exit_code, ended = 0, False
     exit_request: SystemExit | None = None
+    stopped = False  # --nan: reprocut ended the run (NonfiniteStop)
     line_sync = LineSync() if config.get("sync_lines") else None
     recorder.__enter__()
     try:
@@ -82,6 +86,8 @@ def main(config_path: str) -> None:
                 run_main(script, module)
         except SystemExit as exc:
             exit_request = exc
+        except NonfiniteStop:
+            stopped = True
         ended = True  # from here on, a fault surfaces at the script's end
         settle_cuda()
         if exit_request is not None:
@@ -90,6 +96,8 @@ def main(config_path: str) -> None:
             if code is not None and not isinstance(code, int):
                 print(code, file=sys.stderr)
             outcome = {"status": "exited", "exit_code": exit_code}
+        if stopped:
+            outcome = {"status": "stopped", "exit_code": 0}
     except BaseException as exc:  # the failure under study: everything is data now
         exit_code = 1
         surfaced = recorder.frames.innermost_in_traceback(exc.__traceback__)
@@ -119,7 +127,14 @@ def main(config_path: str) -> None:
     outcome["culprit"] = None if recorder.culprit is None else recorder.culprit.to_json()
     outcome["snapshots"] = [s.to_json() for s in recorder.all_snapshots()]
     outcome["healthy_through"] = recorder.healthy_through
-    if outcome["status"] == "failed":
+    if recorder.flags is not None:
+        recorder.flags.flush(recorder.state.step)
+        outcome["nonfinite"] = recorder.flags.to_json()
+        if recorder.op_watch is not None:
+            outcome["nonfinite"].update(recorder.op_watch.to_json())
+    if recorder.op_watch is not None:  # the origin's inputs: inputs.pt stays the culprit's
+        recorder.store.save(run_dir / NONFINITE_INPUTS_FILE)
+    elif outcome["status"] == "failed":
         recorder.store.save(run_dir / "inputs.pt")
     atomic_write(run_dir / OUTCOME_FILE, json.dumps(outcome, indent=1, default=str))
     sys.stdout.flush()

@@ -88,6 +88,8 @@ class OpRecorder(TorchDispatchMode):
     def _dispatch_watched(self, func: Any, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
         """An op that may need its inputs copied first: snapshots, or a localized step."""
         recorder = self.recorder
+        if recorder.localizing and recorder.op_watch is not None:  # --nan: finite checks
+            return recorder.op_watch.dispatch(self, func, name, args, kwargs)
         call = None
         synchronizing = recorder.localizing and torch.cuda.is_initialized()
         if synchronizing:

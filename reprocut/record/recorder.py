@@ -26,9 +26,11 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from reprocut.model.publicapi import public_name
 from reprocut.record.calls import CallRecorder
 from reprocut.record.capture import ASSERTING_OPS, HeldCall, TensorStore, hold_call
+from reprocut.record.finite_watch import OpWatch
 from reprocut.record.frames import UserFrames, is_user_file
 from reprocut.record.loops import LoopCounters
 from reprocut.record.modules import ModuleNames
+from reprocut.record.nonfinite import StepFlags, watch_backward
 from reprocut.record.ops import OpRecorder, on_cpu, spec_tuple
 from reprocut.record.records import Culprit, Snapshot, StepState
 from reprocut.record.trace import TraceWriter
@@ -46,6 +48,9 @@ class RecorderConfig:
     tag_backward: bool = True  # tag autograd nodes with their forward line and module
     # Light steps see only the asserting ops (see Recorder.wants_every_op): None = on GPU runs
     light_steps: bool | None = None
+    # --nan: a non-finite flag per step (nonfinite.py); with a localize window, finite checks
+    # around every op of it (finite_watch.py) instead of synchronizing and capturing
+    nan: bool = False
 
 
 class Recorder:
@@ -82,6 +87,9 @@ class Recorder:
         self._asserting_key: int | None = None  # the asserting ops' layouts in the last step
         self._original_optimizer_init: Any = None
         self._original_function_apply: Any = None
+        self.flags = StepFlags() if config.nan else None
+        self.op_watch = OpWatch(self) if config.nan and config.localize_from is not None else None
+        self._original_backward: Any = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -116,6 +124,8 @@ class Recorder:
             return result
 
         torch.autograd.Function.apply = classmethod(tagged_apply)  # type: ignore[method-assign,assignment]
+        if self.flags is not None:  # the losses handed to backward
+            self._original_backward = watch_backward(self.flags)
         try:
             self.tripwire = Tripwire(
                 ASSERTING_OPS, self._dispatch_mode.mode.on_asserting_call
@@ -142,6 +152,8 @@ class Recorder:
             handle.remove()
         torch.optim.Optimizer.__init__ = self._original_optimizer_init  # type: ignore[method-assign]
         torch.autograd.Function.apply = self._original_function_apply  # type: ignore[method-assign]
+        if self._original_backward is not None:
+            torch.autograd.backward = self._original_backward
         self._original_optimizer_init = None
         self.trace.close()
 
@@ -181,10 +193,17 @@ class Recorder:
             self.pending.append((self.state.step, event, self.snapshots))
             self._retire_completed_steps()
         self.snapshots = []
+        ended = self.state.step
         self.state.step += 1
         self.localizing = self._in_localize_window(self.state.step)
         self._function_mode.set(not torch.cuda.is_initialized() or self.localizing)
         self._dispatch_mode.set(self.wants_every_op(self.state.step, layout_changed))
+        if self.flags is not None:  # --nan: may stop the run (NonfiniteStop)
+            config = self.config
+            if self.op_watch is None:
+                self.flags.end_step(ended)
+            else:
+                self.flags.end_localized_step(ended, config.localize_from, config.localize_to)
 
     def wants_every_op(self, step: int, layout_changed: bool) -> bool:
         """Whether `step` runs under the dispatch mode (every op recorded) or is a light step.
@@ -243,10 +262,14 @@ class Recorder:
     def _on_optimizer_enter(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         self.state.optimizer_seen = True
         self.state.in_optimizer += 1
+        if self.flags is not None and self.state.in_optimizer == 1:
+            self.flags.watch_optimizer(optimizer, "gradients")
         return _closure_outside_optimizer(self.state, args, kwargs)
 
     def _on_optimizer_exit(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.state.in_optimizer -= 1
+        if self.flags is not None and self.state.in_optimizer == 0:
+            self.flags.watch_optimizer(optimizer, "parameters")
         if self.state.in_optimizer == 0:
             self._end_step()
 
@@ -269,6 +292,8 @@ class Recorder:
             self.tag_autograd_node(output, locate=False, overwrite=False)
         self.state.module_stack.pop()
         self.module_names.exit()
+        if self.flags is not None and not self.state.module_stack:
+            self.flags.watch_output(output)
 
     def current_module(self) -> str | None:
         return self.state.module_stack[-1] if self.state.module_stack else None

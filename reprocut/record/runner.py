@@ -57,6 +57,7 @@ class RunRequest:
     light_steps: bool | None = None  # see Recorder.wants_every_op; None: on GPU runs
     launch_blocking: bool = False
     sync_lines: bool = False  # wait for the GPU after each user line (see line_sync)
+    nan: bool = False  # a non-finite flag per step; finite checks per op in the localize window
     timeout: float | None = None
     cwd: Path | None = None
     launch: Launch | None = None  # how it was launched: `-m`, argv[0] as typed, python options
@@ -97,6 +98,7 @@ def run_script(
                 "sync_lines": request.sync_lines,
                 "module": launch.module,
                 "argv0": launch.argv0 or str(request.script),
+                "nan": request.nan,
             }
         )
     )

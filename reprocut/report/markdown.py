@@ -15,6 +15,7 @@ import subprocess
 from dataclasses import dataclass
 
 from reprocut.model.case import SourceLocation
+from reprocut.model.nonfinite import NonfiniteOrigin
 from reprocut.model.recording import Failure
 from reprocut.report.paths import relative_to_folder, shown_path
 from reprocut.shrink.header import Environment
@@ -94,6 +95,24 @@ def summary_line(failure: Failure) -> str:
     return f"`{where}` raises {signature.error_type}: {signature.kind}"
 
 
+def nonfinite_lines(origin: NonfiniteOrigin) -> list[str]:
+    """Where the NaN/inf came from, how it spread and where the run ended, as markdown."""
+    what = "NaN" if origin.kind == "nan" else "inf"
+    lines = ["## Where the NaN/inf came from", ""]
+    lines.append(f"- made by `{origin.op}` ({what}, {origin.how}) at step {origin.step}, "
+                 f"{origin.phase}" + (f", module `{origin.module}`" if origin.module else ""))  # fmt: skip
+    if origin.source is not None:
+        lines.append(f"- line `{origin.source.file}:{origin.source.line}`: `{origin.source.text}`")
+    if origin.autograd_node:
+        lines.append(f"- in the backward of `{origin.autograd_node}`")
+    lines += [f"- {fact}" for fact in origin.facts]
+    if origin.chain:
+        lines.append("- then: " + " → ".join(f"`{link.op}`" for link in origin.chain))
+    if origin.ended is not None:
+        lines.append(f"- the run: {origin.ended.message}")
+    return lines
+
+
 def render(inputs: ReportInputs) -> str:
     failure, env = inputs.failure, inputs.environment
     parts = [f"# {summary_line(failure)}", ""]
@@ -153,6 +172,8 @@ def render(inputs: ReportInputs) -> str:
         counters = ", ".join(f"{name}={value}" for name, value in failure.loop.items())
         parts.append(f"- your loop counters: `{counters}`")
     parts += [f"- `{row.name}`: {fact}" for row in failure.tensors for fact in row.facts]
+    if failure.nonfinite is not None:
+        parts += ["", *nonfinite_lines(failure.nonfinite)]
     if failure.diagnosis:
         parts += ["", failure.diagnosis]
     parts += [

@@ -13,6 +13,8 @@ from rich.text import Text
 
 from reprocut.model.case import Captured, Generated, Literal, SourceLocation, TensorSpec
 from reprocut.model.recording import Failure
+from reprocut.model.signature import is_nonfinite
+from reprocut.report.display.nonfinite import nonfinite_json, nonfinite_section
 from reprocut.report.paths import shown_path
 
 TITLES = {
@@ -20,6 +22,7 @@ TITLES = {
     "outside-dispatcher": "fault in a kernel outside PyTorch's dispatcher",
     "not-localized": "failure seen, but not localized",
     "script-error": "the script failed outside torch",
+    "nonfinite-input": "a NaN/inf came in from outside the step's ops",
 }
 
 
@@ -171,6 +174,9 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
             style="dim",
         )
         parts.append(surfaced)
+    if failure.nonfinite is not None:  # --nan: the panel's op is the origin; else traced to it
+        full = not is_nonfinite(failure.signature)
+        parts.append(nonfinite_section(failure.nonfinite, failure.cwd, full=full))
     if failure.diagnosis:
         parts.append(Text("\ndiagnosis", style="bold"))
         parts.append(Text(failure.diagnosis))
@@ -183,6 +189,8 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
         footer.append("  (writes a minimal repro.py and report.md)", style="dim")
     parts.append(footer)
     title = f"reprocut: {TITLES.get(failure.status, failure.status)}"
+    if failure.status == "localized" and is_nonfinite(failure.signature):
+        title = "reprocut: first op that made a NaN/inf"
     if failure.localization and failure.localization != "none":
         title += f" ({failure.localization})"
     return Panel(Group(*parts), title=title, title_align="left", border_style="red")
@@ -233,4 +241,5 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
         "device": failure.device,
         "notes": list(failure.notes),
         "run_dir": str(run_dir),
+        "nonfinite": None if failure.nonfinite is None else nonfinite_json(failure.nonfinite),
     }
