@@ -118,9 +118,10 @@ def main(config_path: str) -> None:
         sys.stderr.write(outcome["traceback"])
     finally:
         torch.compile = original_compile  # type: ignore[assignment]
+        light_step = recorder.light_step  # read before close(), which turns the modes off
         recorder.close()
     outcome["step"] = recorder.state.step
-    outcome["light_step"] = recorder.light_step  # only asserting ops seen: no in-process culprit
+    outcome["light_step"] = light_step  # only asserting ops seen: no in-process culprit
     outcome["phase"] = recorder.state.phase() if outcome["status"] == "failed" else None
     outcome["compiled"] = compiled
     outcome["frameworks"] = imported_frameworks()
