@@ -99,7 +99,11 @@ def entry() -> NoReturn:
 
     By then torch is imported (the localizer, the replay oracle), and tearing it down takes
     about half a second after the report is out: time a user waits for nothing. Every file
-    reprocut writes is closed by then; the terminal streams are flushed here."""
+    reprocut writes is closed by then; the terminal streams are flushed here.
+    Killing reprocut kills the processes it started (see reprocut.check.lifeline)."""
+    from reprocut.check import lifeline
+
+    lifeline.install_signal_handlers()
     code = main()
     with contextlib.suppress(Exception):
         sys.stdout.flush()

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from reprocut import PACKAGE_DIR
+from reprocut.check import lifeline
 from reprocut.check.forkserver import BLOCKING_ENV, read_output
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.signature import classify
@@ -279,7 +280,7 @@ class Oracle:
     def _start_server(self) -> subprocess.Popen[str]:
         log = (self.workdir / "server.log").open("a")
         server = subprocess.Popen(
-            [sys.executable, "-m", "reprocut.check.forkserver"],
+            [sys.executable, "-m", "reprocut.check.forkserver", "--parent", str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -289,6 +290,7 @@ class Oracle:
             start_new_session=True,
         )
         log.close()
+        lifeline.own(server.pid)
         line = self._read_line(server, STARTUP_TIMEOUT)
         ready = json.loads(line) if line else {}
         if not ready.get("ready"):
@@ -345,6 +347,7 @@ class Oracle:
             pass
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
+        lifeline.disown(process.pid)
         if wait:
             process.wait()
         if process.stdout:
@@ -362,11 +365,12 @@ class Oracle:
         with out_path.open("w") as out, err_path.open("w") as err:
             process = subprocess.Popen(
                 [sys.executable, "-m", "reprocut.check.forkserver", "--once", str(request_path),
-                 "--verdict", str(verdict_path)],
+                 "--verdict", str(verdict_path), "--parent", str(os.getpid())],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_environment(),
                 cwd=request["cwd"], start_new_session=True,
             )  # fmt: skip
-            returncode = run_with_timeout(process, request["timeout"])
+            with lifeline.owned(process.pid):
+                returncode = run_with_timeout(process, request["timeout"])
         reply: dict[str, Any] = {
             "seconds": time.perf_counter() - started,
             "stdout": read_output(out_path),

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from reprocut.check import lifeline
 from reprocut.check.oracle import run_with_timeout
 from reprocut.model.case import Signature
 from reprocut.model.errors import ExitCode
@@ -96,7 +97,8 @@ def run_plain(script: Path, *, timeout: float = 120.0) -> RunOutcome:
     )
     stderr_bytes = b""
     try:
-        _, stderr_bytes = process.communicate(timeout=timeout)
+        with lifeline.owned(process.pid):
+            _, stderr_bytes = process.communicate(timeout=timeout)
         returncode: int | None = process.returncode
     except subprocess.TimeoutExpired:
         returncode = run_with_timeout(process, 0)  # kills the group

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from reprocut import PACKAGE_DIR
+from reprocut.check import lifeline
 from reprocut.model.case import SourceLocation
 from reprocut.model.recording import atomic_write
 from reprocut.record.frameworks import imported_frameworks
@@ -41,6 +42,8 @@ def main(config_path: str) -> None:
     run_dir = Path(config["run_dir"])
     script = os.path.abspath(config["script"])
     faulthandler.enable(file=sys.stderr, all_threads=True)
+    # reprocut killed by SIGKILL: nothing there ends this group, so it ends itself
+    lifeline.end_group_with_parent(config.get("parent_pid"))
 
     import torch  # after the environment is set: CUDA reads it when it initialises
 

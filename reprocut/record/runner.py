@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from reprocut import PACKAGE_DIR
+from reprocut.check import lifeline
 from reprocut.record.child import OUTCOME_FILE
 from reprocut.record.launch import Launch
 
@@ -99,6 +100,7 @@ def run_script(
                 "module": launch.module,
                 "argv0": launch.argv0 or str(request.script),
                 "nan": request.nan,
+                "parent_pid": os.getpid(),  # the child ends its group once this pid is gone
             }
         )
     )
@@ -120,7 +122,8 @@ def run_script(
     ]
     timed_out = False
     try:
-        process.wait(timeout=request.timeout)
+        with lifeline.owned(process.pid):
+            process.wait(timeout=request.timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
         _kill_group(process)
