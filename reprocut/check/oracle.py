@@ -26,7 +26,7 @@ from reprocut import PACKAGE_DIR
 from reprocut.check import lifeline
 from reprocut.check.forkserver import BLOCKING_ENV, read_output
 from reprocut.model.case import ReproCase, Signature
-from reprocut.model.signature import classify
+from reprocut.model.signature import CRASH, classify, crash_signature
 from reprocut.shrink.emitter import SIDECAR_NAME, emit, inline_captured
 from reprocut.shrink.header import Header
 
@@ -106,7 +106,12 @@ def verdict_from_reply(
     if outcome == "timeout":
         return TimedOut(seconds)
     if outcome != "done":
-        return Crashed(reply.get("returncode"), _tail(stderr or reply.get("message", "")), seconds)
+        returncode = reply.get("returncode")
+        if expected is not None and expected.error_type == CRASH and returncode is not None:
+            crash = crash_signature(returncode)  # a crash is what this repro must do
+            if crash.matches(expected):
+                return Reproduced(crash, f"the process died ({crash.kind})", _tail(stderr), seconds)
+        return Crashed(returncode, _tail(stderr or reply.get("message", "")), seconds)
     verdict = reply["verdict"]
     if verdict.get("status") == "passed":
         return Passed(seconds, _tail(str(reply.get("stdout", ""))))

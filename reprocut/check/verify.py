@@ -20,7 +20,7 @@ from reprocut.check import lifeline
 from reprocut.check.oracle import run_with_timeout
 from reprocut.model.case import Signature
 from reprocut.model.errors import ExitCode
-from reprocut.model.signature import classify
+from reprocut.model.signature import classify, crash_signature
 
 DEVICE_BUSY = "busy or unavailable"  # "CUDA-capable device(s) is/are busy or unavailable"
 _EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: (?P<message>.*))?$")
@@ -104,9 +104,10 @@ def run_plain(script: Path, *, timeout: float = 120.0) -> RunOutcome:
         returncode = run_with_timeout(process, 0)  # kills the group
         returncode = None
     stderr = stderr_bytes.decode("utf-8", "replace")
-    return RunOutcome(
-        returncode, signature_from_stderr(stderr), time.perf_counter() - started, stderr[-4000:]
-    )
+    signature = signature_from_stderr(stderr)
+    if signature is None and returncode:  # died without a traceback: a crash
+        signature = crash_signature(returncode)
+    return RunOutcome(returncode, signature, time.perf_counter() - started, stderr[-4000:])
 
 
 def verify(

@@ -14,6 +14,7 @@ op that made it by one more rerun (nonfinite.py).
 
 from __future__ import annotations
 
+from reprocut.localize.crash import fatal_error, faulthandler_location
 from reprocut.localize.culprit import from_culprit, names_op, names_public_call
 from reprocut.localize.failure import (
     LocalizeOptions,
@@ -26,10 +27,14 @@ from reprocut.localize.failure import (
 from reprocut.localize.nonfinite import flagged_step, trace_origin, wants_origin
 from reprocut.localize.replay import replay_snapshots
 from reprocut.localize.rerun import rerun, rerun_for_op
-from reprocut.model.case import Signature
 from reprocut.model.errors import ScriptDidNotFailError, ScriptTimeoutError
 from reprocut.model.recording import ErrorInfo, Failure
-from reprocut.model.signature import is_cuda_failure, parse_assertions
+from reprocut.model.signature import (
+    crash_signature,
+    is_cuda_failure,
+    parse_assertions,
+    signal_name,
+)
 from reprocut.record.runner import RunResult
 
 
@@ -104,9 +109,15 @@ def _localize_error(options: LocalizeOptions, first: RunResult, progress: Progre
 def _crashed(options: LocalizeOptions, first: RunResult, progress: Progress) -> Failure:
     steps = [r for r in options.run_dir.read_trace() if r.get("type") == "step"]
     completed = len(steps)
-    how = f"signal {first.signal}" if first.signal else f"exit code {first.returncode}"
+    signature = crash_signature(-first.signal if first.signal else first.returncode or 0)
+    name = signal_name(-first.signal) if first.signal else ""
+    how = f"{signature.kind}, {name}" if name else signature.kind
+    fatal = fatal_error(first.stderr)
     assertions = parse_assertions(first.stderr)
     message = f"the script's process died ({how}) after {completed} completed step(s)"
+    if fatal:
+        message += f": {fatal}"
+    where = faulthandler_location(first.stderr)
     error = ErrorInfo(
         type="Crash", message=message, assertions=tuple(a.to_json() for a in assertions)
     )
@@ -123,8 +134,10 @@ def _crashed(options: LocalizeOptions, first: RunResult, progress: Progress) -> 
         Failure(
             status="not-localized",
             error=error,
-            signature=Signature("Crash", None, None, how),
+            signature=signature,
             step=completed,
+            source=where,  # the crashing thread's innermost user frame, from faulthandler
+            surfaced_at=where,
             localization="none",
             notes=(f"the trace holds the {completed} completed step(s) before the crash",),
         ),

@@ -161,6 +161,8 @@ class Signature:
         return self.error_type == other.error_type and self.kind == other.kind
 
     def describe(self) -> str:
+        if self.error_type == "Crash":  # a process that died without an exception
+            return f"a crash ({self.kind})"
         code = f" (CUDA error {self.error_code})" if self.error_code is not None else ""
         where = f" in {self.op}" if self.op else ""
         return f"{self.error_type}{code}{where}: {self.kind}"

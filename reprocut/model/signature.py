@@ -192,3 +192,26 @@ def classify(
     if library:
         return Signature(error_type, None, op, library.group(1))
     return Signature(error_type, None, op, normalize_message(message))
+
+
+CRASH = "Crash"  # the error type of a process that died without an exception to show
+
+
+def crash_how(returncode: int) -> str:
+    """ "signal 11" for a process killed by a signal (Popen's negative return code), else
+    "exit code 3": the kind of a crash's Signature, which the repro must die with too."""
+    return f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
+
+
+def crash_signature(returncode: int) -> Signature:
+    return Signature(CRASH, None, None, crash_how(returncode))
+
+
+def signal_name(returncode: int) -> str:
+    """SIGSEGV for -11; "" when the code is not a signal's."""
+    import signal
+
+    try:
+        return signal.Signals(-returncode).name if returncode < 0 else ""
+    except ValueError:
+        return ""

@@ -22,6 +22,7 @@ from rich.console import Console
 
 from reprocut.check.oracle import Oracle
 from reprocut.check.verify import verify
+from reprocut.model.case import Captured
 from reprocut.model.errors import CorruptRecordingError, ExitCode, ReprocutError
 from reprocut.model.recording import Failure, RunDir, atomic_write
 from reprocut.pipeline.cases import Outcome, shrink_case
@@ -61,8 +62,15 @@ class Shrunk:
     exit_code: ExitCode
 
 
-def load_inputs(run: RunDir) -> dict[str, Any]:
+def load_inputs(run: RunDir, failure: Failure | None = None) -> dict[str, Any]:
+    """The captured tensors; a recording whose cases need some that are not there is corrupt."""
+    needed = sorted(_captured_keys(failure)) if failure is not None else []
     if not run.inputs_path.exists():
+        if needed:
+            raise CorruptRecordingError(
+                f"{run.inputs_path} is missing: the recorded call's captured inputs are gone",
+                hint="record the script again with `reprocut record`",
+            )
         return {}
     import torch
 
@@ -75,7 +83,22 @@ def load_inputs(run: RunDir) -> dict[str, Any]:
         ) from exc
     if not isinstance(data, dict):
         raise CorruptRecordingError(f"{run.inputs_path} does not hold a dict of tensors")
+    missing = [key for key in needed if key not in data]
+    if missing:
+        raise CorruptRecordingError(
+            f"{run.inputs_path} lacks captured tensors the recording needs: {', '.join(missing)}",
+            hint="record the script again with `reprocut record`",
+        )
     return data
+
+
+def _captured_keys(failure: Failure) -> set[str]:
+    return {
+        spec.values.key
+        for case in failure.cases
+        for _, spec in case.tensors()
+        if isinstance(spec.values, Captured)
+    }
 
 
 def shrink_recording(
@@ -189,7 +212,7 @@ def _read(
     and the environment may ask nvidia-smi)."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         environment = pool.submit(collect_environment, failure)
-        inputs = {} if _is_source(failure, settings) else load_inputs(run_dir)
+        inputs = {} if _is_source(failure, settings) else load_inputs(run_dir, failure)
         return inputs, environment.result()
 
 
