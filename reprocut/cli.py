@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from reprocut import __version__
+from reprocut import __version__, silence_torch_import_warnings
 from reprocut.model.errors import ExitCode, ReprocutError
 from reprocut.report.display.console import make_console, print_error, print_internal_error
 
@@ -113,6 +113,7 @@ def entry() -> NoReturn:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    silence_torch_import_warnings()
     args = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(args[0] if args and args[0] in COMMANDS else "")
     console = make_console()

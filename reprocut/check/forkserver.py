@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reprocut import silence_torch_import_warnings
 from reprocut.check import lifeline
 
 BLOCKING_ENV = {"CUDA_LAUNCH_BLOCKING": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
@@ -378,6 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent", type=int, help="end when this process is gone")
     options = parser.parse_args(argv)
     _set_environment()
+    silence_torch_import_warnings()
     global _parent
     _parent = options.parent
     if options.once:

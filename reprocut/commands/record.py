@@ -35,6 +35,7 @@ from reprocut.model.errors import (
 from reprocut.model.recording import DEFAULT_ROOT, RunDir
 from reprocut.record.launch import Launch, locate, parse_launch, split_command
 from reprocut.record.runner import RunRequest, run_script
+from reprocut.report.display.console import print_line
 from reprocut.report.display.failure import failure_json, show_failure
 
 STATUS_EXIT = {
@@ -237,7 +238,7 @@ def _record(
     warmer: OracleWarmer | None,
 ) -> ExitCode:
     def progress(message: str) -> None:
-        console.print(f"[bold blue]reprocut[/]: {message}")
+        print_line(console, f"[bold blue]reprocut[/]: {message}")
 
     echo = None if options.quiet else (sys.stderr if options.json else sys.stdout)
     script = launch.script

@@ -21,6 +21,7 @@ from reprocut.check.oracle import Oracle
 from reprocut.model.errors import ExitCode
 from reprocut.model.recording import Failure, RunDir
 from reprocut.pipeline.run import ShrinkSettings, Shrunk, shrink_recording
+from reprocut.report.display.console import print_line
 from reprocut.report.display.shrink import print_result
 
 
@@ -55,7 +56,8 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
     else:
         show(console, shrunk)
     if not shrunk.reproduced_from_capture:
-        console.print(
+        print_line(
+            console,
             "[yellow]the captured call did not reproduce the failure[/]: repro.py is the "
             "unshrunk candidate. hint: try `reprocut shrink --source`"
         )

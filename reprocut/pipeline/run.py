@@ -29,6 +29,7 @@ from reprocut.pipeline.cases import Outcome, shrink_case
 from reprocut.pipeline.finish import report_inputs, result_json
 from reprocut.pipeline.phases import FORK_SERVER, READ, REPORT, SOURCE, VERIFY, Phases
 from reprocut.pipeline.scripts import shrink_source
+from reprocut.report.display.console import print_line
 from reprocut.report.display.shrink import print_phase, shrink_display
 from reprocut.report.markdown import collect_environment, render
 from reprocut.shrink.header import Environment
@@ -133,8 +134,8 @@ def shrink_recording(
         finally:
             oracle.close(wait=False)  # its processes end while the plain runs start
         if oracle.fork_disabled:
-            console.print(
-                f"[yellow]note[/]: checks ran in fresh processes ({oracle.fork_disabled})"
+            print_line(
+                console, f"[yellow]note[/]: checks ran in fresh processes ({oracle.fork_disabled})"
             )
         out = _out(run_dir, settings)
         repro = out / "repro.py"

@@ -17,7 +17,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from reprocut import PACKAGE_DIR
 from reprocut.check import lifeline
 from reprocut.model.case import SourceLocation
 from reprocut.model.recording import atomic_write
@@ -159,11 +158,9 @@ def _script_end(script: str) -> SourceLocation:
 
 def user_traceback(exc: BaseException) -> str:
     """The traceback as `python script.py` would print it: reprocut's own frames left out."""
-    frames = [
-        frame
-        for frame in traceback.extract_tb(exc.__traceback__)
-        if not frame.filename.startswith(PACKAGE_DIR) and "<frozen runpy>" not in frame.filename
-    ]
+    from reprocut.record.frames import plain_python_frames
+
+    frames = plain_python_frames(list(traceback.extract_tb(exc.__traceback__)))
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
     lines.extend(traceback.format_exception_only(type(exc), exc))
     return "".join(lines)

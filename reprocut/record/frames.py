@@ -105,3 +105,33 @@ class UserFrames:
                 found = SourceLocation(code.co_filename, tb.tb_lineno, function=code.co_name)
             tb = tb.tb_next
         return found
+
+
+_OVERRIDES = os.path.join(_TORCH_DIR, "overrides.py")
+_OPS = os.path.join(_TORCH_DIR, "_ops.py")
+
+
+def plain_python_frames(frames: list[Any]) -> list[Any]:
+    """The traceback frames (`traceback.FrameSummary`) `python script.py` would show: without
+    reprocut's own frames and without those torch runs only because reprocut's modes are on.
+
+    A TorchFunctionMode turns `F.cross_entropy(...)` into cross_entropy -> handle_torch_function
+    -> the mode's __torch_function__ -> cross_entropy again; a dispatch mode or a Python kernel
+    adds `torch/_ops.py` frames under the op. Plain python shows cross_entropy once, then the
+    error."""
+
+    def ours(frame: Any) -> bool:
+        return frame.filename.startswith(_REPROCUT_DIR) or frame.filename.startswith(
+            "<frozen runpy"
+        )
+
+    drop = [ours(frame) for frame in frames]
+    for i, frame in enumerate(frames):
+        intercepted = i + 1 < len(frames) and ours(frames[i + 1])
+        if frame.filename == _OVERRIDES and intercepted:  # handle_torch_function -> the mode
+            drop[i] = True
+            if i > 0 and "handle_torch_function" in (frames[i - 1].line or ""):
+                drop[i - 1] = True  # the public function's detour through it
+        elif frame.filename == _OPS and i > 0 and (ours(frames[i - 1]) or drop[i - 1]):
+            drop[i] = True  # the op, as called by reprocut's mode or kernel
+    return [frame for frame, dropped in zip(frames, drop, strict=True) if not dropped]

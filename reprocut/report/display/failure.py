@@ -8,7 +8,6 @@ from typing import Any
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.syntax import Syntax
-from rich.table import Table
 from rich.text import Text
 
 from reprocut.model.case import Captured, Generated, Literal, SourceLocation, TensorSpec
@@ -16,6 +15,7 @@ from reprocut.model.recording import Failure
 from reprocut.model.signature import is_nonfinite
 from reprocut.report.display.nonfinite import nonfinite_json, nonfinite_section
 from reprocut.report.paths import shown_path
+from reprocut.report.display.tables import FittedTable
 
 TITLES = {
     "localized": "first faulting op found",
@@ -77,24 +77,29 @@ def _values_label(spec: TensorSpec) -> str:
     return "shape only"
 
 
-def tensor_table(failure: Failure) -> Table:
-    table = Table(title="inputs of the faulting call", title_justify="left", expand=False)
-    for column in ("arg", "shape", "dtype", "stride", "offset", "device", "values"):
-        table.add_column(column, overflow="fold")
+def tensor_table(failure: Failure) -> FittedTable:
+    rows = []
     for row in failure.tensors:
         spec = row.spec
         stride = "contiguous" if spec.stride is None else str(tuple(spec.stride))
         dtype = spec.dtype + (" (grad)" if spec.requires_grad else "")
-        table.add_row(
-            row.name,
-            str(tuple(spec.shape)),
-            dtype,
-            stride,
-            str(spec.storage_offset),
-            spec.device,
-            _values_label(spec),
+        rows.append(
+            (
+                row.name,
+                str(tuple(spec.shape)),
+                dtype,
+                stride,
+                str(spec.storage_offset),
+                spec.device,
+                _values_label(spec),
+            )
         )
-    return table
+    return FittedTable(
+        ("arg", "shape", "dtype", "stride", "offset", "device", "values"),
+        rows,
+        title="inputs of the faulting call",
+        title_justify="left",
+    )
 
 
 def facts_text(failure: Failure) -> Text:
