@@ -24,6 +24,10 @@ COMMANDS = {
         "reprocut.commands.shrink",
         "turn the latest recording into a minimal, verified repro.py",
     ),
+    "runs": (
+        "reprocut.commands.runs",
+        "list the recordings, or delete old ones (--clean)",
+    ),
 }
 
 EPILOG = """\
@@ -42,6 +46,7 @@ typical use:
   reprocut record train.py --epochs 3
   reprocut shrink
   python .reprocut/runs/<id>/repro.py
+  reprocut runs --clean --keep 5
 """
 
 

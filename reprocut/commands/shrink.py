@@ -18,6 +18,7 @@ from typing import Any
 from rich.console import Console
 
 from reprocut.check.oracle import Oracle
+from reprocut.commands.runs import pick_recording
 from reprocut.model.errors import ExitCode
 from reprocut.model.recording import Failure, RunDir
 from reprocut.pipeline.run import ShrinkSettings, Shrunk, shrink_recording
@@ -26,7 +27,19 @@ from reprocut.report.display.shrink import print_result
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", nargs="?", type=Path, help="a recording (default: the latest)")
+    parser.add_argument(
+        "run_dir",
+        nargs="?",
+        type=Path,
+        help="a recording's folder or id (default: the latest recording with a failure)",
+    )
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where recordings are stored (default: the nearest .reprocut/ here or above)",
+    )
     parser.add_argument("--out", type=Path, help="where to write repro.py and report.md")
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     parser.add_argument("--max-checks", type=int, default=500, help="oracle checks (default 500)")
@@ -38,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(options: argparse.Namespace, console: Console) -> ExitCode:
-    run_dir = RunDir.open(options.run_dir) if options.run_dir else RunDir.latest()
+    run_dir = pick_recording(options.run_dir, options.root, console)
     settings = ShrinkSettings(
         out=options.out,
         max_checks=options.max_checks,
@@ -59,7 +72,7 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
         print_line(
             console,
             "[yellow]the captured call did not reproduce the failure[/]: repro.py is the "
-            "unshrunk candidate. hint: try `reprocut shrink --source`"
+            "unshrunk candidate. hint: try `reprocut shrink --source`",
         )
     return shrunk.exit_code
 

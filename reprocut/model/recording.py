@@ -6,7 +6,7 @@ Layout of `.reprocut/runs/<id>/`:
     failure.json   the localized failure (a Failure), once known
     inputs.pt      captured input tensors by key (torch.save, loads with weights_only=True)
     stdout.txt, stderr.txt   the script's own output, teed
-`.reprocut/latest` holds the id of the newest run.
+`.reprocut/latest` holds the id of the newest run; `.reprocut/.gitignore` holds `*`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ FAILURE_FILE = "failure.json"
 META_FILE = "meta.json"
 TRACE_FILE = "trace.jsonl"
 INPUTS_FILE = "inputs.pt"
+GITIGNORE = "# Created by reprocut: recordings hold captured tensors; keep them out of git.\n*\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +234,9 @@ class RunDir:
     def create(cls, root: Path = DEFAULT_ROOT, name: str | None = None) -> RunDir:
         runs = root / "runs"
         runs.mkdir(parents=True, exist_ok=True)
+        ignore = root / ".gitignore"  # captured tensors must never end up in a commit
+        if not ignore.exists():
+            atomic_write(ignore, GITIGNORE)
         stem = name or time.strftime("%Y%m%d-%H%M%S")
         path, n = runs / stem, 1
         while path.exists():

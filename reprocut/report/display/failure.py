@@ -14,8 +14,8 @@ from reprocut.model.case import Captured, Generated, Literal, SourceLocation, Te
 from reprocut.model.recording import Failure
 from reprocut.model.signature import is_nonfinite
 from reprocut.report.display.nonfinite import nonfinite_json, nonfinite_section
-from reprocut.report.paths import shown_path
 from reprocut.report.display.tables import FittedTable
+from reprocut.report.paths import shown_path
 
 TITLES = {
     "localized": "first faulting op found",
