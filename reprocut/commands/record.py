@@ -35,6 +35,7 @@ from reprocut.model.errors import (
 from reprocut.model.recording import DEFAULT_ROOT, RunDir
 from reprocut.record.launch import Launch, locate, parse_launch, split_command
 from reprocut.record.runner import RunRequest, run_script
+from reprocut.record.torchrun import is_launcher
 from reprocut.report.display.failure import failure_json, show_failure
 
 STATUS_EXIT = {
@@ -48,7 +49,8 @@ STATUS_EXIT = {
 USAGE = (
     "reprocut record [options] SCRIPT [ARGS...]\n"
     "       reprocut record [options] -m MODULE [ARGS...]\n"
-    "       reprocut record [options] -- python [PYTHON-OPTIONS] (SCRIPT | -m MODULE) [ARGS...]"
+    "       reprocut record [options] -- python [PYTHON-OPTIONS] (SCRIPT | -m MODULE) [ARGS...]\n"
+    "       reprocut record [options] -- torchrun [TORCHRUN-OPTIONS] SCRIPT [ARGS...]"
 )
 
 
@@ -135,6 +137,11 @@ def check_script(script: Path) -> None:
 
 
 def run(options: argparse.Namespace, console: Console) -> ExitCode:
+    tokens = list(getattr(options, "launch_args", []))
+    if tokens[:1] == ["--"] and is_launcher(tokens[1:]):  # -- torchrun ...: every rank
+        from reprocut.commands import record_job
+
+        return record_job.run(options, console, tokens[1:])
     cwd = Path.cwd()
     launch = locate(parse_launch(getattr(options, "launch_args", [])), cwd)
     assert launch.script is not None

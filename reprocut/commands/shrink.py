@@ -19,6 +19,7 @@ from rich.console import Console
 
 from reprocut.check.oracle import Oracle
 from reprocut.model.errors import ExitCode
+from reprocut.model.job import culprit_path
 from reprocut.model.recording import Failure, RunDir
 from reprocut.pipeline.run import ShrinkSettings, Shrunk, shrink_recording
 from reprocut.report.display.shrink import print_result
@@ -38,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(options: argparse.Namespace, console: Console) -> ExitCode:
     run_dir = RunDir.open(options.run_dir) if options.run_dir else RunDir.latest()
+    run_dir = RunDir.open(culprit_path(run_dir.path))  # a torchrun job: its culprit rank's
     settings = ShrinkSettings(
         out=options.out,
         max_checks=options.max_checks,

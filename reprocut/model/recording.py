@@ -30,6 +30,7 @@ from reprocut.model.case import (
     spec_to_json,
 )
 from reprocut.model.errors import CorruptRecordingError, NoRecordingError
+from reprocut.model.job import RankSummary
 
 DEFAULT_ROOT = Path(".reprocut")
 FAILURE_FILE = "failure.json"
@@ -128,6 +129,9 @@ class Failure:
     loop: dict[str, int] = field(default_factory=dict)  # the user's `for` counters at the failure
     frameworks: dict[str, str] = field(default_factory=dict)  # versions the script imported
     run_module: str | None = None  # launched as `python -m run_module`
+    rank: int | None = None  # under torchrun: the culprit's global rank
+    world_size: int | None = None
+    ranks: tuple[RankSummary, ...] = ()  # every rank of the job, what it saw
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -157,6 +161,9 @@ class Failure:
             "loop": dict(self.loop),
             "frameworks": dict(self.frameworks),
             "run_module": self.run_module,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "ranks": [summary.to_json() for summary in self.ranks],
         }
 
     @classmethod
@@ -190,6 +197,9 @@ class Failure:
             loop={str(k): int(v) for k, v in (data.get("loop") or {}).items()},
             frameworks={str(k): str(v) for k, v in (data.get("frameworks") or {}).items()},
             run_module=data.get("run_module"),
+            rank=data.get("rank"),
+            world_size=data.get("world_size"),
+            ranks=tuple(RankSummary.from_json(r) for r in data.get("ranks", ())),
         )
 
     def with_notes(self, *notes: str) -> Failure:

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from reprocut.model.case import Captured, Generated, Literal, SourceLocation, TensorSpec
 from reprocut.model.recording import Failure
+from reprocut.report.display.ranks import other_ranks, rank_head, ranks_json
 from reprocut.report.paths import shown_path
 
 TITLES = {
@@ -107,6 +108,8 @@ def facts_text(failure: Failure) -> Text:
 def failure_panel(failure: Failure, run_dir: Path) -> Panel:
     parts: list[RenderableType] = []
     head = Text()
+    if failure.rank is not None:
+        head.append_text(rank_head(failure))
     if failure.op or failure.public_call:
         head.append("op       ", style="bold")
         head.append(failure.op or "(no aten op raised)", style="bold cyan")
@@ -174,6 +177,8 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
     if failure.diagnosis:
         parts.append(Text("\ndiagnosis", style="bold"))
         parts.append(Text(failure.diagnosis))
+    if failure.ranks:
+        parts.append(other_ranks(failure))
     for note in failure.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
     footer = Text(f"\nrecording: {run_dir}", style="dim")
@@ -183,6 +188,8 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
         footer.append("  (writes a minimal repro.py and report.md)", style="dim")
     parts.append(footer)
     title = f"reprocut: {TITLES.get(failure.status, failure.status)}"
+    if failure.rank is not None:
+        title += f" on rank {failure.rank}"
     if failure.localization and failure.localization != "none":
         title += f" ({failure.localization})"
     return Panel(Group(*parts), title=title, title_align="left", border_style="red")
@@ -233,4 +240,5 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
         "device": failure.device,
         "notes": list(failure.notes),
         "run_dir": str(run_dir),
+        **(ranks_json(failure) if failure.rank is not None else {}),
     }
