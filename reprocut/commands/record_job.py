@@ -32,11 +32,11 @@ def run(options: argparse.Namespace, console: Console, argv: Sequence[str]) -> E
     def progress(message: str) -> None:
         console.print(f"[bold blue]reprocut[/]: {message}")
 
-    # The localizer needs torch (seconds to import): import it while the job runs.
+    launch = parse_launch(argv)  # torchrun's parser imports torch: never in two threads at once
+    # The localizer needs more of torch (seconds to import): import it while the job runs.
     threading.Thread(
         target=importlib.import_module, args=("reprocut.localize.ranks",), daemon=True
     ).start()
-    launch = parse_launch(argv)
     script = Path(launch.script)
     check_script(script)
     node = node_id()
