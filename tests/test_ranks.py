@@ -40,10 +40,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def reprocut(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def reprocut(
+    cwd: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        **(env or {}),
     }
     return subprocess.run(
         [sys.executable, "-m", "reprocut", *args],
@@ -56,8 +59,10 @@ def reprocut(cwd: Path, *args: str, timeout: float = 300) -> subprocess.Complete
     )
 
 
-def record_job(cwd: Path, *command: str, options: tuple[str, ...] = ()) -> dict[str, Any]:
-    done = reprocut(cwd, "record", "--json", "--quiet", *options, "--", *command)
+def record_job(
+    cwd: Path, *command: str, options: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    done = reprocut(cwd, "record", "--json", "--quiet", *options, "--", *command, env=env)
     report = json.loads(done.stdout) if done.stdout.strip() else {}
     return {**report, "_code": done.returncode, "_stderr": done.stderr}
 
