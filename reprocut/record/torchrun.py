@@ -120,8 +120,10 @@ def parse_launch(argv: Sequence[str]) -> TorchrunLaunch:
     rest = list(argv[n:])
     from torch.distributed.run import get_args_parser  # torchrun's own parser: imports torch
 
+    parser = get_args_parser()
+    parser.prog = "torchrun"
     try:
-        args = get_args_parser().parse_args(rest)
+        args = parser.parse_args(rest)
     except SystemExit as exc:
         raise LaunchError(
             "torchrun could not parse its arguments (its message is above)",
