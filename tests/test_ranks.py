@@ -22,7 +22,7 @@ from rich.console import Console
 from reprocut.localize.ranks import RankEvidence, choose_culprit, evidence, summarize
 from reprocut.model.errors import ExitCode
 from reprocut.model.job import rank_path
-from reprocut.model.recording import RunDir
+from reprocut.model.recording import Failure, RunDir
 from reprocut.record.ranks import RankRun
 from reprocut.record.runner import RunResult
 from reprocut.record.torchrun import LaunchError, is_launcher, parse_launch
@@ -231,7 +231,7 @@ def test_a_hung_job_is_ended_at_timeout_every_rank_with_it(tmp_path):
         "--nproc-per-node",
         "2",
         str(SCRIPTS / "ddp_hang.py"),
-        options=("--timeout", "20"),
+        options=("--timeout", "15"),
     )
     assert report["_code"] == ExitCode.TIMEOUT, report["_stderr"][-3000:]
     assert report["status"] == "script-timeout"
@@ -385,3 +385,9 @@ def test_a_job_where_no_rank_fails_has_no_culprit(tmp_path):
     passed = [evidence(_rank(tmp_path, r, {"status": "passed", "exit_code": 0})) for r in (0, 1)]
     assert choose_culprit(passed) is None
     assert isinstance(passed[0], RankEvidence) and passed[0].kind == "passed"
+
+
+def test_a_failure_with_ranks_round_trips_through_json(vocab_job):
+    failure = RunDir(Path(vocab_job["run_dir"])).read_failure()
+    assert failure.rank == 1 and failure.world_size == 2 and len(failure.ranks) == 2
+    assert Failure.from_json(json.loads(json.dumps(failure.to_json()))) == failure

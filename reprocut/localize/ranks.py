@@ -198,6 +198,11 @@ def localize_job(
     else:
         failure = _no_own_failure(replace(options, run_dir=run_dir), culprit)
     notes = [*notes, *_job_notes(job, culprit)]
+    if failure.status == "not-localized":
+        notes.append(
+            "under torchrun, only the in-process and snapshot-replay strategies run (a rerun "
+            "would rerun the whole job: not supported yet)"
+        )
     failure = replace(failure, rank=culprit.rank, world_size=world, ranks=summaries).with_notes(
         *notes
     )
