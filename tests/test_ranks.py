@@ -1,13 +1,15 @@
 """`reprocut record -- torchrun ...` on CPU: the real torchrun, 2 ranks over gloo, the DDP cases of
 corpus/distributed/ scored against their ground truth (rank, op, line, step), a two-"node" job
-on one machine, a job that hangs; `reprocut shrink` of the culprit rank writes a single-process
-repro.py that fails under plain `python`. Each torchrun run costs seconds of torch imports, so
+on one machine (its script run as `torchrun -m`), a job that hangs (whose ranks see the sys.argv,
+sys.path[0] and `-u` torchrun gives them); `reprocut shrink` of the culprit rank, and `record
+--shrink` of a job, write a single-process repro.py that fails under plain `python`. Each torchrun run costs seconds of torch imports, so
 the recordings are module fixtures shared by the assertions."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -23,9 +25,9 @@ from reprocut.localize.ranks import RankEvidence, choose_culprit, evidence, summ
 from reprocut.model.errors import ExitCode
 from reprocut.model.job import rank_path
 from reprocut.model.recording import Failure, RunDir
+from reprocut.record.launch import Launch, LaunchError, parse_launch, torchrun_prefix
 from reprocut.record.ranks import RankRun
 from reprocut.record.runner import RunResult
-from reprocut.record.torchrun import LaunchError, is_launcher, parse_launch
 from reprocut.report.display.failure import failure_panel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,9 +43,10 @@ def free_port() -> int:
 
 
 def reprocut(
-    cwd: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+    cwd: Path, *args: str, timeout: float = 300, env: dict[str, str | None] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {
+    """`reprocut ARGS` in `cwd`; `env` adds to the environment (None: removes the variable)."""
+    merged: dict[str, str | None] = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         **(env or {}),
@@ -51,7 +54,7 @@ def reprocut(
     return subprocess.run(
         [sys.executable, "-m", "reprocut", *args],
         cwd=cwd,
-        env=env,
+        env={name: value for name, value in merged.items() if value is not None},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -60,7 +63,10 @@ def reprocut(
 
 
 def record_job(
-    cwd: Path, *command: str, options: tuple[str, ...] = (), env: dict[str, str] | None = None
+    cwd: Path,
+    *command: str,
+    options: tuple[str, ...] = (),
+    env: dict[str, str | None] | None = None,
 ) -> dict[str, Any]:
     done = reprocut(cwd, "record", "--json", "--quiet", *options, "--", *command, env=env)
     report = json.loads(done.stdout) if done.stdout.strip() else {}
@@ -114,7 +120,8 @@ def vocab_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def label_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The cross-entropy case through `python -m torch.distributed.run`, its own rendezvous."""
+    """The cross-entropy case through `python -m torch.distributed.run`, its own rendezvous,
+    shrunk in the same command (`record --shrink`)."""
     cwd = tmp_path_factory.mktemp("label")
     script = str(DISTRIBUTED / "ddp_label_shard" / "train.py")
     return record_job(
@@ -128,6 +135,7 @@ def label_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         script,
         "--epochs",
         "2",
+        options=("--shrink",),
     )
 
 
@@ -137,6 +145,14 @@ def test_embedding_fault_on_rank_1_is_localized_to_its_op_line_and_step(vocab_jo
 
 def test_cross_entropy_fault_on_rank_0_is_localized_to_its_op_line_and_step(label_job):
     assert_matches_truth(label_job, "ddp_label_shard")
+
+
+def test_record_shrink_of_a_job_writes_the_culprit_ranks_verified_repro(label_job):
+    shrink = label_job["shrink"]
+    assert shrink["status"] == "verified", shrink
+    assert shrink["signature"]["op"] == truth("ddp_label_shard")["op"]
+    assert Path(shrink["repro"]).parent == rank_path(Path(label_job["run_dir"]), 0)
+    assert "init_process_group" not in Path(shrink["repro"]).read_text()
 
 
 def test_every_rank_records_into_its_own_folder(vocab_job):
@@ -193,12 +209,13 @@ def test_shrink_of_the_job_writes_a_single_process_repro_that_fails_plainly(voca
 
 
 def test_two_nodes_on_one_machine_share_one_recording_and_one_answer(tmp_path):
-    script = str(DISTRIBUTED / "ddp_grown_vocab" / "train.py")
+    """Run from corpus/distributed/ as `torchrun -m ddp_grown_vocab.train`, recorded into
+    tmp_path (no bytecode written into the corpus)."""
     port = free_port()
 
     def node(rank: int) -> dict[str, Any]:
         return record_job(
-            tmp_path,
+            DISTRIBUTED,
             *TORCHRUN_MODULE,
             "--nnodes",
             "2",
@@ -212,7 +229,10 @@ def test_two_nodes_on_one_machine_share_one_recording_and_one_answer(tmp_path):
             f"localhost:{port}",
             "--rdzv-id",
             "two-nodes",
-            script,
+            "-m",
+            "ddp_grown_vocab.train",
+            options=("--root", str(tmp_path / ".reprocut")),
+            env={"PYTHONDONTWRITEBYTECODE": "1"},
         )
 
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -225,13 +245,18 @@ def test_two_nodes_on_one_machine_share_one_recording_and_one_answer(tmp_path):
 
 
 def test_a_hung_job_is_ended_at_timeout_every_rank_with_it(tmp_path):
+    (tmp_path / "jobs").mkdir()
+    shutil.copy(SCRIPTS / "ddp_hang.py", tmp_path / "jobs" / "hang.py")
     report = record_job(
         tmp_path,
         *TORCHRUN_MODULE,
         "--nproc-per-node",
         "2",
-        str(SCRIPTS / "ddp_hang.py"),
+        "jobs/hang.py",  # relative, as typed: torchrun hands it on so
+        "--steps",
+        "3",
         options=("--timeout", "15"),
+        env={"PYTHONUNBUFFERED": None},  # so that only torchrun's `-u` makes stdout unbuffered
     )
     assert report["_code"] == ExitCode.TIMEOUT, report["_stderr"][-3000:]
     assert report["status"] == "script-timeout"
@@ -241,6 +266,13 @@ def test_a_hung_job_is_ended_at_timeout_every_rank_with_it(tmp_path):
         record = json.loads((rank_path(job, rank) / "rank.json").read_text())
         for pid in (record["pid"], record["child_pid"]):
             assert not _alive(pid), f"rank {rank} process {pid} outlived the job"
+        seen = json.loads((tmp_path / f"seen-{rank}.json").read_text())
+        assert seen == {  # what plain `torchrun ... jobs/hang.py --steps 3` gives each rank
+            "argv": ["jobs/hang.py", "--steps", "3"],
+            "path0": str(tmp_path / "jobs"),
+            "name": "__main__",
+            "unbuffered": True,
+        }
 
 
 def _alive(pid: int) -> bool:
@@ -256,18 +288,28 @@ def _alive(pid: int) -> bool:
 
 def test_launchers_are_recognized_and_split_where_torchrun_splits():
     script = str(DISTRIBUTED / "ddp_grown_vocab" / "train.py")
-    assert is_launcher(["torchrun", "x.py"])
-    assert is_launcher(["python3", "-u", "-m", "torch.distributed.run", "x.py"])
-    assert not is_launcher(["python", "train.py"]) and not is_launcher(["train.py"])
+    assert torchrun_prefix(["torchrun", "x.py"]) == 1
+    assert torchrun_prefix(["python3", "-u", "-m", "torch.distributed.run", "x.py"]) == 4
+    assert torchrun_prefix([sys.executable, "-mtorch.distributed.run", "x.py"]) == 2
+    assert torchrun_prefix(["python", "train.py"]) == torchrun_prefix(["train.py"]) == 0
+    assert torchrun_prefix(["python", "-m", "pkg.train"]) == 0
     launch = parse_launch(
-        [*TORCHRUN_MODULE, "--nproc_per_node=2", "--nnodes", "1:2", "--", script, "--steps", "3"]
+        ["--", *TORCHRUN_MODULE, "--nproc_per_node=2", "--nnodes", "1:2", "--", script, "-s", "3"]
     )
-    assert launch.options == ("--nproc_per_node=2", "--nnodes", "1:2")
-    assert launch.script == script and launch.script_args == ("--steps", "3")
-    assert (launch.min_nodes, launch.max_nodes) == (1, 2) and launch.multi_node
-    assert launch.command(Path("/j/rank.config.json")) == [
-        *launch.launcher,
-        *launch.options,
+    torchrun = launch.torchrun
+    assert torchrun is not None
+    assert torchrun.options == ("--nproc_per_node=2", "--nnodes", "1:2")
+    assert launch == Launch(  # each rank: `python -u SCRIPT ARGS`, as torchrun starts it
+        script=Path(script),
+        args=("-s", "3"),
+        argv0=script,
+        python_options=("-u",),
+        torchrun=torchrun,
+    )
+    assert (torchrun.min_nodes, torchrun.max_nodes) == (1, 2) and torchrun.multi_node
+    assert torchrun.command(Path("/j/rank.config.json")) == [
+        *torchrun.launcher,
+        *torchrun.options,
         "--max-restarts",
         "0",
         "--module",
@@ -276,18 +318,35 @@ def test_launchers_are_recognized_and_split_where_torchrun_splits():
     ]
 
 
-@pytest.mark.parametrize(
-    "flag", [["-m"], ["--no-python"], ["--run-path"]], ids=["module", "no-python", "run-path"]
-)
+def test_torchrun_dash_m_runs_a_module_on_every_rank():
+    launch = parse_launch(["--", "torchrun", "--nproc-per-node", "2", "-m", "pkg.train", "--lr"])
+    assert launch.torchrun is not None and launch.torchrun.options == (
+        "--nproc-per-node",
+        "2",
+        "-m",
+    )
+    assert (launch.module, launch.script, launch.args) == ("pkg.train", None, ("--lr",))
+    assert launch.python_options == ("-u",)
+
+
+@pytest.mark.parametrize("flag", [["--no-python"], ["--run-path"]], ids=["no-python", "run-path"])
 def test_launch_forms_reprocut_cannot_record_are_refused_clearly(flag):
     with pytest.raises(LaunchError) as error:
-        parse_launch(["torchrun", *flag, str(SCRIPTS / "passes.py")])
+        parse_launch(["--", "torchrun", *flag, str(SCRIPTS / "passes.py")])
     assert error.value.hint
 
 
 def test_the_legacy_launch_module_is_refused_with_a_hint():
     with pytest.raises(LaunchError, match=r"torch\.distributed\.launch"):
-        parse_launch([sys.executable, "-m", "torch.distributed.launch", str(SCRIPTS / "passes.py")])
+        parse_launch(
+            ["--", sys.executable, "-m", "torch.distributed.launch", str(SCRIPTS / "passes.py")]
+        )
+
+
+def test_a_missing_training_script_is_a_usage_error(tmp_path):
+    done = reprocut(tmp_path, "record", "--", "torchrun", "--nproc-per-node", "2", "nope.py")
+    assert done.returncode == ExitCode.USAGE_ERROR
+    assert "no such script: nope.py" in done.stderr
 
 
 def _rank(

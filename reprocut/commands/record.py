@@ -8,6 +8,9 @@ reproduce". On failure, reprocut prints the faulting op, the step and phase (wit
 counters), the module path, your source line (and the library line that called torch, under a
 framework), the op's input tensors with the facts that explain the failure, the kernel's
 assertion, where the error surfaced, and a diagnosis. Everything is stored under .reprocut/runs/<id>/ for `reprocut shrink`.
+
+After `--` may also come a torchrun command (`-- torchrun --nproc-per-node 2 train.py`, or
+`-- python -m torch.distributed.run ...`): every rank is recorded and the culprit rank named.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ from reprocut.model.errors import (
 from reprocut.model.recording import DEFAULT_ROOT, RunDir
 from reprocut.record.launch import Launch, locate, parse_launch, split_command
 from reprocut.record.runner import RunRequest, run_script
-from reprocut.record.torchrun import is_launcher
 from reprocut.report.display.failure import failure_json, show_failure
 
 STATUS_EXIT = {
@@ -50,7 +52,7 @@ USAGE = (
     "reprocut record [options] SCRIPT [ARGS...]\n"
     "       reprocut record [options] -m MODULE [ARGS...]\n"
     "       reprocut record [options] -- python [PYTHON-OPTIONS] (SCRIPT | -m MODULE) [ARGS...]\n"
-    "       reprocut record [options] -- torchrun [TORCHRUN-OPTIONS] SCRIPT [ARGS...]"
+    "       reprocut record [options] -- torchrun [TORCHRUN-OPTIONS] (SCRIPT | -m MODULE) [ARGS...]"
 )
 
 
@@ -137,15 +139,14 @@ def check_script(script: Path) -> None:
 
 
 def run(options: argparse.Namespace, console: Console) -> ExitCode:
-    tokens = list(getattr(options, "launch_args", []))
-    if tokens[:1] == ["--"] and is_launcher(tokens[1:]):  # -- torchrun ...: every rank
-        from reprocut.commands import record_job
-
-        return record_job.run(options, console, tokens[1:])
     cwd = Path.cwd()
     launch = locate(parse_launch(getattr(options, "launch_args", [])), cwd)
     assert launch.script is not None
     check_script(launch.script)
+    if launch.torchrun is not None:  # -- torchrun ...: every rank
+        from reprocut.commands import record_job
+
+        return record_job.run(options, console, launch, cwd)
     run_dir = RunDir.create(options.root)
     run_dir.write_meta(
         {

@@ -193,10 +193,12 @@ def localize_job(
     summaries = summarize(ranks, culprit, world)
     progress(f"rank {culprit.rank} failed first ({culprit.error}); localizing its failure")
     run_dir = RunDir(culprit.run.folder)
+    frameworks = ((culprit.run.result.outcome or {}).get("frameworks") or {}).items()
+    rank_options = replace(options, run_dir=run_dir, frameworks=tuple(frameworks))
     if culprit.kind in OWN_FAILURES:
-        failure = localize(replace(options, run_dir=run_dir), culprit.run.result, progress)
+        failure = localize(rank_options, culprit.run.result, progress)
     else:
-        failure = _no_own_failure(replace(options, run_dir=run_dir), culprit)
+        failure = _no_own_failure(rank_options, culprit)
     notes = [*notes, *_job_notes(job, culprit)]
     if failure.status == "not-localized":
         notes.append(

@@ -2,9 +2,10 @@
 
 torchrun gives each rank RANK, LOCAL_RANK, WORLD_SIZE, ...; this bootstrap (it never imports
 torch) runs the user's script under the recorder exactly as `reprocut record` runs one process
-(runner.py: a child process, teed output, its outcome), into the rank's own folder, and leaves
-rank.json there: how the rank's process ran and ended, and whether torchrun stopped it. It exits
-as the script did, so torchrun sees the job it would have seen.
+(runner.py: a child process, teed output, its outcome; the script sees the sys.argv, sys.path[0]
+and `-u` that torchrun would have given it, a module runs as under `-m`), into the rank's own
+folder, and leaves rank.json there: how the rank's process ran and ended, and whether torchrun
+stopped it. It exits as the script did, so torchrun sees the job it would have seen.
 
 When one rank fails, torchrun stops the others with SIGTERM. The script's process then gets a
 moment to finish its own report (it may be failing in a collective at that very moment) before
@@ -27,6 +28,7 @@ from typing import Any
 
 from reprocut.model.job import RANK_FILE, rank_path
 from reprocut.model.recording import atomic_write
+from reprocut.record.launch import Launch
 from reprocut.record.runner import RunRequest, run_script
 
 GRACE_S = 1.0  # after torchrun's SIGTERM: time the script may take to write its outcome
@@ -104,15 +106,23 @@ def main(config_path: str) -> None:
     )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, process.on_signal)
+    launch = Launch(  # as torchrun launches the rank: `python -u (SCRIPT | -m MODULE) ARGS`
+        script=Path(config["script"]),
+        module=config.get("module"),
+        args=tuple(config["argv"]),
+        argv0=config.get("argv0") or config["script"],
+        python_options=tuple(config.get("python_options", ())),
+    )
     result = run_script(
         RunRequest(
             Path(config["script"]),
-            tuple(config["argv"]),
+            launch.args,
             folder,
             "record",
             snapshots=config.get("snapshots", True),
             light_steps=config.get("light_steps"),
             cwd=Path(config["cwd"]),
+            launch=launch,
         ),
         echo_stdout=None if config.get("quiet") else sys.stdout,
         echo_stderr=None if config.get("quiet") else sys.stderr,

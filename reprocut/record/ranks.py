@@ -26,6 +26,7 @@ from typing import IO, Any
 
 from reprocut.model.job import JOB_CONFIG, NODES_DIR, RANK_FILE, RESTARTS_DIR, rank_folders
 from reprocut.model.recording import RunDir, atomic_write
+from reprocut.record.launch import Launch
 from reprocut.record.runner import RunResult, _tee, child_env
 from reprocut.record.torchrun import TorchrunLaunch
 
@@ -46,7 +47,7 @@ class RankRun:
 
 @dataclass(frozen=True, slots=True)
 class JobRequest:
-    launch: TorchrunLaunch
+    launch: Launch  # located (its script absolute), with its `torchrun`
     run_dir: RunDir
     node: str
     snapshots: bool = True
@@ -121,6 +122,8 @@ def run_job(
     on_line: Callable[[str], None] | None = None,
 ) -> JobResult:
     """Run torchrun once with every rank under the recorder; never raises for what it does."""
+    launch, torchrun = request.launch, request.launch.torchrun
+    assert launch.script is not None and torchrun is not None
     job = request.run_dir.path
     config = job / JOB_CONFIG
     atomic_write(
@@ -128,8 +131,11 @@ def run_job(
         json.dumps(
             {
                 "job_dir": str(job),
-                "script": str(Path(request.launch.script).resolve()),
-                "argv": list(request.launch.script_args),
+                "script": str(launch.script),  # each rank launches as torchrun would:
+                "module": launch.module,
+                "argv": list(launch.args),
+                "argv0": launch.argv0,
+                "python_options": list(launch.python_options),
                 "cwd": str(request.cwd or Path.cwd()),
                 "node": request.node,
                 "snapshots": request.snapshots,
@@ -141,7 +147,7 @@ def run_job(
     _write_node(request.run_dir, request.node, done=False)
     start = time.monotonic()
     process = subprocess.Popen(
-        request.launch.command(config),
+        torchrun.command(config),
         cwd=request.cwd,
         env=child_env(False),
         stdin=subprocess.DEVNULL,

@@ -1,42 +1,37 @@
 """`reprocut record -- torchrun ...`: read the launcher's command line and rewrite it so that
 every rank runs under the recorder.
 
-torchrun starts `python -u SCRIPT ARGS` once per rank; reprocut hands it `python -u -m
+record/launch.py's `parse_command` recognizes the launcher (`torchrun`, `python -m
+torch.distributed.run`) and hands its command line here. torchrun starts `python -u SCRIPT ARGS`
+(or `python -u -m MODULE ARGS`) once per rank; reprocut hands it `python -u -m
 reprocut.record.rank CONFIG` instead (torchrun's own `--module` form), and that bootstrap runs
-the user's script under the recorder in the rank's own folder. torchrun's options go to the real
-torchrun unchanged; they are read with torchrun's own parser, so that abbreviations,
-`--opt=value` and PET_* environment defaults mean here what they mean to torchrun.
+the user's script under the recorder in the rank's own folder, launched as torchrun would have
+launched it. torchrun's options go to the real torchrun unchanged; they are read with torchrun's
+own parser, so that abbreviations, `--opt=value` and PET_* environment defaults mean here what
+they mean to torchrun.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprocut.model.errors import ReprocutError
+from reprocut.record.launch import Launch, LaunchError
 
 RANK_MODULE = "reprocut.record.rank"
-RUN_MODULE = "torch.distributed.run"
-_PYTHON = re.compile(r"python[0-9.]*(\.exe)?")
-_PYTHON_FLAGS = {"-u", "-O", "-OO", "-B", "-E", "-s", "-S", "-I", "-q"}
-
-
-class LaunchError(ReprocutError):
-    slug = "bad-launcher"
+RANK_PYTHON_OPTIONS = ("-u",)  # torchrun starts every rank as `python -u ...`
 
 
 @dataclass(frozen=True, slots=True)
 class TorchrunLaunch:
-    """A torchrun command line, split where torchrun splits it."""
+    """The launcher's part of a torchrun command line (the script and its arguments are the
+    Launch's that holds this)."""
 
     launcher: tuple[str, ...]  # ("/usr/bin/torchrun",) or (python, "-m", "torch.distributed.run")
     options: tuple[str, ...]  # torchrun's own options, as given
-    script: str
-    script_args: tuple[str, ...]
     min_nodes: int = 1
     max_nodes: int = 1
     nproc_per_node: str = "1"
@@ -80,33 +75,13 @@ class TorchrunLaunch:
         return []
 
 
-def is_launcher(argv: Sequence[str]) -> bool:
-    """`torchrun ...` or `python -m torch.distributed.run ...` (the legacy launch module too,
-    so that parse_launch can say why it is refused)."""
-    return _launcher_length(argv) > 0
-
-
-def _launcher_length(argv: Sequence[str]) -> int:
-    if not argv:
-        return 0
-    name = os.path.basename(argv[0])
-    if name == "torchrun":
-        return 1
-    if not _PYTHON.fullmatch(name):
-        return 0
-    i = 1
-    while i < len(argv) and argv[i] in _PYTHON_FLAGS:
-        i += 1
-    if i + 1 < len(argv) and argv[i] == "-m" and argv[i + 1].startswith("torch.distributed."):
-        return i + 2
-    return 0
-
-
-def parse_launch(argv: Sequence[str]) -> TorchrunLaunch:
-    """Split a torchrun command line into torchrun's options and the training script."""
-    n = _launcher_length(argv)
-    launcher = list(argv[:n])
-    if launcher[-1] == "torch.distributed.launch":
+def parse_torchrun(launcher_tokens: Sequence[str], rest: Sequence[str]) -> Launch:
+    """The launch every rank runs, with the launcher's part as its `torchrun`: `launcher_tokens`
+    name the launcher (as record/launch.py's `torchrun_prefix` cut them), `rest` is torchrun's
+    own command line (its options, then the training script or module and its arguments)."""
+    launcher = list(launcher_tokens)
+    rest = list(rest)
+    if launcher[-1].removeprefix("-m") == "torch.distributed.launch":
         raise LaunchError(
             "torch.distributed.launch is not supported (it is deprecated and passes --local-rank)",
             hint="use `torchrun` or `python -m torch.distributed.run` with the same options",
@@ -117,7 +92,6 @@ def parse_launch(argv: Sequence[str]) -> TorchrunLaunch:
             f"{launcher[0]} not found", hint="is torch installed in this environment?"
         )
     launcher[0] = found
-    rest = list(argv[n:])
     from torch.distributed.run import get_args_parser  # torchrun's own parser: imports torch
 
     parser = get_args_parser()
@@ -130,7 +104,6 @@ def parse_launch(argv: Sequence[str]) -> TorchrunLaunch:
             hint="the command after `--` must run as it is without reprocut",
         ) from exc
     for flag, why in (
-        ("module", "-m/--module: pass the training script's path instead of a module"),
         ("no_python", "--no-python: reprocut records Python training scripts only"),
         ("run_path", "--run-path: each rank must run in its own Python process"),
     ):
@@ -142,15 +115,10 @@ def parse_launch(argv: Sequence[str]) -> TorchrunLaunch:
     options = rest[:split]
     if options and options[-1] == "--":
         options = options[:-1]
-    script = Path(args.training_script)
-    if not script.is_file():
-        raise LaunchError(f"no such training script: {script}", hint="check the path")
     min_nodes, _, max_nodes = args.nnodes.partition(":")
-    return TorchrunLaunch(
+    torchrun = TorchrunLaunch(
         launcher=tuple(launcher),
         options=tuple(options),
-        script=str(script),
-        script_args=tuple(args.training_script_args),
         min_nodes=int(min_nodes),
         max_nodes=int(max_nodes or min_nodes),
         nproc_per_node=str(args.nproc_per_node),
@@ -159,4 +127,17 @@ def parse_launch(argv: Sequence[str]) -> TorchrunLaunch:
         rdzv_id=args.rdzv_id,
         standalone=bool(args.standalone),
         max_restarts=int(args.max_restarts),
+    )
+    target = args.training_script
+    rank_args = tuple(args.training_script_args)
+    if args.module:  # `torchrun -m MODULE`: each rank is `python -u -m MODULE`
+        return Launch(
+            module=target, args=rank_args, python_options=RANK_PYTHON_OPTIONS, torchrun=torchrun
+        )
+    return Launch(
+        script=Path(target),
+        args=rank_args,
+        argv0=target,
+        python_options=RANK_PYTHON_OPTIONS,
+        torchrun=torchrun,
     )
