@@ -9,12 +9,14 @@
 #   pipeline benchmarks/bench_pipeline.py --device cuda (crash to verified repro, per phase;
 #            not in the default list: it wants the machine to itself, run it alone, ~6 min)
 #   nan      the NaN/inf origin cuda tests (tests/test_nan.py -m cuda), then benchmarks/bench_nan.py
+#   ranks    torchrun jobs: tests/test_ranks_cuda.py (2 ranks sharing the GPU over gloo; NCCL
+#            one GPU per rank where there are 2+ GPUs)
 # Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
 # (*_LIMIT, seconds); logs and result files go to $OUT (or benchmarks/results/logs).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/logs}
-STAGES=${STAGES:-tests source_tests record source corpus shrink nan}
+STAGES=${STAGES:-tests source_tests record source corpus shrink nan ranks}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # the commit this tree is (the device copy's git metadata is stale): .whl/COMMIT, written by the caller
@@ -22,7 +24,8 @@ export PYTHONUNBUFFERED=1
 
 stage_tests() {
     timeout -k 10 "${TESTS_LIMIT:-330}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 4 \
-        --timeout 240 --ignore tests/test_source_reducer.py --ignore tests/test_nan.py ${TESTS:-tests/} >"$OUT/gpu_tests.log" 2>&1
+        --timeout 240 --ignore tests/test_source_reducer.py --ignore tests/test_nan.py \
+        --ignore tests/test_ranks_cuda.py ${TESTS:-tests/} >"$OUT/gpu_tests.log" 2>&1
     echo "pytest exit $?" >>"$OUT/gpu_tests.log"
     grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_tests.log"
 }
@@ -88,6 +91,14 @@ stage_nan() {
         --repeats "${NAN_REPEATS:-1}" --out "$OUT" >"$OUT/bench_nan.log" 2>&1
     echo "bench_nan exit $?" >>"$OUT/bench_nan.log"
     tail -22 "$OUT/bench_nan.log"
+}
+
+stage_ranks() {
+    # one torchrun job at a time: every job's ranks share the one GPU
+    timeout -k 10 "${RANKS_LIMIT:-230}" python3 -m pytest -v -p no:cacheprovider -m cuda \
+        --timeout 220 tests/test_ranks_cuda.py >"$OUT/gpu_ranks.log" 2>&1
+    echo "pytest exit $?" >>"$OUT/gpu_ranks.log"
+    grep -hE "PASSED|FAILED|ERROR|SKIPPED|passed|failed|exit" "$OUT/gpu_ranks.log"
 }
 
 for stage in $STAGES; do
