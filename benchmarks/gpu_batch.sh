@@ -8,7 +8,8 @@
 #   shrink   benchmarks/bench_shrink.py --device cuda
 #   pipeline benchmarks/bench_pipeline.py --device cuda (crash to verified repro, per phase;
 #            not in the default list: it wants the machine to itself, run it alone, ~6 min)
-#   nan      the NaN/inf origin cuda tests (tests/test_nan.py -m cuda), then benchmarks/bench_nan.py
+#   nan      the NaN/inf origin cuda tests (nan_tests: tests/test_nan.py -m cuda), then
+#            benchmarks/bench_nan.py (nan_bench)
 #   ranks    torchrun jobs: tests/test_ranks_cuda.py (2 ranks sharing the GPU over gloo; NCCL
 #            one GPU per rank where there are 2+ GPUs)
 # Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
@@ -81,16 +82,25 @@ stage_pipeline() {
     tail -22 "$OUT/bench_pipeline.log"
 }
 
-stage_nan() {
-    # the cuda tests first (9 corpus cases, 3 at a time), then the overhead / time-to-origin bench
+stage_nan_tests() {
+    # the NaN/inf origin cuda tests (9 corpus cases, 3 at a time)
     timeout -k 10 "${NAN_TESTS_LIMIT:-150}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 3 \
         --timeout 140 tests/test_nan.py >"$OUT/gpu_nan_tests.log" 2>&1
     echo "pytest exit $?" >>"$OUT/gpu_nan_tests.log"
     grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_nan_tests.log"
+}
+
+stage_nan_bench() {
+    # --nan's overhead and time to the producing op: run it with nothing else on the machine
     timeout -k 10 "${NAN_LIMIT:-210}" python3 benchmarks/bench_nan.py --device cuda \
         --repeats "${NAN_REPEATS:-1}" --out "$OUT" >"$OUT/bench_nan.log" 2>&1
     echo "bench_nan exit $?" >>"$OUT/bench_nan.log"
     tail -22 "$OUT/bench_nan.log"
+}
+
+stage_nan() {
+    stage_nan_tests
+    stage_nan_bench
 }
 
 stage_ranks() {
