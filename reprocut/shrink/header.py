@@ -45,7 +45,9 @@ class Header:
 def data_origin(case: ReproCase) -> str:
     """ "real", "synthetic" or "mixed": did the values come from the user's run?"""
     kinds = {
-        isinstance(spec.values, (Captured, Literal)) for _, spec in case.tensors()
+        isinstance(leaf.values, (Captured, Literal))
+        for _, spec in case.tensors()
+        for leaf in (spec.parts or (spec,))  # a sparse tensor's data are its parts
     }  # Literal values were inlined from captured data or written by the shrinker
     if kinds == {True}:
         return "real (values captured from the failing run)"
