@@ -149,7 +149,8 @@ class HeldTensor:
     device: torch.device
     requires_grad: bool
     key: str | None
-    sparse: tuple[str, tuple[HeldTensor, ...], bool | None] | None = None  # layout, parts, coalesced
+    # a sparse tensor: its layout name, its parts held, its COO coalesced flag
+    sparse: tuple[str, tuple[HeldTensor, ...], bool | None] | None = None
 
     @classmethod
     def from_tensor(cls, tensor: torch.Tensor, key: str | None) -> HeldTensor:

@@ -9,6 +9,7 @@ passes.py changes a tensor's layout: a sparse argument stays sparse, and its siz
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -75,7 +76,7 @@ def valid_crow(crow: Sequence[int], count: int) -> bool:
         bool(crow)
         and crow[0] == 0
         and crow[-1] == count
-        and all(a <= b for a, b in zip(crow, crow[1:], strict=False))
+        and all(a <= b for a, b in itertools.pairwise(crow))
     )
 
 

@@ -133,7 +133,10 @@ def tensor_statements(name: str, spec: TensorSpec) -> list[cst.BaseStatement]:
     return [assign(target, _as_strided(storage, spec)), cst.SimpleStatementLine([cst.Expr(copy)])]
 
 
-SPARSE_CONSTRUCTORS = {"sparse_coo": "torch.sparse_coo_tensor", "sparse_csr": "torch.sparse_csr_tensor"}
+SPARSE_CONSTRUCTORS = {
+    "sparse_coo": "torch.sparse_coo_tensor",
+    "sparse_csr": "torch.sparse_csr_tensor",
+}
 
 
 def _sparse_statements(name: str, spec: TensorSpec) -> list[cst.BaseStatement]:
