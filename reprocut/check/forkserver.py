@@ -1,7 +1,10 @@
 """`python -m reprocut.check.forkserver`: pay `import torch` once, run each candidate in a forked child.
 
-The server sets CUDA_LAUNCH_BLOCKING and the NVML-based CUDA check *before* importing torch,
-imports torch and never touches `torch.cuda` (that would poison fork for the children). For each
+The server sets the NVML-based CUDA check *before* importing torch, imports torch and never
+touches `torch.cuda` (that would poison fork for the children). Its children run as a plain
+`python repro.py` would: no CUDA_LAUNCH_BLOCKING unless the oracle's environment (or the
+candidate itself, before it initialises CUDA) sets it, and no synchronization after each op
+unless the request asks for it (`sync`: localization does; checks of candidates do not). For each
 JSON-line request on stdin ({code, filename, cwd, argv, sys_path0, timeout}) it forks a child
 that gets its own process group, writes stdout/stderr to files, runs the code as `__main__` under
 FaultAttribution, sends its verdict through a pipe and leaves with `os._exit` (no destructors: a
@@ -25,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BLOCKING_ENV = {"CUDA_LAUNCH_BLOCKING": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+FORK_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # torch.cuda.is_available() without CUDA
+BLOCKING_ENV = {"CUDA_LAUNCH_BLOCKING": "1", **FORK_ENV}
 HEAD_BYTES = 64_000  # kernel assertions come first: keep the head of stderr...
 TAIL_BYTES = 16_000  # ...and its tail (the traceback)
 MESSAGE_CHARS = 8_000
@@ -33,7 +37,7 @@ POLL_SECONDS = 0.002
 
 
 def _set_environment() -> None:
-    os.environ.update(BLOCKING_ENV)
+    os.environ.update(FORK_ENV)
 
 
 def _preload() -> None:
@@ -68,7 +72,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     module.__builtins__ = __builtins__  # type: ignore[attr-defined]
     sys.modules["__main__"] = module
     verdict: dict[str, Any] = {"status": "passed"}
-    attribution = FaultAttribution(sync=True)
+    attribution = FaultAttribution(sync=bool(request.get("sync", False)))
     try:
         code = compile(request["code"], filename, "exec")
         with attribution:

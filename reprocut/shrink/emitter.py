@@ -131,12 +131,28 @@ def emit(case: ReproCase, header: Header | None = None) -> Emitted:
     template = SIDECAR_TEMPLATE if sidecar else TEMPLATE
     module = parse_template_module(template)
     module = module.visit(_FillMain(body))
-    first = module.body[0].with_changes(leading_lines=[cst.EmptyLine()])
+    environment = _environment_lines(case)
+    top = list(module.body)
+    if environment:  # a blank line between the environment and the imports
+        top = [*environment, top[0].with_changes(leading_lines=[cst.EmptyLine()]), *top[1:]]
+    first = top[0].with_changes(leading_lines=[cst.EmptyLine()])
     docstring = _docstring(header_text(case, header))
-    module = module.with_changes(body=[docstring, first, *module.body[1:]])
+    module = module.with_changes(body=[docstring, first, *top[1:]])
     return Emitted(
         code=module.code, statements=len(body), sidecar_keys=tuple(dict.fromkeys(sidecar))
     )
+
+
+def _environment_lines(case: ReproCase) -> list[cst.BaseStatement]:
+    """`import os` and `os.environ.setdefault(name, value)` for each variable the failure needs,
+    before torch is imported (CUDA reads them when it starts)."""
+    if not case.env:
+        return []
+    lines: list[cst.BaseStatement] = [cst.parse_statement("import os\n")]
+    for name, value in case.env:
+        setdefault = call("os.environ.setdefault", literal(name), literal(value))
+        lines.append(cst.SimpleStatementLine([cst.Expr(setdefault)]))
+    return lines
 
 
 class _FillMain(cst.CSTTransformer):

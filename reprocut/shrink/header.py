@@ -67,6 +67,8 @@ def header_text(case: ReproCase, header: Header) -> str:
     if header.assertion:
         lines.append(f"Assertion: {header.assertion}")
     lines.append(f"Call: {case.target}")
+    for name, value in case.env:
+        lines.append(f"Environment: {name}={value} (set below: it fails only with it)")
     lines.append(f"Data: {data_origin(case)}")
     if header.cpu_reproduces is None:
         lines.append("CPU: not checked")
