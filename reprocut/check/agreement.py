@@ -98,6 +98,12 @@ class PlainAgreement:
     def close(self) -> None:
         self.runner.close()
 
+    def __enter__(self) -> PlainAgreement:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def reproducing_form(
     oracle: Oracle, case: ReproCase, inputs: Mapping[str, Any], expected: Signature | None

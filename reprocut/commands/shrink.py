@@ -18,17 +18,26 @@ from typing import Any
 
 from rich.console import Console
 
+from reprocut.check.agreement import PlainAgreement, reproducing_form
 from reprocut.check.oracle import Oracle, OtherFailure, Passed, Reproduced, Verdict
-from reprocut.check.verify import Verification, verify
+from reprocut.check.verify import Verification, run_plain, verify
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.errors import CorruptRecordingError, ExitCode, NotReproducedError, ReprocutError
 from reprocut.model.recording import Failure, RunDir, atomic_write
 from reprocut.report.display.shrink import print_phase, print_result, shrink_display
 from reprocut.report.markdown import ReportInputs, collect_environment, render
-from reprocut.shrink.emitter import SIDECAR_NAME, Emitted, emit, inline_captured
+from reprocut.shrink.emitter import SIDECAR_NAME, Emitted, count_statements, emit, inline_captured
 from reprocut.shrink.header import Environment, Header
 from reprocut.shrink.passes import PASSES
 from reprocut.shrink.shrinker import Shrinker
+from reprocut.shrink.walkback import (
+    ACCEPTED_DIR,
+    AcceptedLog,
+    WalkBack,
+    install,
+    renderer,
+    walk_back,
+)
 
 BEST_FILE = "shrink-best.json"
 
@@ -103,10 +112,17 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
     out = (options.out or run_dir.path).resolve()
     out.mkdir(parents=True, exist_ok=True)
     environment = collect_environment(failure)
-    oracle = Oracle(failure.signature, fork=not options.no_fork, timeout=options.timeout)
+    agreement = PlainAgreement(timeout=options.timeout * 2)  # plain runs where a fork may differ
+    oracle = Oracle(
+        failure.signature, fork=not options.no_fork, timeout=options.timeout, confirm=agreement
+    )
+    agreement.warm_up()
     show = not options.json or sys.stderr.isatty()
+    log = AcceptedLog(out / ACCEPTED_DIR, finish=_source_finish(failure))
+    inputs: dict[str, Any] = {}
     try:
         with shrink_display(console, enabled=show) as on_event:
+            on_event = log.watch(on_event)
             if options.source or failure.status == "outside-dispatcher" or not failure.cases:
                 if (
                     not failure.cases
@@ -114,24 +130,37 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
                     and failure.status != "outside-dispatcher"
                 ):
                     print_phase(console, "no captured call to shrink: reducing the script instead")
+                if failure.script and Path(failure.script).is_file():
+                    log.start_source(Path(failure.script).read_text())
                 outcome = shrink_source(failure, oracle, options, on_event)
             else:
                 inputs = load_inputs(run_dir)
                 outcome = shrink_case(failure, inputs, oracle, options, out, environment, on_event)
     finally:
         oracle.close()
+        agreement.close()
     if oracle.fork_disabled:
         console.print(f"[yellow]note[/]: checks ran in fresh processes ({oracle.fork_disabled})")
     repro = out / "repro.py"
     atomic_write(repro, outcome.code)
     print_phase(console, f"verifying: {options.runs} runs of python {repro.name}")
     verification = verify(repro, failure.signature, runs=options.runs, timeout=options.timeout * 2)
+    walked = None
+    if verification.exit_code != ExitCode.OK and outcome.reproduced_from_capture:
+        outcome, verification, walked = _walk_back(
+            log, outcome, verification, failure, inputs, environment, options, out, console
+        )
     seconds = time.monotonic() - started
     report = out / "report.md"
-    atomic_write(
-        report, render(_report_inputs(outcome, failure, environment, verification, seconds))
+    notes = () if walked is None else (walked.describe(),)
+    report_inputs = replace(
+        _report_inputs(outcome, failure, environment, verification, seconds), notes=notes
     )
+    atomic_write(report, render(report_inputs))
     result = _result(outcome, failure.signature, verification, repro, report, seconds)
+    result["agreement"] = agreement.to_json()
+    if walked is not None:
+        result["walk_back"] = walked.to_json()
     if options.json:
         print(json.dumps(result, indent=2))
     else:
@@ -206,6 +235,63 @@ def _report_inputs(
     )
 
 
+# --- walk-back --------------------------------------------------------------------------------
+
+
+def _source_finish(failure: Failure) -> Any:
+    """What a source reduction does to its result, for each accepted script alike."""
+    if not failure.script:
+        return None
+    from reprocut.source.recorded import pin_script_dir
+    from reprocut.source.reducer import ending_with_a_sync
+
+    folder = Path(failure.script).resolve().parent
+    return lambda code: pin_script_dir(ending_with_a_sync(code), folder)
+
+
+def _walk_back(
+    log: AcceptedLog,
+    outcome: Outcome,
+    verification: Verification,
+    failure: Failure,
+    inputs: dict[str, Any],
+    environment: Environment,
+    options: argparse.Namespace,
+    out: Path,
+    console: Console,
+) -> tuple[Outcome, Verification, WalkBack]:
+    """The final repro does not verify: write the latest accepted candidate that does."""
+    print_phase(console, "repro.py does not verify: walking back through the accepted candidates")
+    timeout = options.timeout * 2
+    header = Header(expected=failure.signature, message=failure.error.message,
+                    assertion=_assertion(failure), environment=environment)  # fmt: skip
+    seen: dict[Path, Verification] = {}
+
+    def reproduces(script: Path) -> bool:
+        found = run_plain(script, timeout=timeout).signature
+        return found is not None and found.matches(failure.signature, compare_op=False)
+
+    def verifies(script: Path) -> bool:
+        seen[script] = verify(script, failure.signature, runs=options.runs, timeout=timeout)
+        return seen[script].exit_code == ExitCode.OK
+
+    walked = walk_back(
+        log, reproduces=reproduces, verifies=verifies, render=renderer(header), inputs=inputs
+    )
+    if walked.chosen is None:
+        return outcome, verification, walked
+    code = install(walked.chosen, out)
+    case = walked.chosen.case
+    chosen = replace(
+        outcome,
+        code=code,
+        statements=count_statements(code) or outcome.statements,
+        tensor_elements=None if case is None else case.total_numel(),
+        sidecar=SIDECAR_NAME in code,
+    )
+    return chosen, seen[walked.chosen.path], walked
+
+
 # --- case-level shrinking ----------------------------------------------------------------------
 
 
@@ -219,7 +305,7 @@ def pick_case(
     """The first case (most public first) that reproduces from its captured inputs."""
     verdicts = []
     for case in failure.cases:
-        verdict = oracle.check_case(case, inputs, expected=_expected(case, failure))
+        case, verdict = reproducing_form(oracle, case, inputs, _expected(case, failure))
         verdicts.append(verdict)
         if isinstance(verdict, Reproduced):
             return case, verdicts

@@ -19,39 +19,31 @@ from pathlib import Path
 from typing import Any
 
 from reprocut.model.case import ReproCase
-from reprocut.shrink.emitter import SIDECAR_NAME, count_statements
+from reprocut.shrink.emitter import SIDECAR_NAME, emit, inline_captured
+from reprocut.shrink.header import Header
 
 ACCEPTED_DIR = "accepted"
-# render(case) -> (repro.py text, captured keys it loads from the sidecar)
-Render = Callable[[ReproCase], tuple[str, tuple[str, ...]]]
+# render(case, inputs) -> (repro.py text, captured keys it loads from the sidecar)
+Render = Callable[[ReproCase, Mapping[str, Any]], tuple[str, tuple[str, ...]]]
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One accepted candidate on disk."""
+    """One accepted candidate: a script on disk, or a case (its script is rendered when the
+    walk-back first needs it: most shrinks verify and never do)."""
 
     index: int
-    path: Path
-    tensor_elements: int | None
+    path: Path  # NNNN.py (for a case: where its script goes)
+    case: ReproCase | None = None
 
 
 class AcceptedLog:
-    """The accepted candidates of one shrink, in order, as runnable scripts."""
+    """The accepted candidates of one shrink, in order."""
 
-    def __init__(
-        self,
-        folder: Path,
-        *,
-        render: Render | None = None,
-        inputs: Mapping[str, Any] | None = None,
-        finish: Callable[[str], str] | None = None,
-    ) -> None:
-        """`render`: a case-level shrink's case -> script; `inputs`: the captured tensors its
-        sidecar holds; `finish`: what a source-level reduction does to its final script (pin the
-        script's folder, end with a synchronize), done to each accepted one alike."""
+    def __init__(self, folder: Path, *, finish: Callable[[str], str] | None = None) -> None:
+        """`finish`: what a source-level reduction does to its final script (pin the script's
+        folder, end with a synchronize), done to each accepted one alike."""
         self.folder = folder
-        self.render = render
-        self.inputs = inputs or {}
         self.finish = finish or (lambda code: code)
         self.entries: list[Entry] = []
         self._keys: set[str] = set()
@@ -59,20 +51,33 @@ class AcceptedLog:
             shutil.rmtree(folder)  # a new shrink: the last one's candidates are not ours
         folder.mkdir(parents=True)
 
-    def add_code(self, code: str, tensor_elements: int | None = None) -> None:
-        path = self.folder / f"{len(self.entries):04d}.py"
+    def _next(self) -> Path:
+        return self.folder / f"{len(self.entries):04d}.py"
+
+    def add_code(self, code: str) -> None:
+        path = self._next()
         path.write_text(code)
-        self.entries.append(Entry(len(self.entries), path, tensor_elements))
+        self.entries.append(Entry(len(self.entries), path))
 
     def add_case(self, case: ReproCase) -> None:
-        assert self.render is not None
-        code, keys = self.render(case)
-        if not set(keys) <= self._keys:  # one sidecar for all: the union of what they load
+        path = self._next()
+        path.with_suffix(".json").write_text(case.dumps())
+        self.entries.append(Entry(len(self.entries), path, case))
+
+    def script(self, entry: Entry, render: Render | None, inputs: Mapping[str, Any]) -> Path:
+        """The entry's script on disk (a case's rendered now; one sidecar serves them all)."""
+        if entry.case is None or entry.path.exists():
+            return entry.path
+        if render is None:
+            raise ValueError("a case candidate needs a render function")
+        code, keys = render(entry.case, inputs)
+        if not set(keys) <= self._keys:  # the union of what they load
             import torch
 
             self._keys |= set(keys)
-            torch.save({k: self.inputs[k] for k in sorted(self._keys)}, self.folder / SIDECAR_NAME)
-        self.add_code(code, case.total_numel())
+            torch.save({k: inputs[k] for k in sorted(self._keys)}, self.folder / SIDECAR_NAME)
+        entry.path.write_text(code)
+        return entry.path
 
     def watch(self, on_event: Callable[[Any], None]) -> Callable[[Any], None]:
         """`on_event` that also logs: the case shrinker's first event carries its start, each
@@ -80,8 +85,9 @@ class AcceptedLog:
 
         def logged(event: Any) -> None:
             best = getattr(event, "best", None)
-            if isinstance(best, ReproCase) and self.render is not None:
-                if not self.entries or getattr(event, "kind", "") == "accepted":
+            if isinstance(best, ReproCase):
+                first = not self.entries
+                if first or (event.kind == "accepted" and self.entries[-1].case != best):
                     self.add_case(best)
             elif self.entries and hasattr(event, "lines") and isinstance(event.code, str):
                 self.add_code(self.finish(event.code))  # a SourceAccepted
@@ -104,6 +110,17 @@ class WalkBack:
     candidates: int
     reason: str
 
+    def describe(self) -> str:
+        """One sentence for report.md."""
+        if self.chosen is None:
+            return f"The shrunk repro did not verify; walking back found none that does ({self.reason})."
+        later = self.candidates - 1 - self.chosen.index
+        return (
+            f"The smallest candidate did not reproduce in plain runs: this is accepted candidate "
+            f"{self.chosen.index} of {self.candidates - 1}, the latest that does ({later} later "
+            "one(s) reproduced only inside reprocut's checks)."
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "chosen": None if self.chosen is None else self.chosen.index,
@@ -118,18 +135,21 @@ def walk_back(
     *,
     reproduces: Callable[[Path], bool],
     verifies: Callable[[Path], bool],
+    render: Render | None = None,
+    inputs: Mapping[str, Any] | None = None,
     final_failed: bool = True,
 ) -> WalkBack:
     """The latest accepted candidate that verifies (see the module docstring). `reproduces`:
     one plain run fails with the signature; `verifies`: the full verification passes (the
-    caller runs them: check/verify.py). `final_failed`: the last entry is known not to verify."""
+    caller runs them: check/verify.py). `render`, `inputs`: for case candidates, their script
+    and captured tensors. `final_failed`: the last entry is known not to verify."""
     entries = log.entries
     probes = 0
 
     def probe(entry: Entry) -> bool:
         nonlocal probes
         probes += 1
-        return reproduces(entry.path)
+        return reproduces(log.script(entry, render, inputs or {}))
 
     if len(entries) < 2:
         return WalkBack(None, probes, len(entries), "no earlier candidate was accepted")
@@ -144,22 +164,28 @@ def walk_back(
                 good = middle
             else:
                 bad = middle
-        if verifies(entries[good].path):
+        if verifies(log.script(entries[good], render, inputs or {})):
             return WalkBack(entries[good], probes, len(entries), "verified")
         bad = good  # flaky: look further back
     return WalkBack(None, probes, len(entries), "no accepted candidate verifies")
 
 
+def renderer(header: Header) -> Render:
+    """A case candidate's repro.py text (small captured values inlined) and its sidecar keys."""
+
+    def render(case: ReproCase, inputs: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
+        emitted = emit(inline_captured(case, inputs), header)
+        return emitted.code, emitted.sidecar_keys
+
+    return render
+
+
 def install(chosen: Entry, out: Path) -> str:
-    """Write the chosen candidate as out/repro.py (with the sidecar it may load)."""
+    """Write the chosen candidate (its script rendered by now) as out/repro.py, with the
+    sidecar it may load."""
     code = chosen.path.read_text()
     sidecar = chosen.path.with_name(SIDECAR_NAME)
     if sidecar.exists() and SIDECAR_NAME in code:
         shutil.copyfile(sidecar, out / SIDECAR_NAME)
     (out / "repro.py").write_text(code)
     return code
-
-
-def statements_of(code: str) -> int:
-    """Statements of a chosen candidate, counted as the shrink counts its result."""
-    return count_statements(code) or sum(1 for line in code.splitlines() if line.strip())
