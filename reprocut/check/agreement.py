@@ -57,6 +57,11 @@ class PlainAgreement:
         self.disagreements = 0
         self.seconds = 0.0
 
+    def trust(self, code: str) -> None:
+        """`code` is known to fail this way in a plain run (the user's own script, which did):
+        candidates that leave its process-sensitive parts alone need no plain run."""
+        self.confirmed = fingerprint(code)
+
     def warm_up(self) -> None:
         """Start the first plain interpreter while the fork server starts."""
         self.runner.warm_up()

@@ -131,7 +131,9 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
                 ):
                     print_phase(console, "no captured call to shrink: reducing the script instead")
                 if failure.script and Path(failure.script).is_file():
-                    log.start_source(Path(failure.script).read_text())
+                    original = Path(failure.script).read_text()
+                    log.start_source(original)
+                    agreement.trust(original)  # it failed so in the user's own run
                 outcome = shrink_source(failure, oracle, options, on_event)
             else:
                 inputs = load_inputs(run_dir)
