@@ -24,6 +24,10 @@ COMMANDS = {
         "reprocut.commands.shrink",
         "turn the latest recording into a minimal, verified repro.py",
     ),
+    "sanitize": (
+        "reprocut.commands.sanitize",
+        "run a recording's repro.py under compute-sanitizer memcheck",
+    ),
 }
 
 EPILOG = """\
@@ -42,6 +46,7 @@ typical use:
   reprocut record train.py --epochs 3
   reprocut shrink
   python .reprocut/runs/<id>/repro.py
+  reprocut sanitize            (memory faults: which access, thread and tensor)
 """
 
 

@@ -20,10 +20,12 @@ from rich.console import Console
 
 from reprocut.check.agreement import PlainAgreement, reproducing_form
 from reprocut.check.oracle import Oracle, OtherFailure, Passed, Reproduced, Verdict
+from reprocut.check.sanitizer import evidence_for
 from reprocut.check.verify import Verification, run_plain, verify
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.errors import CorruptRecordingError, ExitCode, NotReproducedError, ReprocutError
 from reprocut.model.recording import Failure, RunDir, atomic_write
+from reprocut.report.display.sanitizer import print_evidence
 from reprocut.report.display.shrink import print_phase, print_result, shrink_display
 from reprocut.report.markdown import ReportInputs, collect_environment, render
 from reprocut.shrink.emitter import SIDECAR_NAME, Emitted, count_statements, emit, inline_captured
@@ -152,17 +154,25 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
         outcome, verification, walked = _walk_back(
             log, outcome, verification, failure, inputs, environment, options, out, console
         )
+    evidence = evidence_for(repro, failure.signature, timeout=options.timeout * 3)
+    if evidence is not None:  # a memory fault: memcheck names the access, thread and tensor
+        print_evidence(console, evidence.to_json())
+        outcome = replace(outcome, code=repro.read_text())
     seconds = time.monotonic() - started
     report = out / "report.md"
     notes = () if walked is None else (walked.describe(),)
     report_inputs = replace(
-        _report_inputs(outcome, failure, environment, verification, seconds), notes=notes
+        _report_inputs(outcome, failure, environment, verification, seconds),
+        notes=notes,
+        sanitizer="" if evidence is None else evidence.markdown(),
     )
     atomic_write(report, render(report_inputs))
     result = _result(outcome, failure.signature, verification, repro, report, seconds)
     result["agreement"] = agreement.to_json()
     if walked is not None:
         result["walk_back"] = walked.to_json()
+    if evidence is not None:
+        result["sanitizer"] = evidence.to_json()
     if options.json:
         print(json.dumps(result, indent=2))
     else:
