@@ -17,6 +17,9 @@ from reprocut.model.case import TensorSpec
 from reprocut.model.tensors import to_dtype
 
 
+INT32_MAX = 2**31 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class Explanation:
     facts: dict[int | str, tuple[str, ...]]  # argument position or kwarg name -> facts
@@ -289,8 +292,9 @@ def explain(
 
 def layout_facts(spec: TensorSpec) -> tuple[str, ...]:
     """What a kernel that walks memory as one flat, aligned buffer gets wrong about a tensor:
-    stride-0 (expand()ed) dims, any other non-contiguous layout, a storage offset (and whether
-    it leaves the data off a 16-byte boundary, which vectorized loads need)."""
+    stride-0 (expand()ed) dims, any other non-contiguous layout, more elements than int32
+    offsets reach, a storage offset (and whether it leaves the data off a 16-byte boundary,
+    which vectorized loads need)."""
     facts = []
     stride = spec.stride
     if stride is not None and not spec.is_contiguous:
@@ -304,6 +308,8 @@ def layout_facts(spec: TensorSpec) -> tuple[str, ...]:
             )
         else:
             facts.append(f"not contiguous: stride {tuple(stride)} for shape {spec.shape}")
+    if spec.storage_numel > INT32_MAX:  # a kernel computing offsets in int32 wraps
+        facts.append(f"{spec.storage_numel} elements, past 2**31 - 1 (int32 offsets wrap)")
     if spec.storage_offset:
         size = torch.empty((), dtype=to_dtype(spec.dtype)).element_size()
         offset = spec.storage_offset * size
