@@ -163,3 +163,23 @@ def test_the_same_reduction_with_todays_oracle_ends_in_a_repro_that_verifies(ora
     assert plain_fails(final, script) and "noise" not in final
     done = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
     assert "index out of range" in done.stderr
+
+
+def test_a_case_that_needs_blocking_launches_sets_them_before_torch_is_imported(tmp_path):
+    """The one environment a repro may need comes with it, so a fork child (which runs the
+    code before it starts CUDA) and a plain run both have it."""
+    from reprocut.model.case import Literal, ReproCase, TensorSpec
+    from reprocut.shrink.emitter import emit
+
+    case = ReproCase(
+        "torch.nn.functional.embedding",
+        (TensorSpec((1,), dtype="int64", values=Literal((12,))), TensorSpec((10, 4))),
+        env=(("CUDA_LAUNCH_BLOCKING", "1"),),
+    )
+    code = emit(case).code
+    body = code.split('"""\n', 2)[-1]
+    assert body.index('os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")') < body.index(
+        "import torch"
+    )
+    assert "Environment: CUDA_LAUNCH_BLOCKING=1" in code
+    assert plain_fails(code, tmp_path / "repro.py")

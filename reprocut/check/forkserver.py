@@ -336,10 +336,13 @@ def serve(stdin: Any, stdout: Any) -> None:
                     if request.get("standby"):
                         standby = standby or Standby.fork(cuda=bool(request.get("cuda")))
                         reply = {"outcome": "standby", "pid": standby.pid}
-                    elif standby is not None:
+                    elif standby is not None and not request.get("fresh_child"):
                         standby, used = None, standby
                         reply = used.serve(request, workdir)
-                    else:
+                    else:  # a candidate that sets the environment CUDA reads must start it
+                        if standby is not None:
+                            standby.discard()
+                            standby = None
                         reply = serve_one(request, workdir)
                 except Exception as exc:  # a broken request must not take the server down
                     reply = {"outcome": "error", "message": repr(exc)}

@@ -212,6 +212,7 @@ class Oracle:
             argv=[],
             timeout=timeout,
             expected=expected or case.expected,
+            fresh_child=bool(case.env),  # its env must be set before CUDA starts
         )
 
     def check_source(
@@ -224,8 +225,10 @@ class Oracle:
         timeout: float | None = None,
         sys_path0: str | None = None,
         expected: Signature | None = None,
+        fresh_child: bool = False,
     ) -> Verdict:
-        """Run `code` as `__main__` (as `python filename argv...` from `cwd` would)."""
+        """Run `code` as `__main__` (as `python filename argv...` from `cwd` would).
+        `fresh_child`: not in a standby child whose CUDA context is made already."""
         request = {
             "code": code,
             "filename": str(filename),
@@ -234,6 +237,7 @@ class Oracle:
             "sys_path0": sys_path0 or str(Path(filename).resolve().parent),
             "timeout": float(timeout or self.timeout),
             "sync": self.launch_blocking,
+            "fresh_child": fresh_child,
         }
         started = time.perf_counter()
         if self.fork:

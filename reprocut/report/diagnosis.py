@@ -16,7 +16,6 @@ import torch
 from reprocut.model.case import TensorSpec
 from reprocut.model.tensors import to_dtype
 
-
 INT32_MAX = 2**31 - 1
 
 
