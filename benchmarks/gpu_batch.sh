@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # One device call refreshes the GPU evidence. STAGES picks what runs (default: all), in order:
-#   tests    every @pytest.mark.cuda test but the source reducer's (4 workers; TESTS: which files)
+#   tests    every @pytest.mark.cuda test but the source reducer's and test_nan.py's (4 workers)
 #   source_tests  the source reducer's cuda tests (3 workers, one per custom-kernel case)
 #   record   benchmarks/bench_record.py --device cuda
 #   source   benchmarks/bench_source.py --device cuda (reprocut vs shrinkray on the GPU cases)
 #   corpus   benchmarks/run_corpus.py --device cuda
 #   shrink   benchmarks/bench_shrink.py --device cuda
+#   pipeline benchmarks/bench_pipeline.py --device cuda (crash to verified repro, per phase;
+#            not in the default list: it wants the machine to itself, run it alone, ~6 min)
+#   nan      the NaN/inf origin cuda tests (tests/test_nan.py -m cuda), then benchmarks/bench_nan.py
 #   faults   issue #11: the memcheck cuda test, then record + shrink of the fault corpus cases
 #            (sparse ids, Triton int32 offsets, CuPy unchecked ids, cuBLAS status; FAULTS_CASES)
 # Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
@@ -13,13 +16,15 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/logs}
-STAGES=${STAGES:-tests source_tests record source corpus shrink}
+STAGES=${STAGES:-tests source_tests record source corpus shrink nan}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# the commit this tree is (the device copy's git metadata is stale): .whl/COMMIT, written by the caller
+[ -f .whl/COMMIT ] && export REPROCUT_COMMIT=$(cat .whl/COMMIT)
 
 stage_tests() {
     timeout -k 10 "${TESTS_LIMIT:-330}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 4 \
-        --timeout 240 --ignore tests/test_source_reducer.py ${TESTS:-tests/} >"$OUT/gpu_tests.log" 2>&1
+        --timeout 240 --ignore tests/test_source_reducer.py --ignore tests/test_nan.py ${TESTS:-tests/} >"$OUT/gpu_tests.log" 2>&1
     echo "pytest exit $?" >>"$OUT/gpu_tests.log"
     grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_tests.log"
 }
@@ -64,6 +69,27 @@ stage_shrink() {
         --repeats 5 --max-time 20 --out "$OUT/shrink-cuda.md" >"$OUT/bench_shrink.log" 2>&1
     echo "bench_shrink exit $?" >>"$OUT/bench_shrink.log"
     tail -3 "$OUT/bench_shrink.log"
+}
+
+stage_pipeline() {
+    # one case at a time; no case starts after PIPELINE_BUDGET s, so the stage ends within ~8 min
+    timeout -k 10 "${PIPELINE_LIMIT:-470}" python3 benchmarks/bench_pipeline.py --device cuda \
+        --budget "${PIPELINE_BUDGET:-330}" --timeout 120 --out "$OUT" \
+        ${PIPELINE_CASES:+--cases $PIPELINE_CASES} >"$OUT/bench_pipeline.log" 2>&1
+    echo "bench_pipeline exit $?" >>"$OUT/bench_pipeline.log"
+    tail -22 "$OUT/bench_pipeline.log"
+}
+
+stage_nan() {
+    # the cuda tests first (9 corpus cases, 3 at a time), then the overhead / time-to-origin bench
+    timeout -k 10 "${NAN_TESTS_LIMIT:-150}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 3 \
+        --timeout 140 tests/test_nan.py >"$OUT/gpu_nan_tests.log" 2>&1
+    echo "pytest exit $?" >>"$OUT/gpu_nan_tests.log"
+    grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_nan_tests.log"
+    timeout -k 10 "${NAN_LIMIT:-210}" python3 benchmarks/bench_nan.py --device cuda \
+        --repeats "${NAN_REPEATS:-1}" --out "$OUT" >"$OUT/bench_nan.log" 2>&1
+    echo "bench_nan exit $?" >>"$OUT/bench_nan.log"
+    tail -22 "$OUT/bench_nan.log"
 }
 
 stage_faults() {

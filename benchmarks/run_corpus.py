@@ -188,8 +188,9 @@ def environment(device: str) -> dict[str, Any]:
     )
     facts = parse_json(probe.stdout) or {"torch": "?", "device_name": "?", "python": "?"}
     facts.setdefault("platform", "?")
-    commit = _git("rev-parse", "--short", "HEAD")
-    if commit and _git("status", "--porcelain", "reprocut"):
+    # the device machine's copy of the tree carries stale git metadata: the caller names the commit
+    commit = os.environ.get("REPROCUT_COMMIT") or _git("rev-parse", "--short", "HEAD")
+    if "REPROCUT_COMMIT" not in os.environ and commit and _git("status", "--porcelain", "reprocut"):
         commit += " + uncommitted changes under reprocut/"
     return {**facts, "commit": commit or "?"}
 

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from reprocut import __version__
+from reprocut import __version__, silence_torch_import_warnings
 from reprocut.model.errors import ExitCode, ReprocutError
 from reprocut.report.display.console import make_console, print_error, print_internal_error
 
@@ -27,6 +27,10 @@ COMMANDS = {
     "sanitize": (
         "reprocut.commands.sanitize",
         "run a recording's repro.py under compute-sanitizer memcheck",
+    ),
+    "runs": (
+        "reprocut.commands.runs",
+        "list the recordings, or delete old ones (--clean)",
     ),
 }
 
@@ -46,6 +50,7 @@ typical use:
   reprocut record train.py --epochs 3
   reprocut shrink
   python .reprocut/runs/<id>/repro.py
+  reprocut runs --clean --keep 5
   reprocut sanitize            (memory faults: which access, thread and tensor)
 """
 
@@ -86,12 +91,29 @@ def error_json(exc: ReprocutError) -> dict[str, object]:
     }
 
 
+def _parse(parser: argparse.ArgumentParser, args: list[str]) -> argparse.Namespace:
+    """argv as a Namespace. A command that runs a program (record) first cuts that program's
+    command line off (`split_args`): argparse would read its `-m` and options as reprocut's."""
+    module = importlib.import_module(COMMANDS[args[0]][0]) if args and args[0] in COMMANDS else None
+    split = getattr(module, "split_args", None)
+    if split is None:
+        return parser.parse_args(args)
+    own, launch = split(args[1:])
+    options = parser.parse_args([args[0], *own])
+    options.launch_args = launch
+    return options
+
+
 def entry() -> NoReturn:
     """The `reprocut` command: main(), then exit without the interpreter's teardown.
 
     By then torch is imported (the localizer, the replay oracle), and tearing it down takes
     about half a second after the report is out: time a user waits for nothing. Every file
-    reprocut writes is closed by then; the terminal streams are flushed here."""
+    reprocut writes is closed by then; the terminal streams are flushed here.
+    Killing reprocut kills the processes it started (see reprocut.check.lifeline)."""
+    from reprocut.check import lifeline
+
+    lifeline.install_signal_handlers()
     code = main()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
@@ -101,11 +123,12 @@ def entry() -> NoReturn:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    silence_torch_import_warnings()
     args = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(args[0] if args and args[0] in COMMANDS else "")
     console = make_console()
     try:
-        options = parser.parse_args(args)
+        options = _parse(parser, args)
     except SystemExit as exc:
         return ExitCode.OK if exc.code == 0 else ExitCode.USAGE_ERROR
     if options.command is None:

@@ -37,11 +37,15 @@ def test_no_traceback_no_signature() -> None:
 
 def test_flaky_repro_reports_its_rate(tmp_path: Path) -> None:
     script = tmp_path / "repro.py"
-    script.write_text(
-        "import pathlib\n"
-        "counter = pathlib.Path(__file__).with_name('count')\n"
-        "n = int(counter.read_text()) if counter.exists() else 0\n"
-        "counter.write_text(str(n + 1))\n"
+    script.write_text(  # the runs go side by side: the counter is read and bumped under a lock
+        "import fcntl, pathlib\n"
+        "with open(pathlib.Path(__file__).with_name('count'), 'a+') as f:\n"
+        "    fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "    f.seek(0)\n"
+        "    n = int(f.read() or 0)\n"
+        "    f.seek(0)\n"
+        "    f.truncate()\n"
+        "    f.write(str(n + 1))\n"
         "if n % 2 == 0:\n"
         "    raise IndexError('index out of range in self')\n"
     )

@@ -36,7 +36,7 @@ def sample(model: CharGRU, prompt: torch.Tensor, length: int, temperature: float
     out = []
     for _ in range(length):
         logits, h = model(tokens, h)
-        probs = F.softmax(logits[:, -1] / temperature, dim=-1)
+        probs = F.softmax(logits[:, -1] / temperature, dim=-1)  # reprocut: nan origin
         tokens = torch.multinomial(probs, num_samples=1)  # reprocut: culprit
         out.append(tokens)
     model.train()

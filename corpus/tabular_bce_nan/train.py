@@ -59,7 +59,7 @@ def main() -> None:
     loader = DataLoader(TensorDataset(x, y), batch_size=args.batch_size)
     step = 0
     for epoch in range(args.epochs):
-        for features, targets in loader:
+        for features, targets in loader:  # reprocut: nan origin
             features, targets = features.to(args.device), targets.to(args.device)
             probs = model(features)
             loss = criterion(probs, targets)  # reprocut: culprit

@@ -36,6 +36,12 @@ class _OpMode(TorchDispatchMode):
         super().__init__()
         self.owner = owner
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No dynamo-disabling wrapper: its first call imports torch._dynamo (2 s and more), which
+        every fork server paid at start before it could answer its first check."""
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         try:

@@ -10,7 +10,8 @@ that gets its own process group, writes stdout/stderr to files, runs the code as
 FaultAttribution, sends its verdict through a pipe and leaves with `os._exit` (no destructors: a
 process after a sticky CUDA error can hang in teardown). The server kills the child's group on
 timeout and answers one JSON line. `--once REQUEST` runs one request in this very process (the
-fresh-process mode of the oracle).
+fresh-process mode of the oracle). With `--parent PID`, the server and its children end once that
+process (reprocut) is gone, even if it was SIGKILLed (see lifeline).
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reprocut import silence_torch_import_warnings
+from reprocut.check import lifeline
+
 FORK_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # torch.cuda.is_available() without CUDA
 BLOCKING_ENV = {"CUDA_LAUNCH_BLOCKING": "1", **FORK_ENV}
 HEAD_BYTES = 64_000  # kernel assertions come first: keep the head of stderr...
 TAIL_BYTES = 16_000  # ...and its tail (the traceback)
 MESSAGE_CHARS = 8_000
 POLL_SECONDS = 0.002
+_parent: int | None = None  # reprocut's pid (--parent): once it is gone, the server ends
 
 
 def _set_environment() -> None:
@@ -49,7 +54,7 @@ def _preload() -> None:
     from reprocut.model.publicapi import _public_index
 
     _public_index()  # build the public-name index once, before forking
-    # the first op under a dispatch mode imports torch._dynamo (about 1 s): pay it here, once
+    # the first op under the modes warms their code paths once (torch._dynamo stays unimported)
     if os.environ.get("REPROCUT_FORKSERVER_WARMUP", "1") != "0":
         with attribution.FaultAttribution():
             torch.nn.functional.embedding(torch.tensor([0]), torch.zeros(1, 1)).sum().item()
@@ -130,12 +135,14 @@ def serve_one(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
     read_fd, write_fd = os.pipe()
     _flush()
     started = time.perf_counter()
+    server = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child
         status = 70
         try:
             os.close(read_fd)
             os.setpgid(0, 0)
+            lifeline.exit_with_parent(server)
             _run_child(request, workdir, write_fd)
             status = 0
         except BaseException:
@@ -199,11 +206,12 @@ class Standby:
         request_r, request_w = os.pipe()
         result_r, result_w = os.pipe()
         _flush()
+        server = os.getpid()
         pid = os.fork()
         if pid == 0:
             os.close(request_w)
             os.close(result_r)
-            _standby_child(request_r, result_w, cuda)  # never returns
+            _standby_child(request_r, result_w, cuda, server)  # never returns
         os.close(request_r)
         os.close(result_w)
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -231,10 +239,11 @@ class Standby:
             os.waitpid(self.pid, 0)
 
 
-def _standby_child(request_fd: int, result_fd: int, cuda: bool) -> None:
+def _standby_child(request_fd: int, result_fd: int, cuda: bool, server: int) -> None:
     status = 70
     try:
         os.setpgid(0, 0)
+        lifeline.exit_with_parent(server)
         if cuda:
             _start_cuda()
         with os.fdopen(request_fd) as pipe:
@@ -269,6 +278,9 @@ def _wait(pid: int, read_fd: int, timeout: float, started: float) -> dict[str, A
         if done:
             status = raw
             break
+        if _parent is not None and os.getppid() != _parent:  # reprocut is gone: so are we
+            _kill_group(pid)
+            os._exit(1)
         if time.perf_counter() > deadline:
             _kill_group(pid)
             os.waitpid(pid, 0)
@@ -371,9 +383,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m reprocut.check.forkserver")
     parser.add_argument("--once", type=Path, help="run one request (JSON file) in this process")
     parser.add_argument("--verdict", type=Path, help="with --once: where to write the verdict")
+    parser.add_argument("--parent", type=int, help="end when this process is gone")
     options = parser.parse_args(argv)
     _set_environment()
+    silence_torch_import_warnings()
+    global _parent
+    _parent = options.parent
     if options.once:
+        lifeline.end_group_with_parent(options.parent)
         if options.verdict is None:
             parser.error("--once needs --verdict")
         run_once(options.once, options.verdict)

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from reprocut import PACKAGE_DIR
+from reprocut.check import lifeline
 from reprocut.check.forkserver import BLOCKING_ENV, FORK_ENV, read_output
 from reprocut.model.case import ReproCase, Signature
-from reprocut.model.signature import classify
+from reprocut.model.signature import CRASH, classify, crash_signature
 from reprocut.shrink.emitter import SIDECAR_NAME, emit, inline_captured
 from reprocut.shrink.header import Header
 
@@ -131,7 +132,12 @@ def verdict_from_reply(
     if outcome == "timeout":
         return TimedOut(seconds)
     if outcome != "done":
-        return Crashed(reply.get("returncode"), _tail(stderr or reply.get("message", "")), seconds)
+        returncode = reply.get("returncode")
+        if expected is not None and expected.error_type == CRASH and returncode is not None:
+            crash = crash_signature(returncode)  # a crash is what this repro must do
+            if crash.matches(expected):
+                return Reproduced(crash, f"the process died ({crash.kind})", _tail(stderr), seconds)
+        return Crashed(returncode, _tail(stderr or reply.get("message", "")), seconds)
     verdict = reply["verdict"]
     if verdict.get("status") == "passed":
         return Passed(seconds, _tail(str(reply.get("stdout", ""))))
@@ -188,6 +194,7 @@ class Oracle:
         self._sidecar_keys: tuple[tuple[str, ...], int] | None = None
         self.standby_cuda = standby_cuda
         self._server_lock = threading.Lock()  # prepare() may come from another thread
+        self.startup_seconds: float | None = None  # how long warm_up took to start the server
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -257,9 +264,20 @@ class Oracle:
         return verdict
 
     def warm_up(self) -> None:
-        """Start the fork server now (it imports torch: seconds), e.g. while a script runs."""
-        if self.fork and (self._server is None or self._server.poll() is not None):
-            self._server = self._start_server()
+        """Start the fork server now (it imports torch: seconds), e.g. while a script runs or a
+        recording is read, on a thread of the caller's: checks that come meanwhile wait for it.
+        A server that finds CUDA initialised sends the oracle to fresh processes, as a check
+        would."""
+        with self._server_lock:
+            if self.fork and (self._server is None or self._server.poll() is not None):
+                started = time.perf_counter()
+                try:
+                    self._server = self._start_server()
+                except ForkUnsafeError as exc:
+                    self.fork = False
+                    self.fork_disabled = str(exc)
+                    return
+                self.startup_seconds = time.perf_counter() - started
 
     def prepare(self) -> int | None:
         """A check is coming: have the server fork its child now, so that the child's CUDA start
@@ -311,7 +329,7 @@ class Oracle:
     def _start_server(self) -> subprocess.Popen[str]:
         log = (self.workdir / "server.log").open("a")
         server = subprocess.Popen(
-            [sys.executable, "-m", "reprocut.check.forkserver"],
+            [sys.executable, "-m", "reprocut.check.forkserver", "--parent", str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -321,6 +339,7 @@ class Oracle:
             start_new_session=True,
         )
         log.close()
+        lifeline.own(server.pid)
         line = self._read_line(server, STARTUP_TIMEOUT)
         ready = json.loads(line) if line else {}
         if not ready.get("ready"):
@@ -377,6 +396,7 @@ class Oracle:
             pass
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
+        lifeline.disown(process.pid)
         if wait:
             process.wait()
         if process.stdout:
@@ -394,12 +414,13 @@ class Oracle:
         with out_path.open("w") as out, err_path.open("w") as err:
             process = subprocess.Popen(
                 [sys.executable, "-m", "reprocut.check.forkserver", "--once", str(request_path),
-                 "--verdict", str(verdict_path)],
+                 "--verdict", str(verdict_path), "--parent", str(os.getpid())],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                 env=child_environment(blocking=self.launch_blocking),
                 cwd=request["cwd"], start_new_session=True,
             )  # fmt: skip
-            returncode = run_with_timeout(process, request["timeout"])
+            with lifeline.owned(process.pid):
+                returncode = run_with_timeout(process, request["timeout"])
         reply: dict[str, Any] = {
             "seconds": time.perf_counter() - started,
             "stdout": read_output(out_path),

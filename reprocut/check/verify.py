@@ -12,14 +12,17 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from reprocut.check import lifeline
 from reprocut.check.oracle import run_with_timeout
 from reprocut.model.case import Signature
 from reprocut.model.errors import ExitCode
-from reprocut.model.signature import classify
+from reprocut.model.signature import classify, crash_signature
 
+DEVICE_BUSY = "busy or unavailable"  # "CUDA-capable device(s) is/are busy or unavailable"
 _EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: (?P<message>.*))?$")
 
 
@@ -94,22 +97,38 @@ def run_plain(script: Path, *, timeout: float = 120.0) -> RunOutcome:
     )
     stderr_bytes = b""
     try:
-        _, stderr_bytes = process.communicate(timeout=timeout)
+        with lifeline.owned(process.pid):
+            _, stderr_bytes = process.communicate(timeout=timeout)
         returncode: int | None = process.returncode
     except subprocess.TimeoutExpired:
         returncode = run_with_timeout(process, 0)  # kills the group
         returncode = None
     stderr = stderr_bytes.decode("utf-8", "replace")
-    return RunOutcome(
-        returncode, signature_from_stderr(stderr), time.perf_counter() - started, stderr[-4000:]
-    )
+    signature = signature_from_stderr(stderr)
+    if signature is None and returncode:  # died without a traceback: a crash
+        signature = crash_signature(returncode)
+    return RunOutcome(returncode, signature, time.perf_counter() - started, stderr[-4000:])
 
 
 def verify(
-    script: Path, expected: Signature, *, runs: int = 3, timeout: float = 120.0
+    script: Path,
+    expected: Signature,
+    *,
+    runs: int = 3,
+    timeout: float = 120.0,
+    parallel: bool = True,
 ) -> Verification:
-    """Run `script` `runs` times; count the runs whose signature matches `expected` (op aside)."""
-    outcomes = tuple(run_plain(script, timeout=timeout) for _ in range(runs))
+    """Run `script` `runs` times; count the runs whose signature matches `expected` (op aside).
+
+    The runs are independent processes, so by default they run side by side (each still a
+    fresh `python script`, each with its own timeout): the wait is one run's, not `runs`'."""
+    outcomes: tuple[RunOutcome, ...] = ()
+    if parallel and runs > 1:
+        with ThreadPoolExecutor(max_workers=runs) as pool:
+            outcomes = tuple(pool.map(lambda _: run_plain(script, timeout=timeout), range(runs)))
+    if not outcomes or any(DEVICE_BUSY in outcome.stderr_tail for outcome in outcomes):
+        # a GPU in exclusive-process mode gives one process at a time: one after another, then
+        outcomes = tuple(run_plain(script, timeout=timeout) for _ in range(runs))
     reproduced = sum(
         1
         for outcome in outcomes

@@ -1,10 +1,13 @@
 """Run a training script under reprocut; on failure, find the first op that faulted.
 
 The script runs exactly as `python SCRIPT ARGS...` would (same argv, sys.path, __main__, working
-directory, output). A script that finishes cleanly gives exit 1, "nothing to reproduce". On failure, reprocut prints the
-faulting op, the step and phase, the module path, your source line, the op's input tensors with
-the facts that explain the failure, the kernel's assertion, where the error surfaced, and a
-diagnosis. Everything is stored under .reprocut/runs/<id>/ for `reprocut shrink`.
+directory, output); `-m MODULE ARGS...` runs a module as `python -m` does, and after `--` comes a
+python command line as you would type it (`-- python -m pkg.train --lr 3e-4`). reprocut's own
+options go before the script. A script that finishes cleanly gives exit 1, "nothing to
+reproduce". On failure, reprocut prints the faulting op, the step and phase (with your own loop
+counters), the module path, your source line (and the library line that called torch, under a
+framework), the op's input tensors with the facts that explain the failure, the kernel's
+assertion, where the error surfaced, and a diagnosis. Everything is stored under .reprocut/runs/<id>/ for `reprocut shrink`.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from reprocut.model.errors import (
     ScriptNotFoundError,
 )
 from reprocut.model.recording import DEFAULT_ROOT, RunDir
+from reprocut.record.launch import Launch, locate, parse_launch, split_command
 from reprocut.record.runner import RunRequest, run_script
+from reprocut.report.display.console import print_line
 from reprocut.report.display.failure import failure_json, show_failure
 
 STATUS_EXIT = {
@@ -38,12 +43,19 @@ STATUS_EXIT = {
     "outside-dispatcher": ExitCode.OK,
     "not-localized": ExitCode.NOT_LOCALIZED,
     "script-error": ExitCode.SCRIPT_ERROR,
+    "nonfinite-input": ExitCode.OK,
 }
 
 
+USAGE = (
+    "reprocut record [options] SCRIPT [ARGS...]\n"
+    "       reprocut record [options] -m MODULE [ARGS...]\n"
+    "       reprocut record [options] -- python [PYTHON-OPTIONS] (SCRIPT | -m MODULE) [ARGS...]"
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("script", help="the Python script to run (as `python SCRIPT ...`)")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    parser.usage = USAGE
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument(
         "--timeout",
@@ -83,7 +95,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="where recordings are stored (default: ./.reprocut)",
     )
+    parser.add_argument(
+        "--nan",
+        action="store_true",
+        help="watch for NaN/inf (a flag per step over losses, gradients, parameters and model "
+        "outputs, read without waiting for the GPU); report the first op that made one from "
+        "finite inputs, found by a rerun to that step",
+    )
     parser.add_argument("--quiet", action="store_true", help="do not echo the script's own output")
+    parser.add_argument(
+        "--shrink",
+        action="store_true",
+        help="then write the verified repro.py and report.md, as `reprocut shrink` would, reusing "
+        "the warm fork server (exit code: the shrink's)",
+    )
+
+
+def split_args(args: list[str]) -> tuple[list[str], list[str]]:
+    """(reprocut's options, the launch command), cut before argparse sees them: argparse would
+    take `-m` and the script's own options for reprocut's (cli.py calls this)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    value_options = {
+        option
+        for action in parser._actions
+        if action.nargs != 0
+        for option in action.option_strings
+    }
+    return split_command(args, value_options)
 
 
 def check_script(script: Path) -> None:
@@ -105,14 +144,16 @@ def check_script(script: Path) -> None:
 
 
 def run(options: argparse.Namespace, console: Console) -> ExitCode:
-    script = Path(options.script)
-    check_script(script)
     cwd = Path.cwd()
+    launch = locate(parse_launch(getattr(options, "launch_args", [])), cwd)
+    assert launch.script is not None
+    check_script(launch.script)
     run_dir = RunDir.create(options.root)
     run_dir.write_meta(
         {
-            "script": str(script.resolve()),
-            "argv": options.script_args,
+            "script": str(launch.script),
+            "module": launch.module,
+            "argv": list(launch.args),
             "cwd": str(cwd),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "status": "running",
@@ -124,9 +165,10 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
     threading.Thread(
         target=importlib.import_module, args=("reprocut.localize.localizer",), daemon=True
     ).start()
-    warmer = OracleWarmer(options.timeout or 60.0) if options.snapshots and gpu_present() else None
+    warm = (options.snapshots and gpu_present()) or options.shrink
+    warmer = OracleWarmer(options.timeout or 60.0) if warm else None
     try:
-        return _record(options, console, script, cwd, run_dir, warmer)
+        return _record(options, console, launch, cwd, run_dir, warmer)
     finally:
         if warmer is not None:
             warmer.close()
@@ -190,27 +232,32 @@ def is_cuda_error_line(line: str) -> bool:
 def _record(
     options: argparse.Namespace,
     console: Console,
-    script: Path,
+    launch: Launch,
     cwd: Path,
     run_dir: RunDir,
     warmer: OracleWarmer | None,
 ) -> ExitCode:
     def progress(message: str) -> None:
-        console.print(f"[bold blue]reprocut[/]: {message}")
+        print_line(console, f"[bold blue]reprocut[/]: {message}")
 
     echo = None if options.quiet else (sys.stderr if options.json else sys.stdout)
-    progress(f"recording {script} (run {run_dir.id})")
+    script = launch.script
+    assert script is not None
+    shown = f"-m {launch.module}" if launch.module else launch.argv0
+    progress(f"recording {shown} (run {run_dir.id})")
     first = run_script(
         RunRequest(
-            script.resolve(),
-            tuple(options.script_args),
+            script,
+            launch.args,
             run_dir.path,
             "record",
             snapshots=options.snapshots,
             light_steps=False if options.full_trace else None,
             launch_blocking=False,
+            nan=options.nan,
             timeout=options.timeout,
             cwd=cwd,
+            launch=launch,
         ),
         echo_stdout=echo,
         echo_stderr=None if options.quiet else sys.stderr,
@@ -220,8 +267,10 @@ def _record(
     from reprocut.localize.localizer import localize
 
     localize_options = LocalizeOptions(
-        script=script.resolve(),
-        argv=tuple(options.script_args),
+        script=script,
+        argv=launch.args,
+        launch=launch,
+        frameworks=tuple(((first.outcome or {}).get("frameworks") or {}).items()),
         run_dir=run_dir,
         cwd=cwd,
         timeout=options.timeout,
@@ -229,6 +278,7 @@ def _record(
         snapshots=options.snapshots,
         rerun=options.rerun,
         oracle=None if warmer is None else warmer.ready(),
+        nan=options.nan,
     )
     meta = run_dir.read_meta()
     localize_started = time.perf_counter()
@@ -243,8 +293,15 @@ def _record(
         localize_seconds=round(time.perf_counter() - localize_started, 3),
     )
     run_dir.write_meta(meta)
-    if options.json:
-        print(json.dumps(failure_json(failure, run_dir.path), indent=2))
-    else:
+    if not options.json:
         show_failure(console, failure, run_dir.path)
-    return STATUS_EXIT.get(failure.status, ExitCode.NOT_LOCALIZED)
+    code = STATUS_EXIT.get(failure.status, ExitCode.NOT_LOCALIZED)
+    report = failure_json(failure, run_dir.path)
+    if options.shrink and code == ExitCode.OK:
+        from reprocut.commands.shrink import shrink_recorded
+
+        oracle = None if warmer is None else warmer.ready()
+        code, report["shrink"] = shrink_recorded(run_dir, failure, oracle, console, options.json)
+    if options.json:
+        print(json.dumps(report, indent=2))
+    return code

@@ -118,6 +118,8 @@ def from_culprit(
             module=culprit.get("module"),
             source=location(culprit.get("source")),
             forward_source=location(culprit.get("forward_source")),
+            call_site=location(culprit.get("call_site")),
+            loop=dict(culprit.get("loop") or {}),
             surfaced_at=location(outcome.get("surfaced_at")),
             tensors=tensors,
             diagnosis=diagnosis,

@@ -20,6 +20,7 @@ import torch
 from reprocut.model.case import Signature, SourceLocation
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
 from reprocut.model.signature import classify, cuda_error_code, parse_assertions
+from reprocut.record.launch import Launch
 from reprocut.record.runner import RunResult
 
 Progress = Callable[[str], None]
@@ -36,6 +37,9 @@ class LocalizeOptions:
     snapshots: bool = True
     rerun: bool = True
     oracle: Any = None  # a warmed-up Oracle for snapshot replay, if the caller made one
+    launch: Launch | None = None  # `-m`, argv[0] as typed, python options: reruns launch alike
+    frameworks: tuple[tuple[str, str], ...] = ()  # versions the script imported (its outcome)
+    nan: bool = False  # `--nan`: the first op that made a NaN/inf is the failure
 
 
 def environment_summary() -> dict[str, str]:
@@ -85,6 +89,8 @@ def finish(options: LocalizeOptions, failure: Failure) -> Failure:
         argv=options.argv,
         cwd=str(options.cwd),
         env=environment_summary(),
+        frameworks=dict(options.frameworks),
+        run_module=options.launch.module if options.launch else None,
     )
     options.run_dir.write_failure(failure)
     return failure
@@ -104,6 +110,7 @@ def script_error(
             phase=outcome.get("phase") if outcome else None,
             source=surfaced,
             surfaced_at=surfaced,
+            loop=dict(outcome.get("loop") or {}) if outcome else {},
             localization="in-process",
             notes=("the script failed, but not inside a torch op",),
         ),

@@ -8,10 +8,13 @@ In order of cost:
 3. rerun: the script runs again to the failing step, synchronizing around each op of that step;
    a fault pending *before* an op came from outside the dispatcher, and a blocking rerun then
    names the Python line that launched the custom kernel.
+A NaN or inf (a `--nan` run's flag flipped, or the failure's inputs held one) is traced to the
+op that made it by one more rerun (nonfinite.py).
 """
 
 from __future__ import annotations
 
+from reprocut.localize.crash import fatal_error, faulthandler_location
 from reprocut.localize.culprit import from_culprit, names_op, names_public_call
 from reprocut.localize.failure import (
     LocalizeOptions,
@@ -21,17 +24,44 @@ from reprocut.localize.failure import (
     not_localized,
     script_error,
 )
+from reprocut.localize.nonfinite import flagged_step, trace_origin, wants_origin
 from reprocut.localize.replay import replay_snapshots
 from reprocut.localize.rerun import rerun, rerun_for_op
-from reprocut.model.case import Signature
 from reprocut.model.errors import ScriptDidNotFailError, ScriptTimeoutError
 from reprocut.model.recording import ErrorInfo, Failure
-from reprocut.model.signature import is_cuda_failure, parse_assertions
+from reprocut.model.signature import (
+    crash_signature,
+    is_cuda_failure,
+    parse_assertions,
+    signal_name,
+)
 from reprocut.record.runner import RunResult
 
 
 def localize(options: LocalizeOptions, first: RunResult, progress: Progress) -> Failure:
     """Turn the first run's result into a Failure (written to the run dir), or raise."""
+    step = flagged_step(first.outcome) if options.nan and not first.timed_out else None
+    if step is not None:
+        progress(f"a NaN or inf appeared at step {step}; finding the op that made it")
+        return trace_origin(options, first, step, None, progress)
+    try:
+        failure = _localize_error(options, first, progress)
+    except ScriptDidNotFailError as exc:
+        if options.nan:
+            raise ScriptDidNotFailError(
+                "the script finished without error, and no NaN or inf reached its losses, "
+                "gradients, parameters or model outputs",
+                hint=exc.hint,
+            ) from None
+        raise
+    if wants_origin(failure):
+        progress("NaN/inf in what failed; finding the op that made it")
+        origin_step = failure.step if failure.step is not None else first.outcome["step"]
+        return trace_origin(options, first, origin_step, failure, progress)
+    return failure
+
+
+def _localize_error(options: LocalizeOptions, first: RunResult, progress: Progress) -> Failure:
     outcome = first.outcome
     if first.timed_out:
         steps = sum(1 for r in options.run_dir.read_trace() if r.get("type") == "step")
@@ -79,9 +109,15 @@ def localize(options: LocalizeOptions, first: RunResult, progress: Progress) -> 
 def _crashed(options: LocalizeOptions, first: RunResult, progress: Progress) -> Failure:
     steps = [r for r in options.run_dir.read_trace() if r.get("type") == "step"]
     completed = len(steps)
-    how = f"signal {first.signal}" if first.signal else f"exit code {first.returncode}"
+    signature = crash_signature(-first.signal if first.signal else first.returncode or 0)
+    name = signal_name(-first.signal) if first.signal else ""
+    how = f"{signature.kind}, {name}" if name else signature.kind
+    fatal = fatal_error(first.stderr)
     assertions = parse_assertions(first.stderr)
     message = f"the script's process died ({how}) after {completed} completed step(s)"
+    if fatal:
+        message += f": {fatal}"
+    where = faulthandler_location(first.stderr)
     error = ErrorInfo(
         type="Crash", message=message, assertions=tuple(a.to_json() for a in assertions)
     )
@@ -98,8 +134,10 @@ def _crashed(options: LocalizeOptions, first: RunResult, progress: Progress) -> 
         Failure(
             status="not-localized",
             error=error,
-            signature=Signature("Crash", None, None, how),
+            signature=signature,
             step=completed,
+            source=where,  # the crashing thread's innermost user frame, from faulthandler
+            surfaced_at=where,
             localization="none",
             notes=(f"the trace holds the {completed} completed step(s) before the crash",),
         ),

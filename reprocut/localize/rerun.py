@@ -69,6 +69,7 @@ def _run_again(options: LocalizeOptions, attempt: str, **how: Any) -> RunResult:
             snapshots=False,
             timeout=options.timeout,
             cwd=options.cwd,
+            launch=options.launch,
             **how,
         )
     )

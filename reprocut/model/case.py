@@ -199,6 +199,8 @@ class Signature:
         return self.error_type == other.error_type and self.kind == other.kind
 
     def describe(self) -> str:
+        if self.error_type == "Crash":  # a process that died without an exception
+            return f"a crash ({self.kind})"
         code = f" (CUDA error {self.error_code})" if self.error_code is not None else ""
         where = f" in {self.op}" if self.op else ""
         return f"{self.error_type}{code}{where}: {self.kind}"
@@ -237,6 +239,9 @@ class ReproCase:
     # set at the top of repro.py before torch is imported: only what the failure needs
     # (CUDA_LAUNCH_BLOCKING where it does not reproduce without blocking launches)
     env: tuple[tuple[str, str], ...] = ()
+    # a non-finite origin (`record --nan`): the repro ends by raising if the call's floating
+    # outputs hold NaN or inf (model.signature.nonfinite_signature is what it raises)
+    check_finite: bool = False
 
     def tensors(self) -> Iterator[tuple[tuple[Any, ...], TensorSpec]]:
         """Every tensor argument with its path: ("args", i[, j...]) or ("kwargs", name[, j...])."""
@@ -295,6 +300,7 @@ class ReproCase:
             "source": None if self.source is None else self.source.to_json(),
             "inputs_file": self.inputs_file,
             "env": [list(pair) for pair in self.env],
+            "check_finite": self.check_finite,
         }
 
     @classmethod
@@ -308,6 +314,7 @@ class ReproCase:
             source=None if data.get("source") is None else SourceLocation(**data["source"]),
             inputs_file=data.get("inputs_file"),
             env=tuple((str(k), str(v)) for k, v in data.get("env", ())),
+            check_finite=data.get("check_finite", False),
         )
 
     def dumps(self) -> str:

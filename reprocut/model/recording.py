@@ -6,7 +6,7 @@ Layout of `.reprocut/runs/<id>/`:
     failure.json   the localized failure (a Failure), once known
     inputs.pt      captured input tensors by key (torch.save, loads with weights_only=True)
     stdout.txt, stderr.txt   the script's own output, teed
-`.reprocut/latest` holds the id of the newest run.
+`.reprocut/latest` holds the id of the newest run; `.reprocut/.gitignore` holds `*`.
 """
 
 from __future__ import annotations
@@ -30,12 +30,14 @@ from reprocut.model.case import (
     spec_to_json,
 )
 from reprocut.model.errors import CorruptRecordingError, NoRecordingError
+from reprocut.model.nonfinite import NonfiniteOrigin
 
 DEFAULT_ROOT = Path(".reprocut")
 FAILURE_FILE = "failure.json"
 META_FILE = "meta.json"
 TRACE_FILE = "trace.jsonl"
 INPUTS_FILE = "inputs.pt"
+GITIGNORE = "# Created by reprocut: recordings hold captured tensors; keep them out of git.\n*\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +99,8 @@ class Failure:
     """What failed and where: the product of `record`, the input of `shrink`.
 
     status: "localized" (culprit op found), "outside-dispatcher" (a custom kernel: only the launch
-    line is known), "not-localized" (failed once, not again), "script-error" (not a torch op).
+    line is known), "not-localized" (failed once, not again), "script-error" (not a torch op),
+    "nonfinite-input" (`--nan`: the NaN/inf was already in the data or state, no op made it).
     """
 
     status: str
@@ -122,6 +125,13 @@ class Failure:
     argv: tuple[str, ...] = ()
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)  # versions only: never the user's env vars
+    # the deepest frame outside torch that called the failing torch API (a library's line, such
+    # as transformers' `loss = loss_fct(...)`, when `source` is only `trainer.train()`)
+    call_site: SourceLocation | None = None
+    loop: dict[str, int] = field(default_factory=dict)  # the user's `for` counters at the failure
+    frameworks: dict[str, str] = field(default_factory=dict)  # versions the script imported
+    run_module: str | None = None  # launched as `python -m run_module`
+    nonfinite: NonfiniteOrigin | None = None  # where a NaN/inf came from (`record --nan`)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -147,6 +157,11 @@ class Failure:
             "argv": list(self.argv),
             "cwd": self.cwd,
             "env": dict(self.env),
+            "call_site": _location_json(self.call_site),
+            "loop": dict(self.loop),
+            "frameworks": dict(self.frameworks),
+            "run_module": self.run_module,
+            "nonfinite": None if self.nonfinite is None else self.nonfinite.to_json(),
         }
 
     @classmethod
@@ -176,6 +191,13 @@ class Failure:
             argv=tuple(data.get("argv", ())),
             cwd=data.get("cwd", ""),
             env=dict(data.get("env", {})),
+            call_site=_location(data.get("call_site")),
+            loop={str(k): int(v) for k, v in (data.get("loop") or {}).items()},
+            frameworks={str(k): str(v) for k, v in (data.get("frameworks") or {}).items()},
+            run_module=data.get("run_module"),
+            nonfinite=NonfiniteOrigin.from_json(data["nonfinite"])
+            if data.get("nonfinite")
+            else None,
         )
 
     def with_notes(self, *notes: str) -> Failure:
@@ -212,6 +234,9 @@ class RunDir:
     def create(cls, root: Path = DEFAULT_ROOT, name: str | None = None) -> RunDir:
         runs = root / "runs"
         runs.mkdir(parents=True, exist_ok=True)
+        ignore = root / ".gitignore"  # captured tensors must never end up in a commit
+        if not ignore.exists():
+            atomic_write(ignore, GITIGNORE)
         stem = name or time.strftime("%Y%m%d-%H%M%S")
         path, n = runs / stem, 1
         while path.exists():

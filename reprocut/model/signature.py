@@ -80,6 +80,25 @@ _ERROR_NAME = re.compile(r"\b(" + "|".join(_ERROR_NAMES) + r")\b")
 _CUBLAS = re.compile(r"(CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+)")
 
 
+# A non-finite output (`record --nan`): the repro's own check raises it, so a plain run shows it
+# as `FloatingPointError: non-finite output: nan` (or `inf`: NaN wins when both are there).
+NONFINITE_ERROR = "FloatingPointError"
+NONFINITE_MESSAGE = "non-finite output: {kind}"
+
+
+def nonfinite_signature(op: str | None, kind: str) -> Signature:
+    """The signature of an op whose output held NaN (`kind` "nan") or else inf ("inf")."""
+    return Signature(NONFINITE_ERROR, None, op, NONFINITE_MESSAGE.format(kind=kind))
+
+
+def is_nonfinite(signature: Signature | None) -> bool:
+    return (
+        signature is not None
+        and signature.error_type == NONFINITE_ERROR
+        and signature.kind.startswith(NONFINITE_MESSAGE.format(kind=""))
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class AssertionLine:
     """One device-side assertion printed by a kernel thread."""
@@ -189,3 +208,26 @@ def classify(
     if library:
         return Signature(error_type, None, op, library.group(1))
     return Signature(error_type, None, op, normalize_message(message))
+
+
+CRASH = "Crash"  # the error type of a process that died without an exception to show
+
+
+def crash_how(returncode: int) -> str:
+    """ "signal 11" for a process killed by a signal (Popen's negative return code), else
+    "exit code 3": the kind of a crash's Signature, which the repro must die with too."""
+    return f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
+
+
+def crash_signature(returncode: int) -> Signature:
+    return Signature(CRASH, None, None, crash_how(returncode))
+
+
+def signal_name(returncode: int) -> str:
+    """SIGSEGV for -11; "" when the code is not a signal's."""
+    import signal
+
+    try:
+        return signal.Signals(-returncode).name if returncode < 0 else ""
+    except ValueError:
+        return ""

@@ -34,7 +34,10 @@ class CallRecorder(TorchFunctionMode):
         if outermost:
             name = public_name(func)
             if name is None or name.endswith(("__get__", "__set__")):
-                return func(*args, **kwargs)
+                result = func(*args, **kwargs)
+                if recorder.op_watch is not None and recorder.localizing and name is None:
+                    recorder.tag_autograd_node(result)  # --nan: operators (`a / b`) build nodes too
+                return result
             entry = (func, name, args, kwargs)
             stack.append(entry)
         try:

@@ -1,7 +1,7 @@
 """The user's process: `python -m reprocut.record.child CONFIG.json` runs the script under the recorder.
 
-The script runs as under `python train.py`: same `sys.argv`, `sys.path[0]`, `__main__`, working
-directory and exit code. What the recorder saw is written to the run directory as `outcome.json`
+The script runs as under `python train.py` (or `python -m pkg.train`): same `sys.argv`,
+`sys.path[0]`, `__main__`, `__spec__`, working directory and exit code. What the recorder saw is written to the run directory as `outcome.json`
 (+ `inputs.pt`) before the process leaves through `os._exit`: after a sticky CUDA error, teardown
 can hang, so no destructors and no atexit run.
 """
@@ -12,17 +12,19 @@ import contextlib
 import faulthandler
 import json
 import os
-import runpy
 import sys
 import traceback
 from pathlib import Path
 from typing import Any
 
-from reprocut import PACKAGE_DIR
+from reprocut.check import lifeline
 from reprocut.model.case import SourceLocation
 from reprocut.model.recording import atomic_write
+from reprocut.record.frameworks import imported_frameworks
+from reprocut.record.main_module import run_main
 
 OUTCOME_FILE = "outcome.json"
+NONFINITE_INPUTS_FILE = "nonfinite-inputs.pt"
 
 
 def _error_info(exc: BaseException) -> dict[str, Any]:
@@ -39,11 +41,14 @@ def main(config_path: str) -> None:
     run_dir = Path(config["run_dir"])
     script = os.path.abspath(config["script"])
     faulthandler.enable(file=sys.stderr, all_threads=True)
+    # reprocut killed by SIGKILL: nothing there ends this group, so it ends itself
+    lifeline.end_group_with_parent(config.get("parent_pid"))
 
     import torch  # after the environment is set: CUDA reads it when it initialises
 
     from reprocut.check.attribution import settle_cuda
     from reprocut.record.line_sync import LineSync
+    from reprocut.record.nonfinite import NonfiniteStop
     from reprocut.record.recorder import Recorder, RecorderConfig
 
     compiled: list[str] = []
@@ -65,21 +70,26 @@ def main(config_path: str) -> None:
             snapshots=config.get("snapshots", True),
             light_steps=config.get("light_steps"),
             tag_backward=config.get("tag_backward", True),
+            nan=config.get("nan", False),
         )
     )
-    sys.argv = [script, *config.get("argv", [])]
-    sys.path[0] = os.path.dirname(script)
+    module = config.get("module")
+    sys.argv = [config.get("argv0") or script, *config.get("argv", [])]
+    sys.path[0] = os.getcwd() if module else os.path.dirname(script)  # as python sets it
     outcome: dict[str, Any] = {"status": "passed", "exit_code": 0}
     exit_code, ended = 0, False
     exit_request: SystemExit | None = None
+    stopped = False  # --nan: reprocut ended the run (NonfiniteStop)
     line_sync = LineSync() if config.get("sync_lines") else None
     recorder.__enter__()
     try:
         try:
             with line_sync or contextlib.nullcontext():
-                runpy.run_path(script, run_name="__main__")
+                run_main(script, module)
         except SystemExit as exc:
             exit_request = exc
+        except NonfiniteStop:
+            stopped = True
         ended = True  # from here on, a fault surfaces at the script's end
         settle_cuda()
         if exit_request is not None:
@@ -88,6 +98,8 @@ def main(config_path: str) -> None:
             if code is not None and not isinstance(code, int):
                 print(code, file=sys.stderr)
             outcome = {"status": "exited", "exit_code": exit_code}
+        if stopped:
+            outcome = {"status": "stopped", "exit_code": 0}
     except BaseException as exc:  # the failure under study: everything is data now
         exit_code = 1
         surfaced = recorder.frames.innermost_in_traceback(exc.__traceback__)
@@ -102,20 +114,30 @@ def main(config_path: str) -> None:
             "traceback": user_traceback(exc),
             "surfaced_at": _location_json(surfaced),
             "last_op": recorder.last_op,
+            "loop": recorder.loops.from_traceback(exc.__traceback__),
             "interrupted": isinstance(exc, KeyboardInterrupt),
         }
         sys.stderr.write(outcome["traceback"])
     finally:
         torch.compile = original_compile  # type: ignore[assignment]
+        light_step = recorder.light_step  # read before close(), which turns the modes off
         recorder.close()
     outcome["step"] = recorder.state.step
-    outcome["light_step"] = recorder.light_step  # only asserting ops seen: no in-process culprit
+    outcome["light_step"] = light_step  # only asserting ops seen: no in-process culprit
     outcome["phase"] = recorder.state.phase() if outcome["status"] == "failed" else None
     outcome["compiled"] = compiled
+    outcome["frameworks"] = imported_frameworks()
     outcome["culprit"] = None if recorder.culprit is None else recorder.culprit.to_json()
     outcome["snapshots"] = [s.to_json() for s in recorder.all_snapshots()]
     outcome["healthy_through"] = recorder.healthy_through
-    if outcome["status"] == "failed":
+    if recorder.flags is not None:
+        recorder.flags.flush(recorder.state.step)
+        outcome["nonfinite"] = recorder.flags.to_json()
+        if recorder.op_watch is not None:
+            outcome["nonfinite"].update(recorder.op_watch.to_json())
+    if recorder.op_watch is not None:  # the origin's inputs: inputs.pt stays the culprit's
+        recorder.store.save(run_dir / NONFINITE_INPUTS_FILE)
+    elif outcome["status"] == "failed":
         recorder.store.save(run_dir / "inputs.pt")
     atomic_write(run_dir / OUTCOME_FILE, json.dumps(outcome, indent=1, default=str))
     sys.stdout.flush()
@@ -136,11 +158,9 @@ def _script_end(script: str) -> SourceLocation:
 
 def user_traceback(exc: BaseException) -> str:
     """The traceback as `python script.py` would print it: reprocut's own frames left out."""
-    frames = [
-        frame
-        for frame in traceback.extract_tb(exc.__traceback__)
-        if not frame.filename.startswith(PACKAGE_DIR) and "<frozen runpy>" not in frame.filename
-    ]
+    from reprocut.record.frames import plain_python_frames
+
+    frames = plain_python_frames(list(traceback.extract_tb(exc.__traceback__)))
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
     lines.extend(traceback.format_exception_only(type(exc), exc))
     return "".join(lines)

@@ -2,6 +2,8 @@
 
 User code is anything that is not torch, reprocut, the standard library or an installed package:
 the script and its sibling modules. Lookups are cached per code object, since they run per op.
+The call site is the innermost frame outside torch, reprocut and the standard library: under
+the HF Trainer the user's line is `trainer.train()`, the call site transformers' own line.
 """
 
 from __future__ import annotations
@@ -31,6 +33,17 @@ _LIBRARY_DIRS = tuple(
 
 
 _COMPILED_SOURCES = (".pyx", ".pxd", ".pxi")
+_STDLIB_DIR = os.path.join(sysconfig.get_paths()["stdlib"], "")
+_NOT_CALLERS = (os.path.join(_TORCH_DIR, ""), os.path.join(_REPROCUT_DIR, ""))
+
+
+def is_caller_file(filename: str) -> bool:
+    """A file whose frame can be the call site: anything but torch, reprocut, the standard
+    library and generated code (`<string>`, `<frozen runpy>`). Installed packages count."""
+    if filename.startswith("<") or filename.startswith(_NOT_CALLERS):
+        return False
+    in_packages = "site-packages" in filename or "dist-packages" in filename
+    return in_packages or not filename.startswith(_STDLIB_DIR)
 
 
 def is_user_file(filename: str) -> bool:
@@ -52,6 +65,7 @@ class UserFrames:
 
     def __init__(self) -> None:
         self._is_user: dict[Any, bool] = {}
+        self._is_caller: dict[Any, bool] = {}
 
     def is_user(self, code: CodeType) -> bool:
         user = self._is_user.get(code)
@@ -70,6 +84,19 @@ class UserFrames:
     def here(self) -> SourceLocation | None:
         return self.find(sys._getframe(1))
 
+    def call_site(self, frame: FrameType | None) -> SourceLocation | None:
+        """The innermost frame from `frame` outward that is not torch's, reprocut's or the
+        standard library's: the line that called the torch API."""
+        while frame is not None:
+            code = frame.f_code
+            caller = self._is_caller.get(code)
+            if caller is None:
+                caller = self._is_caller[code] = is_caller_file(code.co_filename)
+            if caller:
+                return SourceLocation(code.co_filename, frame.f_lineno, function=code.co_name)
+            frame = frame.f_back
+        return None
+
     def innermost_in_traceback(self, tb: Any) -> SourceLocation | None:
         found = None
         while tb is not None:
@@ -78,3 +105,33 @@ class UserFrames:
                 found = SourceLocation(code.co_filename, tb.tb_lineno, function=code.co_name)
             tb = tb.tb_next
         return found
+
+
+_OVERRIDES = os.path.join(_TORCH_DIR, "overrides.py")
+_OPS = os.path.join(_TORCH_DIR, "_ops.py")
+
+
+def plain_python_frames(frames: list[Any]) -> list[Any]:
+    """The traceback frames (`traceback.FrameSummary`) `python script.py` would show: without
+    reprocut's own frames and without those torch runs only because reprocut's modes are on.
+
+    A TorchFunctionMode turns `F.cross_entropy(...)` into cross_entropy -> handle_torch_function
+    -> the mode's __torch_function__ -> cross_entropy again; a dispatch mode or a Python kernel
+    adds `torch/_ops.py` frames under the op. Plain python shows cross_entropy once, then the
+    error."""
+
+    def ours(frame: Any) -> bool:
+        return frame.filename.startswith(_REPROCUT_DIR) or frame.filename.startswith(
+            "<frozen runpy"
+        )
+
+    drop = [ours(frame) for frame in frames]
+    for i, frame in enumerate(frames):
+        intercepted = i + 1 < len(frames) and ours(frames[i + 1])
+        if frame.filename == _OVERRIDES and intercepted:  # handle_torch_function -> the mode
+            drop[i] = True
+            if i > 0 and "handle_torch_function" in (frames[i - 1].line or ""):
+                drop[i - 1] = True  # the public function's detour through it
+        elif frame.filename == _OPS and i > 0 and (ours(frames[i - 1]) or drop[i - 1]):
+            drop[i] = True  # the op, as called by reprocut's mode or kernel
+    return [frame for frame, dropped in zip(frames, drop, strict=True) if not dropped]

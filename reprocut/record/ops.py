@@ -14,6 +14,7 @@ Three ways to meet a failing op, by mode:
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -87,6 +88,8 @@ class OpRecorder(TorchDispatchMode):
     def _dispatch_watched(self, func: Any, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
         """An op that may need its inputs copied first: snapshots, or a localized step."""
         recorder = self.recorder
+        if recorder.localizing and recorder.op_watch is not None:  # --nan: finite checks
+            return recorder.op_watch.dispatch(self, func, name, args, kwargs)
         call = None
         synchronizing = recorder.localizing and torch.cuda.is_initialized()
         if synchronizing:
@@ -191,8 +194,18 @@ class OpRecorder(TorchDispatchMode):
                 source=self._source(),
                 public_call=public_call,
                 public=public,
+                call_site=self._call_site(),
+                loop=recorder.loops.read(sys._getframe(1)),
             )
         )
+
+    def _call_site(self) -> SourceLocation | None:
+        """The line outside torch that called the API running this op. In backward no such
+        frame is on the stack: the forward's, tagged on the autograd node, if any."""
+        if self.recorder.state.phase() == "backward":
+            tagged = _autograd_tag()
+            return tagged[2] if tagged is not None and len(tagged) > 2 else None
+        return self.recorder.frames.call_site(sys._getframe(1))
 
     def _source(self) -> SourceLocation | None:
         location = self.recorder.frames.here()
@@ -233,6 +246,8 @@ class OpRecorder(TorchDispatchMode):
                 public_call=public_call,
                 public=None if public is None else public.to_json(),
                 synchronized=synchronized,
+                call_site=self._call_site(),
+                loop=recorder.loops.read(sys._getframe(1)),
             )
         )
 

@@ -14,7 +14,6 @@ import contextlib
 import os
 import sys
 import threading
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from types import CodeType, FrameType
@@ -27,7 +26,11 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from reprocut.model.publicapi import public_name
 from reprocut.record.calls import CallRecorder
 from reprocut.record.capture import ASSERTING_OPS, HeldCall, TensorStore, hold_call
+from reprocut.record.finite_watch import OpWatch
 from reprocut.record.frames import UserFrames, is_user_file
+from reprocut.record.loops import LoopCounters
+from reprocut.record.modules import ModuleNames
+from reprocut.record.nonfinite import StepFlags, watch_backward
 from reprocut.record.ops import OpRecorder, on_cpu, spec_tuple
 from reprocut.record.records import Culprit, Snapshot, StepState
 from reprocut.record.trace import TraceWriter
@@ -45,6 +48,9 @@ class RecorderConfig:
     tag_backward: bool = True  # tag autograd nodes with their forward line and module
     # Light steps see only the asserting ops (see Recorder.wants_every_op): None = on GPU runs
     light_steps: bool | None = None
+    # --nan: a non-finite flag per step (nonfinite.py); with a localize window, finite checks
+    # around every op of it (finite_watch.py) instead of synchronizing and capturing
+    nan: bool = False
 
 
 class Recorder:
@@ -54,6 +60,7 @@ class Recorder:
         self.config = config
         self.state = StepState()
         self.frames = UserFrames()
+        self.loops = LoopCounters(self.frames)
         self.trace = TraceWriter(config.run_dir / "trace.jsonl")
         self.store = TensorStore()
         self.ops: list[tuple[Any, ...]] = []
@@ -62,9 +69,7 @@ class Recorder:
         self.public_stack: list[tuple[Any, str | None, tuple[Any, ...], dict[str, Any]]] = []
         self.public_captured: dict[int, HeldCall] = {}
         self._public_names: dict[CodeType, str | None] = {}  # by library code: resolving costs
-        self.module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = (
-            weakref.WeakKeyDictionary()
-        )
+        self.module_names = ModuleNames()
         self.localizing = self._in_localize_window(0)  # derived at each step boundary
         self.pending: list[tuple[int, Any, list[Snapshot]]] = []
         self.healthy_through = -1  # last step whose kernels are known to have completed
@@ -82,6 +87,9 @@ class Recorder:
         self._asserting_key: int | None = None  # the asserting ops' layouts in the last step
         self._original_optimizer_init: Any = None
         self._original_function_apply: Any = None
+        self.flags = StepFlags() if config.nan else None
+        self.op_watch = OpWatch(self) if config.nan and config.localize_from is not None else None
+        self._original_backward: Any = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -116,6 +124,8 @@ class Recorder:
             return result
 
         torch.autograd.Function.apply = classmethod(tagged_apply)  # type: ignore[method-assign,assignment]
+        if self.flags is not None:  # the losses handed to backward
+            self._original_backward = watch_backward(self.flags)
         try:
             self.tripwire = Tripwire(
                 ASSERTING_OPS, self._dispatch_mode.mode.on_asserting_call
@@ -142,6 +152,8 @@ class Recorder:
             handle.remove()
         torch.optim.Optimizer.__init__ = self._original_optimizer_init  # type: ignore[method-assign]
         torch.autograd.Function.apply = self._original_function_apply  # type: ignore[method-assign]
+        if self._original_backward is not None:
+            torch.autograd.backward = self._original_backward
         self._original_optimizer_init = None
         self.trace.close()
 
@@ -162,7 +174,8 @@ class Recorder:
             if grad_fn is None or (not overwrite and "reprocut" in grad_fn.metadata):
                 continue
             location = self.frames.here() if locate else None
-            grad_fn.metadata["reprocut"] = (location, self.current_module())
+            call_site = self.frames.call_site(sys._getframe(1)) if locate else None
+            grad_fn.metadata["reprocut"] = (location, self.current_module(), call_site)
 
     # --- steps, phases, modules ----------------------------------------------------------------
 
@@ -180,10 +193,17 @@ class Recorder:
             self.pending.append((self.state.step, event, self.snapshots))
             self._retire_completed_steps()
         self.snapshots = []
+        ended = self.state.step
         self.state.step += 1
         self.localizing = self._in_localize_window(self.state.step)
         self._function_mode.set(not torch.cuda.is_initialized() or self.localizing)
         self._dispatch_mode.set(self.wants_every_op(self.state.step, layout_changed))
+        if self.flags is not None:  # --nan: may stop the run (NonfiniteStop)
+            config = self.config
+            if self.op_watch is None:
+                self.flags.end_step(ended)
+            else:
+                self.flags.end_localized_step(ended, config.localize_from, config.localize_to)
 
     def wants_every_op(self, step: int, layout_changed: bool) -> bool:
         """Whether `step` runs under the dispatch mode (every op recorded) or is a light step.
@@ -239,12 +259,17 @@ class Recorder:
         """Snapshots of every step not yet known to have completed, oldest first."""
         return [s for _, _, snapshots in self.pending for s in snapshots] + self.snapshots
 
-    def _on_optimizer_enter(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _on_optimizer_enter(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         self.state.optimizer_seen = True
         self.state.in_optimizer += 1
+        if self.flags is not None and self.state.in_optimizer == 1:
+            self.flags.watch_optimizer(optimizer, "gradients")
+        return _closure_outside_optimizer(self.state, args, kwargs)
 
     def _on_optimizer_exit(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.state.in_optimizer -= 1
+        if self.flags is not None and self.state.in_optimizer == 0:
+            self.flags.watch_optimizer(optimizer, "parameters")
         if self.state.in_optimizer == 0:
             self._end_step()
 
@@ -256,10 +281,7 @@ class Recorder:
             if self.state.root_forwards:
                 self._end_step()
             self.state.root_forwards += 1
-        name = self.module_names.get(module)
-        if name is None:
-            name = self._name_root(module)
-        self.state.module_stack.append(name)
+        self.state.module_stack.append(self.module_names.enter(module))
 
     def _on_module_exit(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if threading.get_ident() != self._main_thread or not self.state.module_stack:
@@ -269,32 +291,9 @@ class Recorder:
             # tagged before the pop, while it is the current one
             self.tag_autograd_node(output, locate=False, overwrite=False)
         self.state.module_stack.pop()
-
-    def _name_root(self, module: torch.nn.Module) -> str:
-        """Name a module first seen outside any other: after the user's variable, if any."""
-        root = self._variable_name(module) or type(module).__name__.lower()
-        if self.state.module_stack:
-            root = f"{self.state.module_stack[-1]}.{root}"
-        for name, sub in module.named_modules(prefix=root):
-            self.module_names.setdefault(sub, name)
-        return self.module_names.get(module, root)
-
-    def _variable_name(self, module: torch.nn.Module) -> str | None:
-        frame: FrameType | None = sys._getframe(2)
-        while frame is not None and not is_user_file(frame.f_code.co_filename):
-            frame = frame.f_back
-        while frame is not None:
-            for scope in (frame.f_locals, frame.f_globals):
-                for name, value in scope.items():
-                    if value is module and not name.startswith("_") and name != "self":
-                        return name
-                self_obj = frame.f_locals.get("self")
-                if self_obj is not None and self_obj is not module:
-                    for name, value in vars(self_obj).items():
-                        if value is module:
-                            return name
-            frame = frame.f_back
-        return None
+        self.module_names.exit()
+        if self.flags is not None and not self.state.module_stack:
+            self.flags.watch_output(output)
 
     def current_module(self) -> str | None:
         return self.state.module_stack[-1] if self.state.module_stack else None
@@ -327,6 +326,8 @@ class Recorder:
                 public_call=public_call,
                 public=None if public is None else public.to_json(),
                 synchronized=synchronized,
+                call_site=self.frames.call_site(sys._getframe(2)),
+                loop=self.loops.read(sys._getframe(2)),
             )
         )
 
@@ -393,6 +394,30 @@ class Recorder:
         return config.localize_from is not None and config.localize_from <= step <= (
             config.localize_to if config.localize_to is not None else step
         )
+
+
+def _closure_outside_optimizer(state: StepState, args: Any, kwargs: Any) -> Any:
+    """`optimizer.step(closure)` with the closure run as the user's code: Lightning runs
+    `training_step` (forward and backward) inside the closure, and LBFGS calls it repeatedly.
+    Returns the hook's replacement (args, kwargs), or None when there is no closure. `args`
+    holds the optimizer itself first."""
+    if kwargs.get("closure") is not None:
+        closure = kwargs["closure"]
+    elif len(args) > 1 and callable(args[1]):
+        closure = args[1]
+    else:
+        return None
+
+    def run_closure(*closure_args: Any, **closure_kwargs: Any) -> Any:
+        depth, state.in_optimizer = state.in_optimizer, 0
+        try:
+            return closure(*closure_args, **closure_kwargs)
+        finally:
+            state.in_optimizer = depth
+
+    if kwargs.get("closure") is not None:
+        return args, {**kwargs, "closure": run_closure}
+    return (args[0], run_closure, *args[2:]), kwargs
 
 
 class _ModeSwitch:

@@ -51,6 +51,8 @@ class Snapshot:
     source: SourceLocation | None
     public_call: str | None
     public: HeldCall | None  # the enclosing public call's arguments, captured alike
+    call_site: SourceLocation | None = None  # the line outside torch that called its API
+    loop: dict[str, int] = field(default_factory=dict)  # the user's loop counters (loops.py)
 
     def captured_keys(self) -> Iterator[str]:
         """The store keys of its host copies."""
@@ -70,6 +72,8 @@ class Snapshot:
             "source": None if self.source is None else self.source.to_json(),
             "public_call": self.public_call,
             "public": None if self.public is None else self.public.to_json(),
+            "call_site": None if self.call_site is None else self.call_site.to_json(),
+            "loop": self.loop,
         }
 
 
@@ -88,6 +92,8 @@ class Culprit:
     public_call: str | None
     public: dict[str, Any] | None
     synchronized: bool  # raised with a sync before and after: certainly this op
+    call_site: SourceLocation | None = None  # the line outside torch that called its API
+    loop: dict[str, int] = field(default_factory=dict)  # the user's loop counters (loops.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -104,4 +110,6 @@ class Culprit:
             "public_call": self.public_call,
             "public": self.public,
             "synchronized": self.synchronized,
+            "call_site": None if self.call_site is None else self.call_site.to_json(),
+            "loop": self.loop,
         }

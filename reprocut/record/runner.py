@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from reprocut import PACKAGE_DIR
+from reprocut.check import lifeline
 from reprocut.record.child import OUTCOME_FILE
+from reprocut.record.launch import Launch
 
 PACKAGE_PARENT = os.path.dirname(PACKAGE_DIR)
 
@@ -56,8 +58,10 @@ class RunRequest:
     light_steps: bool | None = None  # see Recorder.wants_every_op; None: on GPU runs
     launch_blocking: bool = False
     sync_lines: bool = False  # wait for the GPU after each user line (see line_sync)
+    nan: bool = False  # a non-finite flag per step; finite checks per op in the localize window
     timeout: float | None = None
     cwd: Path | None = None
+    launch: Launch | None = None  # how it was launched: `-m`, argv[0] as typed, python options
 
 
 def child_env(launch_blocking: bool) -> dict[str, str]:
@@ -80,6 +84,7 @@ def run_script(
     """Run the script once under the recorder; never raises for what the script does."""
     outcome_path = request.run_dir / OUTCOME_FILE
     outcome_path.unlink(missing_ok=True)
+    launch = request.launch or Launch(script=request.script, args=request.argv)
     config_path = request.run_dir / f"{request.attempt}.config.json"
     config_path.write_text(
         json.dumps(
@@ -92,12 +97,16 @@ def run_script(
                 "snapshots": request.snapshots,
                 "light_steps": request.light_steps,
                 "sync_lines": request.sync_lines,
+                "module": launch.module,
+                "argv0": launch.argv0 or str(request.script),
+                "nan": request.nan,
+                "parent_pid": os.getpid(),  # the child ends its group once this pid is gone
             }
         )
     )
     start = time.monotonic()
     process = subprocess.Popen(
-        [sys.executable, "-m", "reprocut.record.child", str(config_path)],
+        [sys.executable, *launch.python_options, "-m", "reprocut.record.child", str(config_path)],
         cwd=request.cwd,
         env=child_env(request.launch_blocking),
         stdin=subprocess.DEVNULL,
@@ -113,7 +122,8 @@ def run_script(
     ]
     timed_out = False
     try:
-        process.wait(timeout=request.timeout)
+        with lifeline.owned(process.pid):
+            process.wait(timeout=request.timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
         _kill_group(process)

@@ -1,0 +1,1 @@
+"""What people read: the facts that explain a failure, report.md, and the terminal display."""

@@ -1,17 +1,23 @@
 """report.md: a failure, its repro and its environment, ready to paste into a GitHub issue.
 
 The environment is collect_env-style versions (torch, CUDA, driver, GPU, Python, OS) from the
-recording and `nvidia-smi`; never environment variables, paths to secrets or hostnames.
+recording and `nvidia-smi`, and those of the frameworks the script had imported; never
+environment variables, paths to secrets or hostnames. Paths are relative to the script's folder,
+and the home directory is never named.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
 
+from reprocut.model.case import SourceLocation
+from reprocut.model.nonfinite import NonfiniteOrigin
 from reprocut.model.recording import Failure
+from reprocut.report.paths import relative_to_folder, shown_path
 from reprocut.shrink.header import Environment
 
 
@@ -91,6 +97,24 @@ def summary_line(failure: Failure) -> str:
     return f"`{where}` raises {signature.error_type}: {signature.kind}"
 
 
+def nonfinite_lines(origin: NonfiniteOrigin) -> list[str]:
+    """Where the NaN/inf came from, how it spread and where the run ended, as markdown."""
+    what = "NaN" if origin.kind == "nan" else "inf"
+    lines = ["## Where the NaN/inf came from", ""]
+    lines.append(f"- made by `{origin.op}` ({what}, {origin.how}) at step {origin.step}, "
+                 f"{origin.phase}" + (f", module `{origin.module}`" if origin.module else ""))  # fmt: skip
+    if origin.source is not None:
+        lines.append(f"- line `{origin.source.file}:{origin.source.line}`: `{origin.source.text}`")
+    if origin.autograd_node:
+        lines.append(f"- in the backward of `{origin.autograd_node}`")
+    lines += [f"- {fact}" for fact in origin.facts]
+    if origin.chain:
+        lines.append("- then: " + " → ".join(f"`{link.op}`" for link in origin.chain))
+    if origin.ended is not None:
+        lines.append(f"- the run: {origin.ended.message}")
+    return lines
+
+
 def render(inputs: ReportInputs) -> str:
     failure, env = inputs.failure, inputs.environment
     parts = [f"# {summary_line(failure)}", ""]
@@ -129,13 +153,15 @@ def render(inputs: ReportInputs) -> str:
             f"- on CPU: {cpu}" + (f" (`{inputs.cpu_message}`)" if inputs.cpu_message else "")
         )
     parts += ["", "## Where it happened in the original program", ""]
+    folder = os.path.dirname(failure.script) if failure.script else ""
     if failure.source is not None:
-        parts.append(f"- `{failure.source.file}:{failure.source.line}`: `{failure.source.text}`")
+        parts.append(f"- {_line(failure.source, folder)}")
     if failure.forward_source is not None:
-        parts.append(
-            f"- created in forward at `{failure.forward_source.file}:{failure.forward_source.line}`"
-            f": `{failure.forward_source.text}`"
-        )
+        parts.append(f"- created in forward at {_line(failure.forward_source, folder)}")
+    if failure.call_site is not None and (failure.call_site.file, failure.call_site.line) != (
+        (failure.source.file, failure.source.line) if failure.source else None
+    ):
+        parts.append(f"- torch called from {_line(failure.call_site, folder)}")
     facts = [
         ("op", failure.op),
         ("kernel (not a PyTorch op)", failure.kernel),
@@ -145,7 +171,12 @@ def render(inputs: ReportInputs) -> str:
         ("training step", failure.step),
     ]
     parts += [f"- {name}: `{value}`" for name, value in facts if value is not None]
+    if failure.loop:
+        counters = ", ".join(f"{name}={value}" for name, value in failure.loop.items())
+        parts.append(f"- your loop counters: `{counters}`")
     parts += [f"- `{row.name}`: {fact}" for row in failure.tensors for fact in row.facts]
+    if failure.nonfinite is not None:
+        parts += ["", *nonfinite_lines(failure.nonfinite)]
     if failure.diagnosis:
         parts += ["", failure.diagnosis]
     if inputs.sanitizer:
@@ -160,6 +191,13 @@ def render(inputs: ReportInputs) -> str:
         f"- GPU: {env.gpu or 'none'}",
         f"- Python: {env.python}",
         f"- OS: {env.os}",
+        *(f"- {name}: {version}" for name, version in sorted(failure.frameworks.items())),
         "",
     ]
-    return "\n".join(parts)
+    return relative_to_folder("\n".join(parts), folder)
+
+
+def _line(location: SourceLocation, folder: str) -> str:
+    """`` `file:line`: `text` `` with the file relative to the script's folder."""
+    where = f"`{shown_path(location.file, folder)}:{location.line}`"
+    return f"{where}: `{location.text}`" if location.text else where

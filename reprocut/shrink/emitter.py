@@ -18,6 +18,7 @@ from libcst.helpers import parse_template_module
 
 from reprocut.model.case import INT_DTYPES, Captured, Generated, Literal, ReproCase, TensorSpec
 from reprocut.shrink.call_code import INDEX_NAMES, call_statement, parameter_names, variable_name
+from reprocut.shrink.finite_check import finite_check
 from reprocut.shrink.header import Header, header_text
 from reprocut.shrink.nodes import assign, call, literal
 from reprocut.shrink.tensor_code import tensor_statements
@@ -125,9 +126,13 @@ def emit(case: ReproCase, header: Header | None = None) -> Emitted:
             if isinstance(leaf.values, Captured) and not leaf.is_sparse:
                 sidecar.append(leaf.values.key)
         body.extend(tensor_statements(names[path], spec))
-    body.append(call_statement(case, names))
+    call_line, checks = call_statement(case, names), []
+    if case.check_finite:  # a NaN raises nothing: the repro checks the output itself
+        call_line, checks = finite_check(case, call_line, names, taken)
+    body.append(call_line)
     if any(spec.device.startswith("cuda") for _, spec in specs):
         body.append(cst.SimpleStatementLine([cst.Expr(call("torch.cuda.synchronize"))]))
+    body.extend(checks)
     template = SIDECAR_TEMPLATE if sidecar else TEMPLATE
     module = parse_template_module(template)
     module = module.visit(_FillMain(body))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reprocut.model.case import Captured, Literal, ReproCase, Signature
+from reprocut.model.signature import is_nonfinite
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,7 @@ class Header:
     environment: Environment = field(default_factory=Environment)
     cpu_reproduces: bool | None = None  # None: not checked
     cpu_message: str = ""
+    float64: str = ""  # a non-finite output: does the same call in float64 stay finite?
 
 
 def data_origin(case: ReproCase) -> str:
@@ -59,6 +61,10 @@ def data_origin(case: ReproCase) -> str:
 def header_text(case: ReproCase, header: Header) -> str:
     expected = header.expected or case.expected
     lines = [f"Minimal reproduction of a failure in {case.aten_op or case.target}."]
+    if is_nonfinite(expected) and expected is not None:
+        made = expected.kind.rsplit(" ", 1)[-1].replace("nan", "NaN")
+        lines = [f"Minimal reproduction: {case.aten_op or case.target} makes {made} (it raises "
+                 "nothing: the check at the end does)."]  # fmt: skip
     lines.append("")
     if expected is not None:
         lines.append(f"Expected: {expected.describe()}")
@@ -78,6 +84,8 @@ def header_text(case: ReproCase, header: Header) -> str:
         lines.append(
             "CPU: does not reproduce" + (f" ({header.cpu_message})" if header.cpu_message else "")
         )
+    if header.float64:
+        lines.append(f"Float64: {header.float64}")
     lines.append("")
     lines.append("Seen on:")
     lines.extend(f"  {line}" for line in header.environment.lines())

@@ -23,6 +23,7 @@ from reprocut.model.case import (
     ReproCase,
     TensorSpec,
 )
+from reprocut.model.nonfinite import offending
 from reprocut.shrink.shrinker import Shrinker, find_integer
 from reprocut.shrink.sparse_passes import SPARSE_PASSES
 
@@ -245,6 +246,9 @@ def offenders(case: ReproCase, path: Path, values: Sequence[Any]) -> list[int]:
         ignore = _scalar(case, 4, "ignore_index", -100) if target == "cross_entropy" else None
         return [i for i, v in enumerate(values) if not low <= v < high and v != ignore]
     if spec.dtype in FLOAT_DTYPES:
+        rule = offending(case.target, path[1], spec.dtype) if len(path) == 2 else None
+        if case.check_finite and rule is not None:  # the values that make the op non-finite
+            return [i for i, v in enumerate(values) if isinstance(v, (int, float)) and rule(v)]
         if target in ("multinomial",):
             return [i for i, v in enumerate(values) if _is_bad_float(v, 0.0, math.inf)]
         if target in ("binary_cross_entropy",) and path[:2] == ("args", 0):

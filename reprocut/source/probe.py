@@ -22,6 +22,7 @@ import libcst as cst
 import libcst.matchers as m
 import libcst.metadata
 
+from reprocut.check import lifeline
 from reprocut.model.case import TensorSpec, spec_from_json
 from reprocut.source.passes import focus_callee, parse
 
@@ -154,17 +155,15 @@ def probe_launch(
         command = [sys.executable, "-c", _PROBE, str(result), str(script_path), str(file),
                    str(first), str(last), json.dumps(sources), launched_source(focus) or "",
                    *argv]  # fmt: skip
-        try:
-            subprocess.run(
-                command,
-                cwd=cwd,
-                env=child_environment(),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=timeout,
-                start_new_session=True,
-            )
-        except subprocess.TimeoutExpired:
+        returncode = lifeline.run(
+            command,
+            cwd=cwd,
+            env=child_environment(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=timeout,
+        )
+        if returncode is None:  # timed out
             return LaunchSpecs()
         try:
             found = json.loads(result.read_text())
@@ -235,18 +234,17 @@ def failing_frames(
 
     with tempfile.TemporaryDirectory(prefix="reprocut-frames-") as tmp:
         result = Path(tmp) / "frames.json"
+        lifeline.run(
+            [sys.executable, "-c", _FRAMES, str(result), str(script_path), *argv],
+            cwd=cwd,
+            env=child_environment(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=timeout,
+        )
         try:
-            subprocess.run(
-                [sys.executable, "-c", _FRAMES, str(result), str(script_path), *argv],
-                cwd=cwd,
-                env=child_environment(),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=timeout,
-                start_new_session=True,
-            )
             frames = json.loads(result.read_text())
-        except (subprocess.TimeoutExpired, OSError, ValueError):
+        except (OSError, ValueError):
             return []
     return [(Path(file), line) for file, line in frames]
 

@@ -51,6 +51,9 @@ def reduce_recorded(
     editable = reducible_files(script_path, (script_path.parent, cwd))
     frames = failing_frames(script_path, cwd=cwd, argv=argv)
     inner = [(file, line) for file, line in frames if file.resolve() in editable]
+    crashed = failure.source if not frames and failure.signature.error_type == "Crash" else None
+    if crashed is not None and Path(crashed.file).resolve() in editable:
+        inner = [(Path(crashed.file), crashed.line)]  # no traceback: faulthandler's frame
     focus, launch = None, LaunchSpecs()
     if inner:
         file, line = inner[-1]

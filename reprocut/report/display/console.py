@@ -22,6 +22,12 @@ def make_console(*, stderr: bool = True, color: bool | None = None) -> Console:
     )
 
 
+def print_line(console: Console, text: str) -> None:
+    """One line of progress or summary: word-wrapped on a terminal; off a terminal never
+    wrapped at all (a log, a CI page or a pipe wraps, or not, as it likes)."""
+    console.print(text, soft_wrap=not console.is_terminal)
+
+
 def print_error(console: Console, exc: ReprocutError) -> None:
     console.print(f"[bold red]error[/] ({exc.slug}): {exc}", soft_wrap=True)
     if exc.hint:

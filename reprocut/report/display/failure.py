@@ -8,17 +8,21 @@ from typing import Any
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.syntax import Syntax
-from rich.table import Table
 from rich.text import Text
 
 from reprocut.model.case import Captured, Generated, Literal, SourceLocation, TensorSpec
 from reprocut.model.recording import Failure
+from reprocut.model.signature import is_nonfinite
+from reprocut.report.display.nonfinite import nonfinite_json, nonfinite_section
+from reprocut.report.display.tables import FittedTable
+from reprocut.report.paths import shown_path
 
 TITLES = {
     "localized": "first faulting op found",
     "outside-dispatcher": "fault in a kernel outside PyTorch's dispatcher",
     "not-localized": "failure seen, but not localized",
     "script-error": "the script failed outside torch",
+    "nonfinite-input": "a NaN/inf came in from outside the step's ops",
 }
 
 
@@ -29,6 +33,19 @@ def _where(location: SourceLocation | None, cwd: str = "") -> str:
     if cwd and path.startswith(cwd.rstrip("/") + "/"):
         path = path[len(cwd.rstrip("/")) + 1 :]
     return f"{path}:{location.line}"
+
+
+def _where_shown(location: SourceLocation, cwd: str) -> str:
+    return f"{shown_path(location.file, cwd)}:{location.line}"
+
+
+def same_line(a: SourceLocation | None, b: SourceLocation | None) -> bool:
+    return a is not None and b is not None and (a.file, a.line) == (b.file, b.line)
+
+
+def loop_text(loop: dict[str, int]) -> str:
+    """`epoch=0, step=41`: the user's loop counters."""
+    return ", ".join(f"{name}={value}" for name, value in loop.items())
 
 
 def source_context(location: SourceLocation, context: int = 3) -> RenderableType:
@@ -62,26 +79,31 @@ def _values_label(spec: TensorSpec) -> str:
     return "shape only"
 
 
-def tensor_table(failure: Failure) -> Table:
-    table = Table(title="inputs of the faulting call", title_justify="left", expand=False)
-    for column in ("arg", "shape", "dtype", "stride", "offset", "device", "values"):
-        table.add_column(column, overflow="fold")
+def tensor_table(failure: Failure) -> FittedTable:
+    rows = []
     for row in failure.tensors:
         spec = row.spec
         stride = "contiguous" if spec.stride is None else str(tuple(spec.stride))
         if spec.is_sparse:  # no strides: its layout and stored entries instead
             stride = f"{spec.layout}, nnz {spec.parts[-1].shape[0] if spec.parts else 0}"
         dtype = spec.dtype + (" (grad)" if spec.requires_grad else "")
-        table.add_row(
-            row.name,
-            str(tuple(spec.shape)),
-            dtype,
-            stride,
-            str(spec.storage_offset),
-            spec.device,
-            _values_label(spec),
+        rows.append(
+            (
+                row.name,
+                str(tuple(spec.shape)),
+                dtype,
+                stride,
+                str(spec.storage_offset),
+                spec.device,
+                _values_label(spec),
+            )
         )
-    return table
+    return FittedTable(
+        ("arg", "shape", "dtype", "stride", "offset", "device", "values"),
+        rows,
+        title="inputs of the faulting call",
+        title_justify="left",
+    )
 
 
 def facts_text(failure: Failure) -> Text:
@@ -109,7 +131,10 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
         head.append("   (not a PyTorch op)\n", style="dim")
     if failure.step is not None:
         head.append("step     ", style="bold")
-        head.append(f"{failure.step}" + (f" ({failure.phase})" if failure.phase else "") + "\n")
+        head.append(f"{failure.step}" + (f" ({failure.phase})" if failure.phase else ""))
+        if failure.loop:
+            head.append(f"   your loop: {loop_text(failure.loop)}", style="cyan")
+        head.append("\n")
     if failure.module:
         head.append("module   ", style="bold")
         head.append(f"{failure.module}\n")
@@ -128,6 +153,12 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
         )
         parts.append(Text(f"\n{label}: {_where(failure.source, failure.cwd)}", style="bold"))
         parts.append(source_context(failure.source))
+    if failure.call_site is not None and not same_line(failure.call_site, failure.source):
+        site = Text("torch called from ", style="bold")
+        site.append(_where_shown(failure.call_site, failure.cwd), style="cyan")
+        if failure.call_site.text:
+            site.append(f"  {failure.call_site.text}", style="dim")
+        parts.append(site)
     if failure.tensors:
         parts.append(Text(""))
         parts.append(tensor_table(failure))
@@ -152,6 +183,9 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
             style="dim",
         )
         parts.append(surfaced)
+    if failure.nonfinite is not None:  # --nan: the panel's op is the origin; else traced to it
+        full = not is_nonfinite(failure.signature)
+        parts.append(nonfinite_section(failure.nonfinite, failure.cwd, full=full))
     if failure.diagnosis:
         parts.append(Text("\ndiagnosis", style="bold"))
         parts.append(Text(failure.diagnosis))
@@ -164,6 +198,8 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
         footer.append("  (writes a minimal repro.py and report.md)", style="dim")
     parts.append(footer)
     title = f"reprocut: {TITLES.get(failure.status, failure.status)}"
+    if failure.status == "localized" and is_nonfinite(failure.signature):
+        title = "reprocut: first op that made a NaN/inf"
     if failure.localization and failure.localization != "none":
         title += f" ({failure.localization})"
     return Panel(Group(*parts), title=title, title_align="left", border_style="red")
@@ -190,6 +226,9 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
         "module": failure.module,
         "source": location(failure.source),
         "forward_source": location(failure.forward_source),
+        "call_site": location(failure.call_site),
+        "loop": dict(failure.loop),
+        "frameworks": dict(failure.frameworks),
         "error": {
             "type": failure.error.type,
             "code": failure.error.code,
@@ -211,4 +250,5 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
         "device": failure.device,
         "notes": list(failure.notes),
         "run_dir": str(run_dir),
+        "nonfinite": None if failure.nonfinite is None else nonfinite_json(failure.nonfinite),
     }

@@ -9,6 +9,23 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from reprocut.report.display.console import print_line
+
+PHASE_LABELS = {
+    "fork_server": "fork server start",
+    "read": "reading the recording",
+    "first_check": "first check",
+    "shrink": "shrinking",
+    "source_reduce": "reducing the script",
+    "cpu_check": "CPU check",
+    "verify": "verification",
+    "report": "report",
+}
+
+
+def phase_label(name: str) -> str:
+    return PHASE_LABELS.get(name, name.replace("_", " "))
+
 
 def _describe(event: Any) -> tuple[str, int, str]:
     """(pass name, checks, size text) of a case-shrinker or source-reducer event."""
@@ -21,6 +38,35 @@ def _describe(event: Any) -> tuple[str, int, str]:
     else:
         size = ""
     return name, checks, size
+
+
+def _checks(count: int) -> str:
+    return f"{count} check" + ("" if count == 1 else "s")
+
+
+class _AcceptedLines:
+    """One line per pass and size: steps of a pass that leave the size as it was (each dropped
+    keyword, say) are counted into the line, printed once the pass or the size moves on."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.pending: tuple[str, str] | None = None
+        self.steps = 0
+        self.checks = 0
+
+    def add(self, name: str, size: str, checks: int) -> None:
+        if self.pending != (name, size):
+            self.flush()
+        self.pending, self.checks = (name, size), checks
+        self.steps += 1
+
+    def flush(self) -> None:
+        if self.pending is None:
+            return
+        name, size = self.pending
+        steps = f"{self.steps} steps, " if self.steps > 1 else ""
+        print_line(self.console, f"[green]✓[/] {name} → {size} ({steps}{_checks(self.checks)})")
+        self.pending, self.steps = None, 0
 
 
 @contextmanager
@@ -36,20 +82,29 @@ def shrink_display(console: Console, *, enabled: bool = True) -> Iterator[Callab
         disable=not live,
     ) as progress:
         task = progress.add_task("shrinking")
+        lines = _AcceptedLines(progress.console)
 
         def on_event(event: Any) -> None:
+            phase = getattr(event, "phase", None)
+            if phase is not None:  # a pipeline phase started (seconds None) or ended
+                if getattr(event, "seconds", None) is None:
+                    progress.update(task, description=f"{phase_label(phase)}…")
+                return
             name, checks, size = _describe(event)
-            kind = getattr(event, "kind", None)
-            accepted = kind == "accepted" or getattr(event, "accepted", False) is True
-            progress.update(task, description=f"{checks} checks · {name} · best: {size}")
+            # the case shrinker says "accepted"; the source reducer sends the accepted script
+            accepted = getattr(event, "kind", None) == "accepted" or hasattr(event, "code")
+            progress.update(task, description=f"{_checks(checks)} · {name} · best: {size}")
             if accepted and enabled:
-                progress.console.print(f"[green]✓[/] {name} → {size} ({checks} checks)")
+                lines.add(name, size, checks)
 
-        yield on_event
+        try:
+            yield on_event
+        finally:
+            lines.flush()
 
 
 def print_phase(console: Console, text: str) -> None:
-    console.print(f"[bold]·[/] {text}")
+    print_line(console, f"[bold]·[/] {text}")
 
 
 def print_result(console: Console, result: dict[str, Any]) -> None:
@@ -58,15 +113,25 @@ def print_result(console: Console, result: dict[str, Any]) -> None:
     size = f"{result.get('statements')} statements"
     if result.get("tensor_elements") is not None:
         size += f", {result['tensor_elements']} tensor elements"
-    console.print(
-        f"[bold green]repro[/]: {result.get('repro')} ({size}; {result.get('checks')} checks, "
-        f"{result.get('seconds', 0):.1f} s)"
+    print_line(
+        console,
+        f"[bold green]repro[/]: {result.get('repro')} ({size}; "
+        f"{_checks(result.get('checks') or 0)}, {result.get('seconds', 0):.1f} s)",
     )
-    console.print(
+    print_line(
+        console,
         f"verified: {verified.get('reproduced', 0)}/{verified.get('runs', 0)} plain runs "
-        f"failed with {result.get('signature_text', 'the signature')}"
+        f"failed with {result.get('signature_text', 'the signature')}",
     )
     if result.get("cpu_reproduces") is not None:
-        console.print(f"CPU reproduces: {'yes' if result['cpu_reproduces'] else 'no'}")
+        print_line(console, f"CPU reproduces: {'yes' if result['cpu_reproduces'] else 'no'}")
     if result.get("report"):
-        console.print(f"report: {result['report']}")
+        print_line(console, f"report: {result['report']}")
+    if result.get("phases"):
+        print_line(console, phases_line(result["phases"]))
+
+
+def phases_line(phases: dict[str, float]) -> str:
+    """Where the time went, phase by phase (some ran side by side)."""
+    parts = [f"{phase_label(name)} {seconds:.1f} s" for name, seconds in phases.items()]
+    return "[dim]time: " + " · ".join(parts) + "[/]"

@@ -1,0 +1,180 @@
+"""A recorded call ▶ the smallest call that still fails the same way, as repro.py text.
+
+Picks the first recorded case (most public first) that reproduces from its captured inputs,
+shrinks it with the named passes against the oracle (every accepted case saved to disk, so an
+interrupted shrink keeps its best), and asks whether the same call fails on the CPU too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from reprocut.check.agreement import reproducing_form
+from reprocut.check.oracle import Oracle, OtherFailure, Passed, Reproduced, Verdict
+from reprocut.check.precision import float64_behaviour
+from reprocut.model.case import ReproCase, Signature
+from reprocut.model.errors import ExitCode, ReprocutError
+from reprocut.model.recording import Failure, atomic_write
+from reprocut.pipeline.phases import CPU_CHECK, FIRST_CHECK, SHRINK, Phases
+from reprocut.shrink.emitter import SIDECAR_NAME, Emitted, emit, inline_captured
+from reprocut.shrink.header import Environment, Header
+from reprocut.shrink.passes import PASSES
+from reprocut.shrink.shrinker import Shrinker
+
+BEST_FILE = "shrink-best.json"
+
+
+class ShrinkInterruptedError(ReprocutError):
+    slug = "interrupted"
+    exit_code = ExitCode.INTERRUPTED
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a shrink produced, before verification."""
+
+    code: str
+    statements: int
+    tensor_elements: int | None
+    checks: int
+    sidecar: bool
+    reproduced_from_capture: bool = True
+    cpu_reproduces: bool | None = None
+    cpu_message: str = ""
+
+
+def _expected(case: ReproCase, failure: Failure) -> Signature:
+    return case.expected or failure.signature
+
+
+def pick_case(
+    failure: Failure, inputs: dict[str, Any], oracle: Oracle
+) -> tuple[ReproCase | None, list[Verdict]]:
+    """The first case (most public first) that reproduces from its captured inputs."""
+    verdicts = []
+    for case in failure.cases:
+        case, verdict = reproducing_form(oracle, case, inputs, _expected(case, failure))
+        verdicts.append(verdict)
+        if isinstance(verdict, Reproduced):
+            return case, verdicts
+    return None, verdicts
+
+
+def on_cpu(case: ReproCase) -> ReproCase:
+    for path, spec in list(case.tensors()):
+        if spec.device != "cpu":
+            case = case.with_arg(path, replace(spec, device="cpu"))
+    return case
+
+
+def cpu_behaviour(
+    case: ReproCase, inputs: dict[str, Any], oracle: Oracle
+) -> tuple[bool | None, str]:
+    """Does the same call fail on the CPU too, and with which message?"""
+    if all(spec.device == "cpu" for _, spec in case.tensors()):
+        return True, ""
+    verdict = oracle.check_case(on_cpu(case), inputs, expected=None)
+    if isinstance(verdict, (OtherFailure, Reproduced)):
+        return True, f"{verdict.signature.error_type}: {verdict.message.strip().splitlines()[0]}"
+    if isinstance(verdict, Passed):
+        return False, "runs without error"
+    return None, type(verdict).__name__
+
+
+def write_case(case: ReproCase, inputs: dict[str, Any], out: Path, header: Header) -> Emitted:
+    """repro.py text for `case`; captured tensors too big to inline go to repro_inputs.pt."""
+    inlined = inline_captured(case, inputs)
+    emitted = emit(inlined, header)
+    if emitted.sidecar_keys:
+        import torch
+
+        torch.save({key: inputs[key] for key in emitted.sidecar_keys}, out / SIDECAR_NAME)
+    return emitted
+
+
+def shrink_case(
+    failure: Failure,
+    inputs: dict[str, Any],
+    oracle: Oracle,
+    *,
+    max_checks: int,
+    max_time: float,
+    out: Path,
+    environment: Environment,
+    on_event: Callable[[Any], None],
+    phases: Phases,
+) -> Outcome:
+    header = Header(
+        expected=failure.signature,
+        message=failure.error.message,
+        assertion=_assertion(failure),
+        environment=environment,
+    )
+    with phases.phase(FIRST_CHECK):  # waits for the fork server, if it is still starting
+        case, _ = pick_case(failure, inputs, oracle)
+    if case is None:
+        emitted = write_case(failure.cases[0], inputs, out, header)
+        return Outcome(
+            code=emitted.code,
+            statements=emitted.statements,
+            tensor_elements=failure.cases[0].total_numel(),
+            checks=oracle.checks,
+            sidecar=bool(emitted.sidecar_keys),
+            reproduced_from_capture=False,
+        )
+    expected = _expected(case, failure)
+
+    def predicate(candidate: ReproCase) -> bool:
+        return isinstance(oracle.check_case(candidate, inputs, expected=expected), Reproduced)
+
+    def save(best: ReproCase) -> None:
+        """Every accepted case goes to disk: an interrupted shrink keeps its best repro."""
+        atomic_write(out / BEST_FILE, best.dumps())
+        atomic_write(out / "repro.py", write_case(best, inputs, out, header).code)
+
+    shrinker = Shrinker(
+        case,
+        predicate,
+        passes=PASSES,
+        inputs=inputs,
+        max_checks=max_checks,
+        max_time=max_time,
+        on_event=on_event,
+        on_accept=save,
+        cpu_visible=expected.error_code is None,
+    )
+    try:
+        with phases.phase(SHRINK):
+            best = shrinker.run()
+    except KeyboardInterrupt:
+        raise ShrinkInterruptedError(
+            f"interrupted: the best case so far is in {out / 'repro.py'} (not verified)"
+        ) from None
+    save(best)
+    # Before the verification, not beside it: its answer is part of repro.py's header, and the
+    # file the plain runs verify is the final one.
+    with phases.phase(CPU_CHECK):
+        cpu_reproduces, cpu_message = cpu_behaviour(best, inputs, oracle)
+        if best.check_finite:  # a NaN/inf origin: precision, or the values themselves?
+            header = replace(header, float64=float64_behaviour(best, inputs, oracle))
+    header = replace(header, cpu_reproduces=cpu_reproduces, cpu_message=cpu_message)
+    emitted = write_case(best, inputs, out, header)
+    return Outcome(
+        code=emitted.code,
+        statements=emitted.statements,
+        tensor_elements=best.total_numel(),
+        checks=oracle.checks,
+        sidecar=bool(emitted.sidecar_keys),
+        cpu_reproduces=cpu_reproduces,
+        cpu_message=cpu_message,
+    )
+
+
+def _assertion(failure: Failure) -> str:
+    for assertion in failure.error.assertions:
+        if isinstance(assertion, dict) and assertion.get("condition"):
+            return str(assertion["condition"])
+    return ""

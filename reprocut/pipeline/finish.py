@@ -1,0 +1,77 @@
+"""repro.py written ▶ verified by plain runs, report.md written, the result as data.
+
+Verification is the final word: fresh `python repro.py` processes with no reprocut code in
+them (reprocut.check.verify); the result dict is what `--json` prints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from reprocut.check.verify import Verification
+from reprocut.model.case import Signature
+from reprocut.model.recording import Failure
+from reprocut.pipeline.cases import Outcome
+from reprocut.report.markdown import ReportInputs
+from reprocut.shrink.header import Environment
+
+
+def status(outcome: Outcome, verification: Verification) -> str:
+    if not outcome.reproduced_from_capture:
+        return "not-reproduced"
+    if verification.reproduced == verification.runs:
+        return "verified"
+    return "flaky" if verification.reproduced else "not-verified"
+
+
+def result_json(
+    outcome: Outcome,
+    signature: Signature,
+    verification: Verification,
+    repro: Path,
+    report: Path,
+    seconds: float,
+) -> dict[str, Any]:
+    return {
+        "status": status(outcome, verification),
+        "repro": str(repro),
+        "report": str(report),
+        "statements": outcome.statements,
+        "tensor_elements": outcome.tensor_elements,
+        "checks": outcome.checks,
+        "seconds": round(seconds, 3),
+        "signature": {
+            "error_type": signature.error_type,
+            "error_code": signature.error_code,
+            "op": signature.op,
+            "kind": signature.kind,
+        },
+        "cpu_reproduces": outcome.cpu_reproduces,
+        "cpu_message": outcome.cpu_message,
+        "verified": {"runs": verification.runs, "reproduced": verification.reproduced},
+    }
+
+
+def report_inputs(
+    outcome: Outcome,
+    failure: Failure,
+    environment: Environment,
+    verification: Verification,
+    seconds: float,
+) -> ReportInputs:
+    return ReportInputs(
+        code=outcome.code,
+        failure=failure,
+        environment=environment,
+        statements=outcome.statements,
+        tensor_elements=outcome.tensor_elements,
+        checks=outcome.checks,
+        seconds=seconds,
+        verified_runs=verification.runs,
+        verified_reproduced=verification.reproduced,
+        cpu_reproduces=outcome.cpu_reproduces,
+        cpu_message=outcome.cpu_message,
+        reproduced_from_capture=outcome.reproduced_from_capture,
+        sidecar=outcome.sidecar,
+    )

@@ -1,0 +1,298 @@
+"""A recording ▶ a shrunk, verified repro.py and report.md: what `reprocut shrink` does, and
+`reprocut record --shrink` after its recording.
+
+Reads the recording, shrinks its captured call (or, for custom kernels and --source, the
+script), writes repro.py, verifies it with plain `python repro.py` runs and writes report.md.
+What does not depend on each other runs at once: the fork server starts (it imports torch) while
+the recording is read (which imports torch too), the environment is gathered beside both, and
+the plain verification runs go side by side. Each phase's seconds go to meta.json and `--json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from reprocut.check.oracle import Oracle
+from reprocut.check.verify import verify
+from reprocut.model.case import Captured
+from reprocut.model.errors import CorruptRecordingError, ExitCode, ReprocutError
+from reprocut.model.recording import Failure, RunDir, atomic_write
+from reprocut.pipeline.cases import Outcome, shrink_case
+from reprocut.pipeline.finish import report_inputs, result_json
+from reprocut.pipeline.phases import FORK_SERVER, READ, REPORT, SOURCE, VERIFY, Phases
+from reprocut.pipeline.recover import agree, memcheck_evidence, walk_back_outcome
+from reprocut.pipeline.scripts import shrink_source
+from reprocut.report.display.console import print_line
+from reprocut.report.display.shrink import print_phase, shrink_display
+from reprocut.report.markdown import collect_environment, render
+from reprocut.shrink.header import Environment
+
+
+class NothingToShrinkError(ReprocutError):
+    slug = "script-error"
+    exit_code = ExitCode.SCRIPT_ERROR
+
+
+@dataclass(frozen=True, slots=True)
+class ShrinkSettings:
+    """What a shrink may do (the `reprocut shrink` options)."""
+
+    out: Path | None = None  # default: the run folder
+    max_checks: int = 500
+    max_time: float = 300.0
+    timeout: float = 60.0  # per check; plain runs get twice that
+    fork: bool = True
+    source: bool = False
+    runs: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Shrunk:
+    """The result object (`--json`), what it says in words, and the exit code."""
+
+    result: dict[str, Any]
+    signature_text: str
+    reproduced_from_capture: bool
+    exit_code: ExitCode
+
+
+def load_inputs(run: RunDir, failure: Failure | None = None) -> dict[str, Any]:
+    """The captured tensors; a recording whose cases need some that are not there is corrupt."""
+    needed = sorted(_captured_keys(failure)) if failure is not None else []
+    if not run.inputs_path.exists():
+        if needed:
+            raise CorruptRecordingError(
+                f"{run.inputs_path} is missing: the recorded call's captured inputs are gone",
+                hint="record the script again with `reprocut record`",
+            )
+        return {}
+    import torch
+
+    try:
+        data = torch.load(run.inputs_path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CorruptRecordingError(
+            f"{run.inputs_path} cannot be read: {exc}",
+            hint="record the script again with `reprocut record`",
+        ) from exc
+    if not isinstance(data, dict):
+        raise CorruptRecordingError(f"{run.inputs_path} does not hold a dict of tensors")
+    missing = [key for key in needed if key not in data]
+    if missing:
+        raise CorruptRecordingError(
+            f"{run.inputs_path} lacks captured tensors the recording needs: {', '.join(missing)}",
+            hint="record the script again with `reprocut record`",
+        )
+    return data
+
+
+def _captured_keys(failure: Failure) -> set[str]:
+    return {
+        spec.values.key
+        for case in failure.cases
+        for _, spec in case.tensors()
+        if isinstance(spec.values, Captured)
+    }
+
+
+def shrink_recording(
+    run_dir: RunDir,
+    settings: ShrinkSettings,
+    console: Console,
+    *,
+    show: bool,
+    failure: Failure | None = None,
+    oracle: Oracle | None = None,
+) -> Shrunk:
+    """Shrink and verify `run_dir`'s failure (`failure`: already read). `oracle`: one that is
+    warm already (record's, with torch imported and a CUDA child standing by), used for the
+    captured call's checks; it is closed here either way."""
+    started = time.monotonic()
+    with shrink_display(console, enabled=show) as shown:
+        phases = Phases(shown)
+        with phases.phase(READ):
+            failure = failure or run_dir.read_failure()
+            _refuse(failure, settings)
+            oracle = _fit_oracle(oracle, failure, settings)
+            _start_server(oracle, phases, started)  # while the inputs are read
+            agreement, log = agree(oracle, failure, _out(run_dir, settings),
+                                   source=_is_source(failure, settings),
+                                   timeout=settings.timeout * 2)  # fmt: skip
+            on_event = log.watch(shown)
+            try:
+                inputs, environment = _read(run_dir, failure, settings)
+            except BaseException:
+                oracle.close(wait=False)
+                raise
+        try:
+            outcome = _shrink(
+                run_dir, failure, inputs, environment, oracle, settings, phases, on_event, console
+            )
+        finally:
+            oracle.close(wait=False)  # its processes end while the plain runs start
+            agreement.close()
+        if oracle.fork_disabled:
+            print_line(
+                console, f"[yellow]note[/]: checks ran in fresh processes ({oracle.fork_disabled})"
+            )
+        out = _out(run_dir, settings)
+        repro = out / "repro.py"
+        atomic_write(repro, outcome.code)
+        print_phase(console, f"verifying: {settings.runs} plain runs of python {repro.name}")
+        with phases.phase(VERIFY):
+            verification = verify(
+                repro, failure.signature, runs=settings.runs, timeout=settings.timeout * 2
+            )
+        outcome, verification, walked = walk_back_outcome(
+            log, outcome, verification, failure, inputs, environment, runs=settings.runs,
+            timeout=settings.timeout * 2, out=out, console=console,
+        )  # fmt: skip
+        outcome, evidence = memcheck_evidence(
+            repro, failure, outcome, timeout=settings.timeout * 3, console=console
+        )
+        seconds = time.monotonic() - started
+        report = out / "report.md"
+        with phases.phase(REPORT):
+            written = replace(
+                report_inputs(outcome, failure, environment, verification, seconds),
+                notes=() if walked is None else (walked.describe(),),
+                sanitizer="" if evidence is None else evidence.markdown(),
+            )
+            atomic_write(report, render(written))
+    result = result_json(outcome, failure.signature, verification, repro, report, seconds)
+    result["agreement"] = agreement.to_json()
+    if walked is not None:
+        result["walk_back"] = walked.to_json()
+    if evidence is not None:
+        result["sanitizer"] = evidence.to_json()
+    result["phases"] = phases.to_json()
+    _write_meta(run_dir, result)
+    exit_code = verification.exit_code if outcome.reproduced_from_capture else None
+    return Shrunk(
+        result,
+        failure.signature.describe(),
+        outcome.reproduced_from_capture,
+        exit_code if exit_code is not None else ExitCode.NOT_REPRODUCED,
+    )
+
+
+def _start_server(oracle: Oracle, phases: Phases, started: float) -> None:
+    """The fork server starts on a thread now; checks wait for it (its time counts from the
+    shrink's start, so a server that record had started already costs nothing)."""
+    if not oracle.fork:
+        return
+
+    def warm() -> None:
+        try:
+            oracle.warm_up()
+        except Exception:  # the first check starts it again, or says why it cannot
+            return
+        phases.add(FORK_SERVER, time.monotonic() - started)
+        with contextlib.suppress(Exception):  # with standby_cuda: the first check's child
+            oracle.prepare()  # makes its CUDA context meanwhile
+
+    threading.Thread(target=warm, daemon=True).start()
+
+
+def _out(run_dir: RunDir, settings: ShrinkSettings) -> Path:
+    out = (settings.out or run_dir.path).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _is_source(failure: Failure, settings: ShrinkSettings) -> bool:
+    return settings.source or failure.status == "outside-dispatcher" or not failure.cases
+
+
+def _refuse(failure: Failure, settings: ShrinkSettings) -> None:
+    if failure.status == "nonfinite-input":
+        raise NothingToShrinkError(
+            "the recorded NaN/inf was made by no op: it was already in the data or state "
+            f"({failure.nonfinite.entered_as if failure.nonfinite else 'an input'})",
+            hint="find where that tensor was filled (the data pipeline, a buffer update)",
+        )
+    if failure.status == "script-error" and not settings.source:
+        raise NothingToShrinkError(
+            f"the recorded failure is not in a torch op ({failure.error.type}: "
+            f"{failure.error.message.strip().splitlines()[0] if failure.error.message.strip() else ''})",
+            hint="fix the script error first; `--source` reduces the script anyway",
+        )
+
+
+def _read(
+    run_dir: RunDir, failure: Failure, settings: ShrinkSettings
+) -> tuple[dict[str, Any], Environment]:
+    """The captured inputs and the environment (gathered beside the inputs: both import torch,
+    and the environment may ask nvidia-smi)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        environment = pool.submit(collect_environment, failure)
+        inputs = {} if _is_source(failure, settings) else load_inputs(run_dir, failure)
+        return inputs, environment.result()
+
+
+def _fit_oracle(oracle: Oracle | None, failure: Failure, settings: ShrinkSettings) -> Oracle:
+    """The oracle for this failure: record's warm one if it may serve. Emitted calls may have a
+    child make its CUDA context before their check comes; a user's script may not (it can set up
+    the environment CUDA reads first), so a script reduction gets an oracle of its own."""
+    source = _is_source(failure, settings)
+    if oracle is not None and source and oracle.standby_cuda:
+        oracle.close(wait=False)
+        oracle = None
+    if oracle is None:
+        oracle = Oracle(
+            fork=settings.fork,
+            timeout=settings.timeout,
+            standby_cuda=not source and failure.device.startswith("cuda"),
+        )
+    oracle.expected = failure.signature
+    return oracle
+
+
+def _shrink(
+    run_dir: RunDir,
+    failure: Failure,
+    inputs: dict[str, Any],
+    environment: Environment,
+    oracle: Oracle,
+    settings: ShrinkSettings,
+    phases: Phases,
+    on_event: Any,
+    console: Console,
+) -> Outcome:
+    """The captured call, shrunk; or the script, reduced."""
+    limits = {"max_checks": settings.max_checks, "max_time": settings.max_time}
+    if _is_source(failure, settings):
+        if not failure.cases and not settings.source and failure.status != "outside-dispatcher":
+            print_phase(console, "no captured call to shrink: reducing the script instead")
+        with phases.phase(SOURCE):
+            return shrink_source(failure, oracle, on_event=on_event, **limits)
+    return shrink_case(
+        failure,
+        inputs,
+        oracle,
+        out=_out(run_dir, settings),
+        environment=environment,
+        on_event=on_event,
+        phases=phases,
+        **limits,
+    )
+
+
+def _write_meta(run_dir: RunDir, result: dict[str, Any]) -> None:
+    """The shrink's status, time and phases, next to record's in the run's meta.json."""
+    try:
+        meta = run_dir.read_meta()
+    except ReprocutError:  # a hand-made or older recording: start one
+        meta = {}
+    meta["shrink"] = {
+        key: result[key] for key in ("status", "repro", "seconds", "checks", "phases")
+    }
+    run_dir.write_meta(meta)

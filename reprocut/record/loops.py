@@ -1,0 +1,125 @@
+"""The user's own loop counters at the failure: `epoch=0, step=41`, as the user counts steps.
+
+reprocut counts optimizer steps, which is not how people count: a failure after
+`optimizer.step()` in iteration 40 is in reprocut's step 41, and a DQN whose optimizer starts
+after a warm-up is 16 steps behind its loop. So at the failure the `for` statements enclosing
+the executing line of each of the user's frames are found in the file's AST, and their integer
+targets read from the frame's locals (`for epoch in range(...)`, `for step, batch in
+enumerate(loader)`: epoch and step; batch is no integer).
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import numbers
+from types import CodeType, FrameType, TracebackType
+
+from reprocut.record.frames import UserFrames
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+class _FileLoops:
+    """The `for` statements of one file, each with the scope it runs in."""
+
+    def __init__(self, source: str) -> None:
+        self.loops: list[tuple[ast.For | ast.AsyncFor, ast.AST | None]] = []
+        self.scopes: list[ast.AST] = []
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            return
+        self._visit(tree, None)
+
+    def _visit(self, node: ast.AST, scope: ast.AST | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, _SCOPES):
+                self.scopes.append(child)
+                self._visit(child, child)
+                continue
+            if isinstance(child, (ast.For, ast.AsyncFor)):
+                self.loops.append((child, scope))
+            self._visit(child, scope)
+
+    def targets_at(self, line: int) -> tuple[str, ...]:
+        """Names bound by the loops whose body holds `line`, outermost first, in the scope that
+        runs `line` (a loop of an enclosing function is that function's frame's business)."""
+        scope = None
+        for candidate in self.scopes:
+            end = getattr(candidate, "end_lineno", None) or candidate.lineno
+            if candidate.lineno <= line <= end and (
+                scope is None or candidate.lineno > scope.lineno
+            ):
+                scope = candidate
+        names: list[str] = []
+        for loop, loop_scope in self.loops:
+            if loop_scope is not scope or not loop.body:
+                continue
+            end = getattr(loop.body[-1], "end_lineno", None) or loop.body[-1].lineno
+            if loop.body[0].lineno <= line <= end:  # not the header: the iterator is running
+                names.extend(n for n in _names(loop.target) if n not in names)
+        return tuple(names)
+
+
+def _names(target: ast.AST) -> list[str]:
+    if isinstance(target, ast.Name):
+        return [] if target.id.startswith("_") else [target.id]  # `for _ in ...` counts nothing
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [name for element in target.elts for name in _names(element)]
+    if isinstance(target, ast.Starred):
+        return _names(target.value)
+    return []  # attributes and subscripts are not counters
+
+
+class LoopCounters:
+    """Reads the integer targets of the user's enclosing `for` loops (ASTs cached per file)."""
+
+    def __init__(self, frames: UserFrames) -> None:
+        self.frames = frames
+        self._files: dict[str, _FileLoops] = {}
+        self._targets: dict[tuple[CodeType, int], tuple[str, ...]] = {}
+
+    def read(self, frame: FrameType | None) -> dict[str, int]:
+        """The counters of every user frame from `frame` outward, outermost loop first."""
+        stack: list[tuple[FrameType, int]] = []
+        while frame is not None:
+            if self.frames.is_user(frame.f_code):
+                stack.append((frame, frame.f_lineno))
+            frame = frame.f_back
+        return self._counters(reversed(stack))
+
+    def from_traceback(self, tb: TracebackType | None) -> dict[str, int]:
+        """The counters of the user frames a traceback passed through (outermost first)."""
+        stack: list[tuple[FrameType, int]] = []
+        while tb is not None:
+            if self.frames.is_user(tb.tb_frame.f_code):
+                stack.append((tb.tb_frame, tb.tb_lineno))
+            tb = tb.tb_next
+        return self._counters(stack)
+
+    def _counters(self, stack: object) -> dict[str, int]:
+        counters: dict[str, int] = {}
+        for frame, line in stack:  # type: ignore[attr-defined]
+            names = self._targets_of(frame.f_code, line)
+            if not names:
+                continue
+            values = frame.f_locals
+            for name in names:
+                value = values.get(name)
+                if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                    continue
+                key = name if name not in counters else f"{frame.f_code.co_name}.{name}"
+                counters[key] = int(value)
+        return counters
+
+    def _targets_of(self, code: CodeType, line: int) -> tuple[str, ...]:
+        key = (code, line)
+        names = self._targets.get(key)
+        if names is None:
+            loops = self._files.get(code.co_filename)
+            if loops is None:
+                source = "".join(linecache.getlines(code.co_filename))
+                loops = self._files[code.co_filename] = _FileLoops(source)
+            names = self._targets[key] = loops.targets_at(line)
+        return names

@@ -1,0 +1,197 @@
+"""Inside the user's process, with `--nan`: did this step make a NaN or inf? One flag per step.
+
+Checking every op's output costs a host sync per op. Instead, what a step hands on (the losses
+given to backward, the gradients before the optimizer, the parameters after it, the outputs of
+top-level modules) is reduced on the device to one flag per check (`_foreach_norm` with
+ord=inf: no overflow, and NaN propagates), and the step's flags to one bool. On the CPU it is
+read at the step's end; on CUDA it is copied to pinned memory behind an event and read once the
+event reports completion, so no step waits for the GPU. The first step whose flag flipped is what
+the localizer reruns op by op (finite_watch.py). A run that goes on after it is stopped
+GRACE_STEPS later with NonfiniteStop: a NaN loss does not end a training script by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+GRACE_STEPS = 5  # steps a run may go on after its first non-finite step, to see where it ends
+MAX_FLAGS_PER_STEP = 256
+
+
+class NonfiniteStop(BaseException):
+    """Raised by reprocut at a step boundary to end a run whose non-finite origin is known.
+
+    A BaseException, so the user's `except Exception` does not swallow it."""
+
+
+@contextlib.contextmanager
+def unrecorded() -> Iterator[None]:
+    """Work that is reprocut's own: no mode sees it and autograd does not record it."""
+    with torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction(), torch.no_grad():
+        yield
+
+
+def floating_tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The floating-point tensors in a module's output (a tensor, a sequence, a dict)."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and value.layout == torch.strided and value.numel():
+            yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from floating_tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from floating_tensors(item)
+
+
+def watch_backward(flags: StepFlags) -> Callable[..., Any]:
+    """Let `flags` see every loss handed to backward; returns the original to put back."""
+    original = torch.autograd.backward
+
+    def watched_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        flags.watch_loss(tensors)
+        return original(tensors, *args, **kwargs)
+
+    torch.autograd.backward = watched_backward
+    return original
+
+
+def nonfinite_flag(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """One 0-dim bool tensor per device: True where some element is NaN or inf. No host sync."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault((tensor.device, tensor.dtype), []).append(tensor.detach())
+    flags: dict[torch.device, torch.Tensor] = {}
+    with unrecorded():
+        for (device, _), group in groups.items():
+            norms = torch._foreach_norm(group, float("inf"))
+            bad = torch.stack(norms).isfinite().logical_not().any()
+            flags[device] = bad if device not in flags else flags[device] | bad
+    return list(flags.values())
+
+
+class StepFlags:
+    """The per-step non-finite flags of one run, and the first step that raised one."""
+
+    def __init__(self, *, stop_after: int | None = GRACE_STEPS) -> None:
+        self.stop_after = stop_after  # steps after the first flagged one; None: never stop
+        self.first_step: int | None = None
+        self.checked_through = -1  # the last step whose flag has been read
+        self.stopped_at: int | None = None
+        self._current: list[torch.Tensor] = []
+        self._pending: list[tuple[int, list[torch.Tensor], Any, list[str]]] = []
+        self.what: str | None = None  # which check flipped first ("gradients", ...)
+        self._what_current: list[str] = []
+
+    # --- what the recorder hands over ---------------------------------------------------------
+
+    def watch(self, what: str, tensors: Iterable[torch.Tensor]) -> None:
+        found = [t for t in tensors if t.is_floating_point() and t.numel()]
+        if found:
+            flags = nonfinite_flag(found)
+            self._current.extend(flags)
+            self._what_current.extend(what for _ in flags)
+        if len(self._current) > MAX_FLAGS_PER_STEP:  # a loop with no step boundary: fold them
+            self._fold()
+
+    def _fold(self) -> None:
+        folded: dict[torch.device, torch.Tensor] = {}
+        with unrecorded():
+            for flag in self._current:
+                seen = folded.get(flag.device)
+                folded[flag.device] = flag if seen is None else seen | flag
+        self._current = list(folded.values())
+        self._what_current = [" or ".join(dict.fromkeys(self._what_current))] * len(folded)
+
+    def watch_loss(self, tensors: Any) -> None:
+        self.watch("loss", floating_tensors(tensors))
+
+    def watch_optimizer(self, optimizer: Any, what: str) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if what == "gradients":
+            self.watch(what, (p.grad for p in params if p.grad is not None))
+        else:
+            self.watch(what, params)
+
+    def watch_output(self, output: Any) -> None:
+        self.watch("model outputs", floating_tensors(output))
+
+    # --- step boundaries ----------------------------------------------------------------------
+
+    def end_step(self, step: int) -> None:
+        """Reduce the step's flags to one, start reading it, and read the finished ones; past
+        the grace steps after the first flagged step, stop the run."""
+        self._queue(step)
+        self._read(block=False)
+        if (
+            self.stop_after is not None
+            and self.first_step is not None
+            and step >= self.first_step + self.stop_after
+        ):
+            self.stopped_at = step
+            raise NonfiniteStop(f"stopped {self.stop_after} steps after step {self.first_step}")
+
+    def end_localized_step(self, step: int, first: int | None, last: int | None) -> None:
+        """A rerun localizing steps first..last: stop once they are done, or as soon as a
+        step before them flipped (the localizer reruns that one instead)."""
+        self.stop_after = None
+        self.end_step(step)
+        if self.first_step is not None and self.first_step < (first or 0):
+            raise NonfiniteStop(f"step {self.first_step} flipped before the localized step")
+        if last is not None and step >= last:
+            self.flush(step)
+            raise NonfiniteStop("the localized step is done")
+
+    def flush(self, in_flight_step: int) -> None:
+        """Read every flag still pending, the step in flight's too (the run is over); after a
+        sticky CUDA error they stay unread."""
+        with contextlib.suppress(Exception):
+            self._queue(in_flight_step)
+            self._read(block=True)
+
+    def _queue(self, step: int) -> None:
+        if not self._current:
+            return
+        by_device: dict[torch.device, list[int]] = {}
+        for i, flag in enumerate(self._current):
+            by_device.setdefault(flag.device, []).append(i)
+        parts, order, event = [], [], None
+        with unrecorded():
+            for device, positions in by_device.items():
+                stacked = torch.stack([self._current[i].reshape(()) for i in positions])
+                if device.type != "cpu":  # pinned, behind the step's kernels
+                    stacked = stacked.to("cpu", non_blocking=True)
+                parts.append(stacked)
+                order.extend(positions)
+            if any(device.type == "cuda" for device in by_device):
+                event = torch.cuda.Event()
+                event.record()
+        what = [self._what_current[i] for i in order]
+        self._pending.append((step, parts, event, what))
+        self._current, self._what_current = [], []
+
+    def _read(self, *, block: bool) -> None:
+        while self._pending:
+            step, host, event, what = self._pending[0]
+            if event is not None:
+                if not block and not event.query():
+                    return
+                event.synchronize()
+            self._pending.pop(0)
+            values = [bool(v) for part in host for v in part.tolist()]
+            self.checked_through = max(self.checked_through, step)
+            if any(values) and self.first_step is None:
+                self.first_step = step
+                self.what = what[values.index(True)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "first_step": self.first_step,
+            "flagged_by": self.what,
+            "checked_through": self.checked_through,
+            "stopped_at": self.stopped_at,
+        }

@@ -1,0 +1,137 @@
+"""What people read: the traceback as plain python shows it, tables at 80 columns, summaries
+off a terminal, no torch import noise from reprocut's own processes (real processes, CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from reprocut.model.recording import RunDir
+from reprocut.report.display.failure import failure_panel
+
+REPO = Path(__file__).parent.parent
+SCRIPT = Path(__file__).parent / "scripts" / "ce_target.py"
+NUMPY_WARNING = "Failed to initialize NumPy"
+WORDS = ("contiguous", "captured", "float32", "target")
+HEADERS = {"arg", "shape", "dtype", "stride", "offset", "device", "values"}
+
+
+def frames(stderr: str) -> list[str]:
+    """The `File ..., line N, in f` lines of the first traceback in `stderr`."""
+    text = stderr[stderr.index("Traceback (most recent call last):") :]
+    return [line.strip() for line in text.splitlines() if line.startswith('  File "')]
+
+
+@pytest.fixture(scope="module")
+def without_numpy(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """An environment in which `import numpy` fails, as in a fresh venv without it: torch then
+    warns "Failed to initialize NumPy" in every process that imports it."""
+    hidden = tmp_path_factory.mktemp("no-numpy")
+    (hidden / "numpy").mkdir()
+    (hidden / "numpy" / "__init__.py").write_text(
+        'raise ModuleNotFoundError("No module named \'numpy\'", name="numpy")\n'
+    )
+    path = os.pathsep.join([str(REPO), str(hidden), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path}
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory, without_numpy) -> tuple[dict, str]:
+    """`reprocut record --quiet` on a failing script, numpy missing, stderr not a terminal."""
+    root = tmp_path_factory.mktemp("rec")
+    done = subprocess.run(
+        [sys.executable, "-m", "reprocut", "record", "--json", "--quiet", "--root", str(root),
+         str(SCRIPT)],
+        cwd=REPO, env=without_numpy, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    return json.loads(done.stdout), done.stderr
+
+
+def test_the_traceback_shows_the_frames_plain_python_shows(tmp_path):
+    plain = subprocess.run(
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120
+    )
+    recorded = subprocess.run(
+        [sys.executable, "-m", "reprocut", "record", "--root", str(tmp_path), str(SCRIPT)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert frames(recorded.stderr) == frames(plain.stderr)
+    assert "__torch_function__" not in recorded.stderr
+    assert "handle_torch_function" not in recorded.stderr
+
+
+def test_reprocut_record_does_not_warn_about_numpy_even_when_quiet(recorded):
+    report, stderr = recorded
+    assert report["status"] == "localized", stderr
+    assert NUMPY_WARNING not in stderr
+
+
+def test_shrink_summary_off_a_terminal_is_unwrapped_and_never_repeats(recorded, without_numpy):
+    report, _ = recorded
+    done = subprocess.run(
+        [sys.executable, "-m", "reprocut", "shrink", report["run_dir"]],
+        cwd=REPO, env=without_numpy, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert NUMPY_WARNING not in done.stderr
+    lines = done.stderr.splitlines()
+    summary = next(line for line in lines if line.startswith("repro: "))
+    assert re.search(r"\(3 statements, \d+ tensor elements; \d+ checks, [\d.]+ s\)$", summary)
+    assert next(i for i, line in enumerate(lines) if line.startswith("verified: ")) == (
+        lines.index(summary) + 1
+    ), "the summary was wrapped onto more lines"
+    accepted = [re.sub(r" \(.*\)$", "", line) for line in lines if line.startswith("✓ ")]
+    assert accepted and len(accepted) == len(set(accepted)), accepted
+
+
+def render(failure, width: int) -> str:
+    console = Console(width=width, force_terminal=False, no_color=True, record=True)
+    console.print(failure_panel(failure, Path("run")))
+    return console.export_text()
+
+
+def table_tokens(failure, width: int) -> tuple[set[str], str]:
+    text = render(failure, width)
+    table = text[text.index("inputs of the faulting call") : text.index("what explains it")]
+    return set(re.findall(r"[^\s│┃━─┏┓┗┛┡┩┳╇┻└┘┴]+", table)), table
+
+
+def folded(tokens: set[str]) -> set[str]:
+    """Pieces of a word split over lines (a word cut with an ellipsis is not one)."""
+    pieces = tokens - HEADERS
+    return {t for t in pieces if not t.endswith("…") and any(t != w and t in w for w in WORDS)}
+
+
+def embedding_like(failure):
+    """The recorded failure with the embedding example's inputs: at 80 columns rich folded
+    "contiguous" in their table."""
+    first, second = failure.tensors
+    return replace(
+        failure,
+        tensors=(
+            replace(first, name="weight", spec=replace(first.spec, shape=(1000, 64))),
+            replace(second, name="target", spec=replace(second.spec, shape=(8, 32))),
+        ),
+    )
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_table_cells_never_break_mid_word(recorded, width):
+    failure = embedding_like(RunDir(Path(recorded[0]["run_dir"])).read_failure())
+    tokens, table = table_tokens(failure, width)
+    assert set(WORDS) <= tokens and not folded(tokens), f"at {width} columns:\n{table}"
+
+
+def test_narrow_tables_cut_words_with_an_ellipsis_never_fold_them(recorded):
+    failure = RunDir(Path(recorded[0]["run_dir"])).read_failure()
+    tokens, table = table_tokens(failure, 50)
+    assert any(token.endswith("…") for token in tokens), table
+    assert not folded(tokens), table
