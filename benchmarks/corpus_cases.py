@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as the `test` extra installs it
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "corpus"

@@ -8,7 +8,10 @@
 #   shrink   benchmarks/bench_shrink.py --device cuda
 #   pipeline benchmarks/bench_pipeline.py --device cuda (crash to verified repro, per phase;
 #            not in the default list: it wants the machine to itself, run it alone, ~6 min)
-#   nan      the NaN/inf origin cuda tests (tests/test_nan.py -m cuda), then benchmarks/bench_nan.py
+#   nan      the NaN/inf origin cuda tests (nan_tests: tests/test_nan.py -m cuda), then
+#            benchmarks/bench_nan.py (nan_bench)
+#   ranks    torchrun jobs: tests/test_ranks_cuda.py (2 ranks sharing the GPU over gloo; NCCL
+#            one GPU per rank where there are 2+ GPUs)
 #   faults   issue #11: the memcheck cuda test, then record + shrink of the fault corpus cases
 #            (sparse ids, Triton int32 offsets, CuPy unchecked ids, cuBLAS status; FAULTS_CASES)
 # Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
@@ -16,7 +19,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/logs}
-STAGES=${STAGES:-tests source_tests record source corpus shrink nan}
+STAGES=${STAGES:-tests source_tests record source corpus shrink nan ranks}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # the commit this tree is (the device copy's git metadata is stale): .whl/COMMIT, written by the caller
@@ -24,7 +27,8 @@ export PYTHONUNBUFFERED=1
 
 stage_tests() {
     timeout -k 10 "${TESTS_LIMIT:-330}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 4 \
-        --timeout 240 --ignore tests/test_source_reducer.py --ignore tests/test_nan.py ${TESTS:-tests/} >"$OUT/gpu_tests.log" 2>&1
+        --timeout 240 --ignore tests/test_source_reducer.py --ignore tests/test_nan.py \
+        --ignore tests/test_ranks_cuda.py ${TESTS:-tests/} >"$OUT/gpu_tests.log" 2>&1
     echo "pytest exit $?" >>"$OUT/gpu_tests.log"
     grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_tests.log"
 }
@@ -80,16 +84,33 @@ stage_pipeline() {
     tail -22 "$OUT/bench_pipeline.log"
 }
 
-stage_nan() {
-    # the cuda tests first (9 corpus cases, 3 at a time), then the overhead / time-to-origin bench
+stage_nan_tests() {
+    # the NaN/inf origin cuda tests (9 corpus cases, 3 at a time)
     timeout -k 10 "${NAN_TESTS_LIMIT:-150}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 3 \
         --timeout 140 tests/test_nan.py >"$OUT/gpu_nan_tests.log" 2>&1
     echo "pytest exit $?" >>"$OUT/gpu_nan_tests.log"
     grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_nan_tests.log"
+}
+
+stage_nan_bench() {
+    # --nan's overhead and time to the producing op: run it with nothing else on the machine
     timeout -k 10 "${NAN_LIMIT:-210}" python3 benchmarks/bench_nan.py --device cuda \
         --repeats "${NAN_REPEATS:-1}" --out "$OUT" >"$OUT/bench_nan.log" 2>&1
     echo "bench_nan exit $?" >>"$OUT/bench_nan.log"
     tail -22 "$OUT/bench_nan.log"
+}
+
+stage_nan() {
+    stage_nan_tests
+    stage_nan_bench
+}
+
+stage_ranks() {
+    # one torchrun job at a time: every job's ranks share the one GPU
+    timeout -k 10 "${RANKS_LIMIT:-230}" python3 -m pytest -v -p no:cacheprovider -m cuda \
+        --timeout 220 tests/test_ranks_cuda.py >"$OUT/gpu_ranks.log" 2>&1
+    echo "pytest exit $?" >>"$OUT/gpu_ranks.log"
+    grep -hE "PASSED|FAILED|ERROR|SKIPPED|passed|failed|exit" "$OUT/gpu_ranks.log"
 }
 
 stage_faults() {

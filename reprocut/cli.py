@@ -22,7 +22,7 @@ COMMANDS = {
     ),
     "shrink": (
         "reprocut.commands.shrink",
-        "turn the latest recording into a minimal, verified repro.py",
+        "turn the latest recording with a failure into a minimal, verified repro.py",
     ),
     "sanitize": (
         "reprocut.commands.sanitize",

@@ -33,7 +33,7 @@ SIGNALS = tuple(
 _PR_SET_PDEATHSIG = 1
 
 _owned: set[int] = set()
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: the signal handler may interrupt its holder
 _installed: dict[int, Any] = {}
 
 

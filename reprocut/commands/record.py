@@ -8,6 +8,9 @@ reproduce". On failure, reprocut prints the faulting op, the step and phase (wit
 counters), the module path, your source line (and the library line that called torch, under a
 framework), the op's input tensors with the facts that explain the failure, the kernel's
 assertion, where the error surfaced, and a diagnosis. Everything is stored under .reprocut/runs/<id>/ for `reprocut shrink`.
+
+After `--` may also come a torchrun command (`-- torchrun --nproc-per-node 2 train.py`, or
+`-- python -m torch.distributed.run ...`): every rank is recorded and the culprit rank named.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ STATUS_EXIT = {
 USAGE = (
     "reprocut record [options] SCRIPT [ARGS...]\n"
     "       reprocut record [options] -m MODULE [ARGS...]\n"
-    "       reprocut record [options] -- python [PYTHON-OPTIONS] (SCRIPT | -m MODULE) [ARGS...]"
+    "       reprocut record [options] -- python [PYTHON-OPTIONS] (SCRIPT | -m MODULE) [ARGS...]\n"
+    "       reprocut record [options] -- torchrun [TORCHRUN-OPTIONS] (SCRIPT | -m MODULE) [ARGS...]"
 )
 
 
@@ -148,6 +152,10 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
     launch = locate(parse_launch(getattr(options, "launch_args", [])), cwd)
     assert launch.script is not None
     check_script(launch.script)
+    if launch.torchrun is not None:  # -- torchrun ...: every rank
+        from reprocut.commands import record_job
+
+        return record_job.run(options, console, launch, cwd)
     run_dir = RunDir.create(options.root)
     run_dir.write_meta(
         {

@@ -20,6 +20,7 @@ from rich.console import Console
 from reprocut.check.oracle import Oracle
 from reprocut.commands.runs import pick_recording
 from reprocut.model.errors import ExitCode
+from reprocut.model.job import culprit_path
 from reprocut.model.recording import Failure, RunDir
 from reprocut.pipeline.run import ShrinkSettings, Shrunk, shrink_recording
 from reprocut.report.display.console import print_line
@@ -52,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(options: argparse.Namespace, console: Console) -> ExitCode:
     run_dir = pick_recording(options.run_dir, options.root, console)
+    run_dir = RunDir.open(culprit_path(run_dir.path))  # a torchrun job: its culprit rank's
     settings = ShrinkSettings(
         out=options.out,
         max_checks=options.max_checks,

@@ -30,6 +30,7 @@ from reprocut.model.case import (
     spec_to_json,
 )
 from reprocut.model.errors import CorruptRecordingError, NoRecordingError
+from reprocut.model.job import RankSummary
 from reprocut.model.nonfinite import NonfiniteOrigin
 
 DEFAULT_ROOT = Path(".reprocut")
@@ -132,6 +133,9 @@ class Failure:
     frameworks: dict[str, str] = field(default_factory=dict)  # versions the script imported
     run_module: str | None = None  # launched as `python -m run_module`
     nonfinite: NonfiniteOrigin | None = None  # where a NaN/inf came from (`record --nan`)
+    rank: int | None = None  # under torchrun: the culprit's global rank
+    world_size: int | None = None
+    ranks: tuple[RankSummary, ...] = ()  # every rank of the job, what it saw
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -162,6 +166,9 @@ class Failure:
             "frameworks": dict(self.frameworks),
             "run_module": self.run_module,
             "nonfinite": None if self.nonfinite is None else self.nonfinite.to_json(),
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "ranks": [summary.to_json() for summary in self.ranks],
         }
 
     @classmethod
@@ -198,6 +205,9 @@ class Failure:
             nonfinite=NonfiniteOrigin.from_json(data["nonfinite"])
             if data.get("nonfinite")
             else None,
+            rank=data.get("rank"),
+            world_size=data.get("world_size"),
+            ranks=tuple(RankSummary.from_json(r) for r in data.get("ranks", ())),
         )
 
     def with_notes(self, *notes: str) -> Failure:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,14 +80,14 @@ def require_root(root: Path | None) -> Path:
 
 def summarize(run: RunDir) -> RunSummary:
     meta = _read(run.path / META_FILE)
-    if meta is None:
-        return RunSummary(run, "", "", "corrupt")
-    script, started = str(meta.get("script", "")), str(meta.get("started", ""))
     failure = _read(run.path / FAILURE_FILE)
+    script = str((meta or {}).get("script") or (failure or {}).get("script") or "")
+    started = str((meta or {}).get("started") or _modified(run.path))
     if failure is None:
-        status = "passed" if meta.get("status") == "passed" else "unfinished"
-        if (run.path / FAILURE_FILE).exists():
+        if (run.path / FAILURE_FILE).exists() or meta is None:
             status = "corrupt"
+        else:
+            status = "passed" if meta.get("status") == "passed" else "unfinished"
         return RunSummary(run, script, started, status)
     error = failure.get("error") if isinstance(failure.get("error"), dict) else {}
     message = str(error.get("message", "")).strip().splitlines()
@@ -144,3 +145,8 @@ def _read(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _modified(path: Path) -> str:
+    """The folder's time, in meta.json's format, for a run whose meta.json is gone."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(path.stat().st_mtime))

@@ -13,6 +13,7 @@ import faulthandler
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,7 @@ def main(config_path: str) -> None:
             "last_op": recorder.last_op,
             "loop": recorder.loops.from_traceback(exc.__traceback__),
             "interrupted": isinstance(exc, KeyboardInterrupt),
+            "failed_at": time.time(),  # under torchrun: which rank failed first
         }
         sys.stderr.write(outcome["traceback"])
     finally:

@@ -7,10 +7,13 @@ Three spellings run the same thing, and the script sees the `sys.argv` plain `py
     reprocut record [options] -m pkg.train ARGS...
     reprocut record [options] -- [python [PYTHON-OPTIONS]] (-m pkg.train | train.py) ARGS...
 
+and after `--` a torchrun command (`torchrun [OPTIONS] (train.py | -m pkg.train) ARGS...`, or
+`python -m torch.distributed.run ...`), whose every rank runs the Launch as torchrun runs it
+(`python -u ...`); the launcher's own part is `Launch.torchrun` (record/torchrun.py reads it).
+
 `split_command` cuts reprocut's own options from the launch command before argparse sees it
 (argparse would take `-m` and the script's options for its own); `parse_launch` turns the launch
-command into a Launch; `locate` finds the file that will run as `__main__`. Another launcher
-(torchrun, say) is one more branch in `parse_command`.
+command into a Launch; `locate` finds the file that will run as `__main__`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import sys
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reprocut.model.errors import ReprocutError, ScriptNotFoundError
 
@@ -32,6 +35,10 @@ from reprocut.model.errors import ReprocutError, ScriptNotFoundError
 PYTHON_FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-s", "-b", "-bb", "-q", "-v", "-d", "-R"})
 PYTHON_VALUE_OPTIONS = frozenset({"-W", "-X"})
 _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?$")
+TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
+
+if TYPE_CHECKING:
+    from reprocut.record.torchrun import TorchrunLaunch
 
 
 class LaunchError(ReprocutError):
@@ -47,6 +54,7 @@ class Launch:
     args: tuple[str, ...] = ()  # sys.argv[1:]
     argv0: str = ""  # sys.argv[0]: the script as typed, or the module's file
     python_options: tuple[str, ...] = ()  # interpreter options given after `-- python`
+    torchrun: TorchrunLaunch | None = None  # `-- torchrun ...`: every rank runs this launch
 
     def describe(self) -> str:
         """The launch as a python command line, for messages."""
@@ -89,10 +97,34 @@ def parse_launch(tokens: Sequence[str]) -> Launch:
 
 
 def parse_command(tokens: list[str]) -> Launch:
-    """A command after `--`: `python [options] (-m MODULE | SCRIPT) ARGS`, or the target alone."""
+    """A command after `--`: `python [options] (-m MODULE | SCRIPT) ARGS`, a torchrun command,
+    or the target alone."""
+    launcher = torchrun_prefix(tokens)
+    if launcher:
+        from reprocut.record.torchrun import parse_torchrun  # torchrun's parser imports torch
+
+        return parse_torchrun(tokens[:launcher], tokens[launcher:])
     if tokens and is_python(tokens[0]):
         return _parse_python(tokens[1:])
     return _parse_target(tokens, ())
+
+
+def torchrun_prefix(tokens: Sequence[str]) -> int:
+    """How many tokens name the launcher: 1 for `torchrun`, more for `python [options] -m
+    torch.distributed.run` (or the legacy launch module, which parse_torchrun refuses); 0 for a
+    command that is not a torchrun."""
+    if not tokens:
+        return 0
+    if os.path.basename(tokens[0]) == "torchrun":
+        return 1
+    if not is_python(tokens[0]):
+        return 0
+    _, used = _python_options(list(tokens[1:]))
+    rest = tokens[1 + used :]
+    if not rest or not rest[0].startswith("-m"):
+        return 0
+    module, width = (rest[0][2:], 1) if rest[0][2:] else (rest[1] if len(rest) > 1 else "", 2)
+    return 1 + used + width if module in TORCHRUN_MODULES else 0
 
 
 def is_python(token: str) -> bool:
@@ -103,6 +135,12 @@ def is_python(token: str) -> bool:
 
 
 def _parse_python(tokens: list[str]) -> Launch:
+    options, used = _python_options(tokens)
+    return _parse_target(tokens[used:], options)
+
+
+def _python_options(tokens: list[str]) -> tuple[tuple[str, ...], int]:
+    """The interpreter options at the start of `tokens`, and how many tokens they take."""
     options: list[str] = []
     index = 0
     while index < len(tokens):
@@ -125,7 +163,7 @@ def _parse_python(tokens: list[str]) -> Launch:
                 + ", ".join(sorted(PYTHON_FLAGS | PYTHON_VALUE_OPTIONS)),
             )
         index += 1
-    return _parse_target(tokens[index:], tuple(options))
+    return tuple(options), index
 
 
 def _parse_target(tokens: list[str], python_options: tuple[str, ...]) -> Launch:

@@ -80,8 +80,11 @@ def run_script(
     echo_stdout: IO[str] | None = None,
     echo_stderr: IO[str] | None = None,
     on_line: Callable[[str], None] | None = None,
+    on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> RunResult:
-    """Run the script once under the recorder; never raises for what the script does."""
+    """Run the script once under the recorder; never raises for what the script does.
+    `on_start` is handed the child's process as soon as it exists (a rank's bootstrap stops
+    it when torchrun stops the rank)."""
     outcome_path = request.run_dir / OUTCOME_FILE
     outcome_path.unlink(missing_ok=True)
     launch = request.launch or Launch(script=request.script, args=request.argv)
@@ -114,6 +117,8 @@ def run_script(
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
+    if on_start is not None:
+        on_start(process)
     stdout_log = request.run_dir / f"{request.attempt}.stdout.txt"
     stderr_log = request.run_dir / f"{request.attempt}.stderr.txt"
     pumps = [

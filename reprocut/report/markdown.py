@@ -154,6 +154,11 @@ def render(inputs: ReportInputs) -> str:
         )
     parts += ["", "## Where it happened in the original program", ""]
     folder = os.path.dirname(failure.script) if failure.script else ""
+    if failure.rank is not None:
+        parts.append(
+            f"- rank {failure.rank} of {failure.world_size} under torchrun (the first to fail; "
+            "the repro above is single-process, with that rank's inputs)"
+        )
     if failure.source is not None:
         parts.append(f"- {_line(failure.source, folder)}")
     if failure.forward_source is not None:

@@ -14,6 +14,7 @@ from reprocut.model.case import Captured, Generated, Literal, SourceLocation, Te
 from reprocut.model.recording import Failure
 from reprocut.model.signature import is_nonfinite
 from reprocut.report.display.nonfinite import nonfinite_json, nonfinite_section
+from reprocut.report.display.ranks import other_ranks, rank_head, ranks_json
 from reprocut.report.display.tables import FittedTable
 from reprocut.report.paths import shown_path
 
@@ -119,6 +120,8 @@ def facts_text(failure: Failure) -> Text:
 def failure_panel(failure: Failure, run_dir: Path) -> Panel:
     parts: list[RenderableType] = []
     head = Text()
+    if failure.rank is not None:
+        head.append_text(rank_head(failure))
     if failure.op or failure.public_call:
         head.append("op       ", style="bold")
         head.append(failure.op or "(no aten op raised)", style="bold cyan")
@@ -189,6 +192,8 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
     if failure.diagnosis:
         parts.append(Text("\ndiagnosis", style="bold"))
         parts.append(Text(failure.diagnosis))
+    if failure.ranks:
+        parts.append(other_ranks(failure))
     for note in failure.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
     footer = Text(f"\nrecording: {run_dir}", style="dim")
@@ -200,6 +205,8 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
     title = f"reprocut: {TITLES.get(failure.status, failure.status)}"
     if failure.status == "localized" and is_nonfinite(failure.signature):
         title = "reprocut: first op that made a NaN/inf"
+    if failure.rank is not None:
+        title += f" on rank {failure.rank}"
     if failure.localization and failure.localization != "none":
         title += f" ({failure.localization})"
     return Panel(Group(*parts), title=title, title_align="left", border_style="red")
@@ -251,4 +258,5 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
         "notes": list(failure.notes),
         "run_dir": str(run_dir),
         "nonfinite": None if failure.nonfinite is None else nonfinite_json(failure.nonfinite),
+        **(ranks_json(failure) if failure.rank is not None else {}),
     }

@@ -1,0 +1,144 @@
+"""One rank of a torchrun job: `python -m reprocut.record.rank CONFIG.json`, started by torchrun.
+
+torchrun gives each rank RANK, LOCAL_RANK, WORLD_SIZE, ...; this bootstrap (it never imports
+torch) runs the user's script under the recorder exactly as `reprocut record` runs one process
+(runner.py: a child process, teed output, its outcome; the script sees the sys.argv, sys.path[0]
+and `-u` that torchrun would have given it, a module runs as under `-m`), into the rank's own
+folder, and leaves rank.json there: how the rank's process ran and ended, and whether torchrun
+stopped it. It exits as the script did, so torchrun sees the job it would have seen.
+
+When one rank fails, torchrun stops the others with SIGTERM. The script's process then gets a
+moment to finish its own report (it may be failing in a collective at that very moment) before
+it is stopped too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from reprocut.model.job import RANK_FILE, rank_path
+from reprocut.model.recording import atomic_write
+from reprocut.record.launch import Launch
+from reprocut.record.runner import RunRequest, run_script
+
+GRACE_S = 1.0  # after torchrun's SIGTERM: time the script may take to write its outcome
+KILL_AFTER_S = 3.0  # then SIGTERM to the script; SIGKILL this much later
+
+
+class RankProcess:
+    """rank.json's content, kept current on disk, and the stop torchrun asks for."""
+
+    def __init__(self, folder: Path, record: dict[str, Any]) -> None:
+        self.folder = folder
+        self.record = record
+        self.child: subprocess.Popen[bytes] | None = None
+        self.write()
+
+    def write(self) -> None:
+        atomic_write(self.folder / RANK_FILE, json.dumps(self.record, indent=1))
+
+    def started(self, child: subprocess.Popen[bytes]) -> None:
+        self.child = child
+        self.record["child_pid"] = child.pid
+        self.write()
+        if self.record.get("terminated_by"):  # the stop came before the child existed
+            self._stop_soon()
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        if self.record.get("terminated_by"):
+            return
+        self.record["terminated_by"] = signal.Signals(signum).name
+        self.record["terminated_at"] = time.time()
+        self.write()
+        self._stop_soon()
+
+    def _stop_soon(self) -> None:
+        threading.Thread(target=self._stop, daemon=True).start()
+
+    def _stop(self) -> None:
+        child = self.child
+        if child is None:
+            return
+        time.sleep(GRACE_S)
+        for sig, wait in ((signal.SIGTERM, KILL_AFTER_S), (signal.SIGKILL, 0.0)):
+            if child.returncode is not None:
+                return
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, sig)
+            time.sleep(wait)
+
+
+def main(config_path: str) -> None:
+    config = json.loads(Path(config_path).read_text())
+    env = os.environ
+    rank = int(env.get("RANK", "0"))
+    restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    folder = rank_path(Path(config["job_dir"]), rank, restart)
+    folder.mkdir(parents=True, exist_ok=True)
+    process = RankProcess(
+        folder,
+        {
+            "rank": rank,
+            "local_rank": int(env.get("LOCAL_RANK", "0")),
+            "world_size": int(env.get("WORLD_SIZE", "1")),
+            "group_rank": int(env.get("GROUP_RANK", "0")),
+            "restart": restart,
+            "node": config.get("node", ""),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "child_pid": None,
+            "started": time.time(),
+            "ended": None,
+            "returncode": None,
+            "signal": None,
+            "terminated_by": None,
+        },
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, process.on_signal)
+    launch = Launch(  # as torchrun launches the rank: `python -u (SCRIPT | -m MODULE) ARGS`
+        script=Path(config["script"]),
+        module=config.get("module"),
+        args=tuple(config["argv"]),
+        argv0=config.get("argv0") or config["script"],
+        python_options=tuple(config.get("python_options", ())),
+    )
+    result = run_script(
+        RunRequest(
+            Path(config["script"]),
+            launch.args,
+            folder,
+            "record",
+            snapshots=config.get("snapshots", True),
+            light_steps=config.get("light_steps"),
+            cwd=Path(config["cwd"]),
+            launch=launch,
+        ),
+        echo_stdout=None if config.get("quiet") else sys.stdout,
+        echo_stderr=None if config.get("quiet") else sys.stderr,
+        on_start=process.started,
+    )
+    process.record.update(
+        ended=time.time(),
+        returncode=result.returncode,
+        signal=result.signal,
+        seconds=round(result.seconds, 3),
+    )
+    process.write()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(result.returncode if result.returncode is not None else 128 + (result.signal or 0))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
