@@ -12,6 +12,8 @@
 #            benchmarks/bench_nan.py (nan_bench)
 #   ranks    torchrun jobs: tests/test_ranks_cuda.py (2 ranks sharing the GPU over gloo; NCCL
 #            one GPU per rank where there are 2+ GPUs)
+#   faults   issue #11: the memcheck cuda test, then record + shrink of the fault corpus cases
+#            (sparse ids, Triton int32 offsets, CuPy unchecked ids, cuBLAS status; FAULTS_CASES)
 # Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
 # (*_LIMIT, seconds); logs and result files go to $OUT (or benchmarks/results/logs).
 set -u
@@ -109,6 +111,20 @@ stage_ranks() {
         --timeout 220 tests/test_ranks_cuda.py >"$OUT/gpu_ranks.log" 2>&1
     echo "pytest exit $?" >>"$OUT/gpu_ranks.log"
     grep -hE "PASSED|FAILED|ERROR|SKIPPED|passed|failed|exit" "$OUT/gpu_ranks.log"
+}
+
+stage_faults() {
+    # not in the default STAGES: run it with STAGES=faults (4-5 minutes; at most 7)
+    timeout -k 10 "${FAULTS_TESTS_LIMIT:-120}" python3 -m pytest -v -p no:cacheprovider -m cuda \
+        --timeout 110 tests/test_sanitizer.py >"$OUT/gpu_faults_tests.log" 2>&1
+    echo "pytest exit $?" >>"$OUT/gpu_faults_tests.log"
+    grep -hE "PASSED|FAILED|ERROR|SKIPPED|passed|failed|exit" "$OUT/gpu_faults_tests.log"
+    timeout -k 10 "${FAULTS_LIMIT:-300}" python3 benchmarks/run_corpus.py --device cuda \
+        --jobs "${FAULTS_JOBS:-4}" --timeout "${FAULTS_TIMEOUT:-120}" --out "$OUT" --tag faults \
+        --cases ${FAULTS_CASES:-gnn_sparse_adjacency cuda_triton_int32_offsets cuda_cupy_hashed_ids cuda_cublas_transposed_keys} \
+        >"$OUT/faults_corpus.log" 2>&1
+    echo "faults corpus exit $?" >>"$OUT/faults_corpus.log"
+    tail -8 "$OUT/faults_corpus.log"
 }
 
 for stage in $STAGES; do

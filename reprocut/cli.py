@@ -24,6 +24,10 @@ COMMANDS = {
         "reprocut.commands.shrink",
         "turn the latest recording with a failure into a minimal, verified repro.py",
     ),
+    "sanitize": (
+        "reprocut.commands.sanitize",
+        "run a recording's repro.py under compute-sanitizer memcheck",
+    ),
     "runs": (
         "reprocut.commands.runs",
         "list the recordings, or delete old ones (--clean)",
@@ -47,6 +51,7 @@ typical use:
   reprocut shrink
   python .reprocut/runs/<id>/repro.py
   reprocut runs --clean --keep 5
+  reprocut sanitize            (memory faults: which access, thread and tensor)
 """
 
 

@@ -111,3 +111,12 @@ def test_cupy_driver_and_runtime_errors_have_codes():
         )[0]
         == 700
     )
+
+
+def test_a_bare_cuda_error_name_from_thrust_is_the_same_illegal_address() -> None:
+    """Without blocking launches the sparse fault surfaced as thrust's message (H200)."""
+    from reprocut.model.signature import classify
+
+    bare = classify("RuntimeError", "transform: failed to synchronize: cudaErrorIllegalAddress")
+    blocking = classify("AcceleratorError", "CUDA error: an illegal memory access was encountered")
+    assert bare.error_code == 700 and bare.matches(blocking, compare_op=False)

@@ -1,7 +1,10 @@
 """`python -m reprocut.check.forkserver`: pay `import torch` once, run each candidate in a forked child.
 
-The server sets CUDA_LAUNCH_BLOCKING and the NVML-based CUDA check *before* importing torch,
-imports torch and never touches `torch.cuda` (that would poison fork for the children). For each
+The server sets the NVML-based CUDA check *before* importing torch, imports torch and never
+touches `torch.cuda` (that would poison fork for the children). Its children run as a plain
+`python repro.py` would: no CUDA_LAUNCH_BLOCKING unless the oracle's environment (or the
+candidate itself, before it initialises CUDA) sets it, and no synchronization after each op
+unless the request asks for it (`sync`: localization does; checks of candidates do not). For each
 JSON-line request on stdin ({code, filename, cwd, argv, sys_path0, timeout}) it forks a child
 that gets its own process group, writes stdout/stderr to files, runs the code as `__main__` under
 FaultAttribution, sends its verdict through a pipe and leaves with `os._exit` (no destructors: a
@@ -29,7 +32,8 @@ from typing import Any
 from reprocut import silence_torch_import_warnings
 from reprocut.check import lifeline
 
-BLOCKING_ENV = {"CUDA_LAUNCH_BLOCKING": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+FORK_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # torch.cuda.is_available() without CUDA
+BLOCKING_ENV = {"CUDA_LAUNCH_BLOCKING": "1", **FORK_ENV}
 HEAD_BYTES = 64_000  # kernel assertions come first: keep the head of stderr...
 TAIL_BYTES = 16_000  # ...and its tail (the traceback)
 MESSAGE_CHARS = 8_000
@@ -38,7 +42,7 @@ _parent: int | None = None  # reprocut's pid (--parent): once it is gone, the se
 
 
 def _set_environment() -> None:
-    os.environ.update(BLOCKING_ENV)
+    os.environ.update(FORK_ENV)
 
 
 def _preload() -> None:
@@ -73,7 +77,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     module.__builtins__ = __builtins__  # type: ignore[attr-defined]
     sys.modules["__main__"] = module
     verdict: dict[str, Any] = {"status": "passed"}
-    attribution = FaultAttribution(sync=True)
+    attribution = FaultAttribution(sync=bool(request.get("sync", False)))
     try:
         code = compile(request["code"], filename, "exec")
         with attribution:
@@ -344,10 +348,13 @@ def serve(stdin: Any, stdout: Any) -> None:
                     if request.get("standby"):
                         standby = standby or Standby.fork(cuda=bool(request.get("cuda")))
                         reply = {"outcome": "standby", "pid": standby.pid}
-                    elif standby is not None:
+                    elif standby is not None and not request.get("fresh_child"):
                         standby, used = None, standby
                         reply = used.serve(request, workdir)
-                    else:
+                    else:  # a candidate that sets the environment CUDA reads must start it
+                        if standby is not None:
+                            standby.discard()
+                            standby = None
                         reply = serve_one(request, workdir)
                 except Exception as exc:  # a broken request must not take the server down
                     reply = {"outcome": "error", "message": repr(exc)}

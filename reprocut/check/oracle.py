@@ -3,6 +3,12 @@
 A child's failure is data, not an exception: every check returns one Verdict. By default the
 checks go to a fork server (`reprocut.check.forkserver`) that has torch imported already; `fork=False`
 runs each check in a fresh `python` instead (slower, but no shared parent at all).
+
+A check runs the candidate the way the user's `python repro.py` will: no CUDA_LAUNCH_BLOCKING and
+no synchronization after each op (`launch_blocking=True` is for localization, where a fault must
+raise at the op that launched it). An asynchronous CUDA error then surfaces where it would in a
+plain run, so its op is not compared. What a forked child cannot show (state inherited from the
+server) a `confirm` hook may settle with a plain run (`reprocut.check.agreement`).
 """
 
 from __future__ import annotations
@@ -17,14 +23,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reprocut import PACKAGE_DIR
 from reprocut.check import lifeline
-from reprocut.check.forkserver import BLOCKING_ENV, read_output
+from reprocut.check.forkserver import BLOCKING_ENV, FORK_ENV, read_output
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.signature import CRASH, classify, crash_signature
 from reprocut.shrink.emitter import SIDECAR_NAME, emit, inline_captured
@@ -75,7 +81,20 @@ class Crashed:
     seconds: float
 
 
-Verdict = Reproduced | OtherFailure | Passed | TimedOut | Crashed
+@dataclass(frozen=True, slots=True)
+class ForkOnly:
+    """Reproduced in the fork server's child but not in a plain run of the same code: the two
+    kinds of process disagree, so the candidate does not count as reproducing."""
+
+    signature: Signature
+    plain: Signature | None  # what the plain run failed with (None: it passed)
+    stderr: str
+    seconds: float
+
+
+Verdict = Reproduced | OtherFailure | Passed | TimedOut | Crashed | ForkOnly
+# confirm(code, filename, cwd, argv, verdict, expected) -> the verdict to return
+Confirm = Callable[[str, str, str, list[str], "Verdict", "Signature | None"], "Verdict"]
 
 
 class ForkUnsafeError(RuntimeError):
@@ -86,10 +105,11 @@ def _package_root() -> str:
     return os.path.dirname(PACKAGE_DIR)
 
 
-def child_environment() -> dict[str, str]:
-    """The environment of oracle processes: blocking launches, reprocut importable."""
+def child_environment(*, blocking: bool = True) -> dict[str, str]:
+    """The environment of reprocut's child processes, reprocut importable; with `blocking`
+    (probes and localization), blocking launches, else the user's own environment as it is."""
     env = dict(os.environ)
-    env.update(BLOCKING_ENV)
+    env.update(BLOCKING_ENV if blocking else FORK_ENV)
     root = _package_root()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
@@ -97,9 +117,15 @@ def child_environment() -> dict[str, str]:
 
 
 def verdict_from_reply(
-    reply: Mapping[str, Any], expected: Signature | None, *, compare_op: bool = True
+    reply: Mapping[str, Any],
+    expected: Signature | None,
+    *,
+    compare_op: bool = True,
+    synchronized: bool = True,
 ) -> Verdict:
-    """Turn a server (or fresh-process) reply into a Verdict, comparing with `expected`."""
+    """Turn a server (or fresh-process) reply into a Verdict, comparing with `expected`.
+    Unsynchronized, a CUDA error raises wherever the GPU is next waited for: its op is not
+    compared (as plain verification compares none)."""
     seconds = float(reply.get("seconds", 0.0))
     stderr = str(reply.get("stderr", ""))
     outcome = reply.get("outcome")
@@ -124,6 +150,7 @@ def verdict_from_reply(
         error.get("error_code"),
     )
     message = str(error["message"])
+    compare_op = compare_op and (synchronized or signature.error_code is None)
     if expected is not None and signature.matches(expected, compare_op=compare_op):
         return Reproduced(signature, message, _tail(stderr), seconds)
     return OtherFailure(signature, message, _tail(stderr), seconds)
@@ -144,11 +171,17 @@ class Oracle:
         timeout: float = 60.0,
         compare_op: bool = True,
         standby_cuda: bool = False,
+        launch_blocking: bool = False,
+        confirm: Confirm | None = None,
     ) -> None:
         """`standby_cuda`: keep a child with its CUDA context made ready for the next check (see
         `prepare`). Only for emitted repro cases: a user's script may set up the environment
-        CUDA reads when it starts."""
+        CUDA reads when it starts. `launch_blocking`: children get CUDA_LAUNCH_BLOCKING=1 and
+        synchronize after every op (localization; not what a plain run does). `confirm`: called
+        with each Reproduced verdict, may replace it (a plain run's disagreement: ForkOnly)."""
         self.expected = expected
+        self.launch_blocking = launch_blocking
+        self.confirm = confirm
         self.fork = fork
         self.timeout = timeout
         self.compare_op = compare_op
@@ -186,6 +219,7 @@ class Oracle:
             argv=[],
             timeout=timeout,
             expected=expected or case.expected,
+            fresh_child=bool(case.env),  # its env must be set before CUDA starts
         )
 
     def check_source(
@@ -198,8 +232,10 @@ class Oracle:
         timeout: float | None = None,
         sys_path0: str | None = None,
         expected: Signature | None = None,
+        fresh_child: bool = False,
     ) -> Verdict:
-        """Run `code` as `__main__` (as `python filename argv...` from `cwd` would)."""
+        """Run `code` as `__main__` (as `python filename argv...` from `cwd` would).
+        `fresh_child`: not in a standby child whose CUDA context is made already."""
         request = {
             "code": code,
             "filename": str(filename),
@@ -207,6 +243,8 @@ class Oracle:
             "argv": list(argv),
             "sys_path0": sys_path0 or str(Path(filename).resolve().parent),
             "timeout": float(timeout or self.timeout),
+            "sync": self.launch_blocking,
+            "fresh_child": fresh_child,
         }
         started = time.perf_counter()
         if self.fork:
@@ -215,9 +253,15 @@ class Oracle:
             self.prepare()  # the next check's child starts while this verdict is read
         else:
             reply = self._run_fresh(request)
+        expected = expected or self.expected
+        verdict = verdict_from_reply(
+            reply, expected, compare_op=self.compare_op, synchronized=self.launch_blocking
+        )
+        if self.confirm is not None and isinstance(verdict, Reproduced):
+            verdict = self.confirm(code, str(filename), str(cwd), list(argv), verdict, expected)
         self.checks += 1
         self.seconds += time.perf_counter() - started
-        return verdict_from_reply(reply, expected or self.expected, compare_op=self.compare_op)
+        return verdict
 
     def warm_up(self) -> None:
         """Start the fork server now (it imports torch: seconds), e.g. while a script runs or a
@@ -290,7 +334,7 @@ class Oracle:
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
-            env=child_environment(),
+            env=child_environment(blocking=self.launch_blocking),
             cwd=self.workdir,
             start_new_session=True,
         )
@@ -371,7 +415,8 @@ class Oracle:
             process = subprocess.Popen(
                 [sys.executable, "-m", "reprocut.check.forkserver", "--once", str(request_path),
                  "--verdict", str(verdict_path), "--parent", str(os.getpid())],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_environment(),
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                env=child_environment(blocking=self.launch_blocking),
                 cwd=request["cwd"], start_new_session=True,
             )  # fmt: skip
             with lifeline.owned(process.pid):

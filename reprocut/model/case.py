@@ -66,6 +66,13 @@ FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16"}
 INT_DTYPES = {"int64", "int32", "int16", "int8", "uint8"}
 
 
+# the component tensors of each sparse layout, in constructor order (values last)
+SPARSE_PARTS = {
+    "sparse_coo": ("indices", "values"),
+    "sparse_csr": ("crow_indices", "col_indices", "values"),
+}
+
+
 def contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     """The row-major strides of a contiguous tensor of `shape`."""
     stride, running = [], 1
@@ -77,7 +84,13 @@ def contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
-    """Everything needed to rebuild one tensor argument: layout, dtype, device and values."""
+    """Everything needed to rebuild one tensor argument: layout, dtype, device and values.
+
+    A sparse tensor (`layout` "sparse_coo" or "sparse_csr") keeps its size in `shape` and its
+    component tensors in `parts` (SPARSE_PARTS order: index tensors, then values), each a dense
+    spec of its own with values captured where they matter (the indices); `values`, `stride`
+    and `storage_offset` of the sparse spec itself are unused.
+    """
 
     shape: tuple[int, ...]
     stride: tuple[int, ...] | None = None  # None means contiguous
@@ -86,10 +99,35 @@ class TensorSpec:
     device: str = "cpu"
     requires_grad: bool = False
     values: Values = field(default_factory=Generated)
+    layout: str = "strided"
+    parts: tuple[TensorSpec, ...] = ()
+    coalesced: bool | None = None  # sparse COO: the tensor's is_coalesced() flag
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def is_sparse(self) -> bool:
+        return self.layout != "strided"
+
+    @property
+    def part_names(self) -> tuple[str, ...]:
+        return SPARSE_PARTS.get(self.layout, ())
+
+    def part(self, name: str) -> TensorSpec:
+        """A sparse tensor's component (`indices`, `col_indices`, `values`, ...)."""
+        return self.parts[self.part_names.index(name)]
+
+    def with_part(self, name: str, new: TensorSpec) -> TensorSpec:
+        index = self.part_names.index(name)
+        return replace(self, parts=(*self.parts[:index], new, *self.parts[index + 1 :]))
+
+    @property
+    def stored_numel(self) -> int:
+        """Elements this tensor costs in a repro: a dense tensor's own, a sparse one's size
+        (shrinking it is progress) plus the elements of its parts."""
+        return self.numel + sum(part.numel for part in self.parts)
 
     @property
     def is_contiguous(self) -> bool:
@@ -198,6 +236,9 @@ class ReproCase:
     aten_op: str | None = None  # the aten op that faulted in the user's run
     source: SourceLocation | None = None  # where the user's code made the call
     inputs_file: str | None = None  # file holding Captured values, relative to the case's run dir
+    # set at the top of repro.py before torch is imported: only what the failure needs
+    # (CUDA_LAUNCH_BLOCKING where it does not reproduce without blocking launches)
+    env: tuple[tuple[str, str], ...] = ()
     # a non-finite origin (`record --nan`): the repro ends by raising if the call's floating
     # outputs hold NaN or inf (model.signature.nonfinite_signature is what it raises)
     check_finite: bool = False
@@ -210,15 +251,16 @@ class ReproCase:
             yield from _tensors_in(arg, ("kwargs", name))
 
     def total_numel(self) -> int:
-        return sum(spec.numel for _, spec in self.tensors())
+        return sum(spec.stored_numel for _, spec in self.tensors())
 
     def num_captured_values(self) -> int:
         total = 0
-        for _, spec in self.tensors():
-            if isinstance(spec.values, Captured):
-                total += spec.numel
-            elif isinstance(spec.values, Literal):
-                total += len(spec.values.values)
+        for _, top in self.tensors():
+            for spec in (top, *top.parts):
+                if isinstance(spec.values, Captured):
+                    total += spec.numel
+                elif isinstance(spec.values, Literal):
+                    total += len(spec.values.values)
         return total
 
     def num_args(self) -> int:
@@ -257,6 +299,7 @@ class ReproCase:
             "aten_op": self.aten_op,
             "source": None if self.source is None else self.source.to_json(),
             "inputs_file": self.inputs_file,
+            "env": [list(pair) for pair in self.env],
             "check_finite": self.check_finite,
         }
 
@@ -270,6 +313,7 @@ class ReproCase:
             aten_op=data.get("aten_op"),
             source=None if data.get("source") is None else SourceLocation(**data["source"]),
             inputs_file=data.get("inputs_file"),
+            env=tuple((str(k), str(v)) for k, v in data.get("env", ())),
             check_finite=data.get("check_finite", False),
         )
 
@@ -341,7 +385,7 @@ def values_from_json(data: dict[str, Any]) -> Values:
 
 
 def spec_to_json(spec: TensorSpec) -> dict[str, Any]:
-    return {
+    data = {
         "shape": list(spec.shape),
         "stride": None if spec.stride is None else list(spec.stride),
         "storage_offset": spec.storage_offset,
@@ -350,6 +394,11 @@ def spec_to_json(spec: TensorSpec) -> dict[str, Any]:
         "requires_grad": spec.requires_grad,
         "values": values_to_json(spec.values),
     }
+    if spec.is_sparse:  # dense specs keep the JSON they always had
+        data["layout"] = spec.layout
+        data["parts"] = [spec_to_json(part) for part in spec.parts]
+        data["coalesced"] = spec.coalesced
+    return data
 
 
 def spec_from_json(data: dict[str, Any]) -> TensorSpec:
@@ -361,6 +410,9 @@ def spec_from_json(data: dict[str, Any]) -> TensorSpec:
         device=data.get("device", "cpu"),
         requires_grad=data.get("requires_grad", False),
         values=values_from_json(data.get("values", {"generated": "randn", "low": 0, "high": 1})),
+        layout=data.get("layout", "strided"),
+        parts=tuple(spec_from_json(part) for part in data.get("parts", ())),
+        coalesced=data.get("coalesced"),
     )
 
 

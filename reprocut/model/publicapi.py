@@ -18,6 +18,7 @@ PUBLIC_NAMESPACES = (
     "torch.linalg",
     "torch.special",
     "torch.fft",
+    "torch.sparse",
 )
 
 

@@ -65,6 +65,18 @@ _TRITON_ERROR = re.compile(r"Triton Error \[CUDA\]: ([^\n]+)")
 # CuPy and the driver API: "CUDA_ERROR_MISALIGNED_ADDRESS: misaligned address",
 # "cudaErrorIllegalAddress: an illegal memory access was encountered"
 _DRIVER_ERROR = re.compile(r"(?:CUDA_ERROR_[A-Z_]+|cudaError[A-Za-z]+): ([^\n]+)")
+# a bare error name, as thrust's "transform: failed to synchronize: cudaErrorIllegalAddress" has it
+_ERROR_NAMES = {
+    "cudaErrorIllegalAddress": "an illegal memory access was encountered",
+    "CUDA_ERROR_ILLEGAL_ADDRESS": "an illegal memory access was encountered",
+    "cudaErrorMisalignedAddress": "misaligned address",
+    "CUDA_ERROR_MISALIGNED_ADDRESS": "misaligned address",
+    "cudaErrorAssert": "device-side assert triggered",
+    "CUDA_ERROR_ASSERT": "device-side assert triggered",
+    "cudaErrorLaunchFailure": "unspecified launch failure",
+    "CUDA_ERROR_LAUNCH_FAILED": "unspecified launch failure",
+}
+_ERROR_NAME = re.compile(r"\b(" + "|".join(_ERROR_NAMES) + r")\b")
 _CUBLAS = re.compile(r"(CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+)")
 
 
@@ -157,6 +169,10 @@ def cuda_error_code(message: str) -> tuple[int | None, str | None]:
                 if name.startswith(text):
                     return code, text
             return None, name
+    bare = _ERROR_NAME.search(message)
+    if bare:
+        text = _ERROR_NAMES[bare.group(1)]
+        return CUDA_ERRORS[text], text
     return None, None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -49,8 +50,42 @@ def layout_of(tensor: torch.Tensor) -> Layout:
 
 
 def spec_of(tensor: torch.Tensor, values: Values | None = None) -> TensorSpec:
-    """The spec of a real tensor (its layout as it is, not as a contiguous copy)."""
-    return spec_from_layout(*layout_of(tensor), values)
+    """The spec of a real tensor (its layout as it is, not as a contiguous copy; a sparse
+    tensor with the specs of its parts, values generated)."""
+    spec = spec_from_layout(*layout_of(tensor), values)
+    if tensor.layout in SPARSE_LAYOUTS:
+        parts = tuple(spec_of(part) for part in sparse_parts(tensor))
+        spec = with_sparse_layout(spec, tensor, parts)
+    return spec
+
+
+SPARSE_LAYOUTS = {torch.sparse_coo: "sparse_coo", torch.sparse_csr: "sparse_csr"}
+
+
+def sparse_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A sparse tensor's component tensors, in SPARSE_PARTS order, as stored: COO indices are
+    read uncoalesced (`_indices`), so duplicates and their order stay as the user made them."""
+    if tensor.layout == torch.sparse_coo:
+        return tensor._indices(), tensor._values()
+    if tensor.layout == torch.sparse_csr:
+        return tensor.crow_indices(), tensor.col_indices(), tensor.values()
+    raise ValueError(f"not a supported sparse layout: {tensor.layout}")
+
+
+def with_sparse_layout(
+    spec: TensorSpec, tensor: torch.Tensor, parts: tuple[TensorSpec, ...]
+) -> TensorSpec:
+    """`spec` (read off a sparse tensor) marked sparse, with its parts' specs."""
+    coalesced = tensor.is_coalesced() if tensor.layout == torch.sparse_coo else None
+    return replace(
+        spec,
+        stride=None,
+        storage_offset=0,
+        values=Generated("zeros"),
+        layout=SPARSE_LAYOUTS[tensor.layout],
+        parts=parts,
+        coalesced=coalesced,
+    )
 
 
 def spec_from_layout(
@@ -86,6 +121,8 @@ def default_values(dtype: torch.dtype) -> Generated:
 
 def materialize(spec: TensorSpec, inputs: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
     """Build the tensor a spec describes (values, dtype, device, layout, requires_grad)."""
+    if spec.is_sparse:
+        return _materialize_sparse(spec, inputs)
     dtype, device = to_dtype(spec.dtype), torch.device(spec.device)
     storage_numel = spec.storage_numel
     values = spec.values
@@ -108,6 +145,27 @@ def materialize(spec: TensorSpec, inputs: Mapping[str, torch.Tensor] | None = No
     if spec.requires_grad and (dtype.is_floating_point or dtype.is_complex):
         tensor = tensor.detach().requires_grad_(True)
     return tensor
+
+
+def _materialize_sparse(
+    spec: TensorSpec, inputs: Mapping[str, torch.Tensor] | None
+) -> torch.Tensor:
+    """Sparse tensors are built from their parts as given: no invariant check (out-of-range
+    indices are usually the bug), the COO coalesced flag as it was."""
+    parts = [materialize(replace(p, device=spec.device), inputs) for p in spec.parts]
+    dtype = to_dtype(spec.dtype)
+    parts[-1] = parts[-1].to(dtype)
+    grad = spec.requires_grad and (dtype.is_floating_point or dtype.is_complex)
+    if spec.layout == "sparse_coo":
+        extra = {} if spec.coalesced is None else {"is_coalesced": spec.coalesced}
+        return torch.sparse_coo_tensor(
+            *parts, spec.shape, check_invariants=False, requires_grad=grad, **extra
+        )
+    if spec.layout == "sparse_csr":
+        return torch.sparse_csr_tensor(
+            *parts, spec.shape, check_invariants=False, requires_grad=grad
+        )
+    raise ValueError(f"unknown layout {spec.layout!r}")
 
 
 def _lay_out(flat: torch.Tensor, spec: TensorSpec, storage_numel: int) -> torch.Tensor:

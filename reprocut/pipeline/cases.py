@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from reprocut.check.agreement import reproducing_form
 from reprocut.check.oracle import Oracle, OtherFailure, Passed, Reproduced, Verdict
 from reprocut.check.precision import float64_behaviour
 from reprocut.model.case import ReproCase, Signature
@@ -55,7 +56,7 @@ def pick_case(
     """The first case (most public first) that reproduces from its captured inputs."""
     verdicts = []
     for case in failure.cases:
-        verdict = oracle.check_case(case, inputs, expected=_expected(case, failure))
+        case, verdict = reproducing_form(oracle, case, inputs, _expected(case, failure))
         verdicts.append(verdict)
         if isinstance(verdict, Reproduced):
             return case, verdicts

@@ -14,7 +14,7 @@ import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from reprocut.model.recording import Failure, RunDir, atomic_write
 from reprocut.pipeline.cases import Outcome, shrink_case
 from reprocut.pipeline.finish import report_inputs, result_json
 from reprocut.pipeline.phases import FORK_SERVER, READ, REPORT, SOURCE, VERIFY, Phases
+from reprocut.pipeline.recover import agree, memcheck_evidence, walk_back_outcome
 from reprocut.pipeline.scripts import shrink_source
 from reprocut.report.display.console import print_line
 from reprocut.report.display.shrink import print_phase, shrink_display
@@ -115,13 +116,17 @@ def shrink_recording(
     warm already (record's, with torch imported and a CUDA child standing by), used for the
     captured call's checks; it is closed here either way."""
     started = time.monotonic()
-    with shrink_display(console, enabled=show) as on_event:
-        phases = Phases(on_event)
+    with shrink_display(console, enabled=show) as shown:
+        phases = Phases(shown)
         with phases.phase(READ):
             failure = failure or run_dir.read_failure()
             _refuse(failure, settings)
             oracle = _fit_oracle(oracle, failure, settings)
             _start_server(oracle, phases, started)  # while the inputs are read
+            agreement, log = agree(oracle, failure, _out(run_dir, settings),
+                                   source=_is_source(failure, settings),
+                                   timeout=settings.timeout * 2)  # fmt: skip
+            on_event = log.watch(shown)
             try:
                 inputs, environment = _read(run_dir, failure, settings)
             except BaseException:
@@ -133,6 +138,7 @@ def shrink_recording(
             )
         finally:
             oracle.close(wait=False)  # its processes end while the plain runs start
+            agreement.close()
         if oracle.fork_disabled:
             print_line(
                 console, f"[yellow]note[/]: checks ran in fresh processes ({oracle.fork_disabled})"
@@ -145,13 +151,28 @@ def shrink_recording(
             verification = verify(
                 repro, failure.signature, runs=settings.runs, timeout=settings.timeout * 2
             )
+        outcome, verification, walked = walk_back_outcome(
+            log, outcome, verification, failure, inputs, environment, runs=settings.runs,
+            timeout=settings.timeout * 2, out=out, console=console,
+        )  # fmt: skip
+        outcome, evidence = memcheck_evidence(
+            repro, failure, outcome, timeout=settings.timeout * 3, console=console
+        )
         seconds = time.monotonic() - started
         report = out / "report.md"
         with phases.phase(REPORT):
-            atomic_write(
-                report, render(report_inputs(outcome, failure, environment, verification, seconds))
+            written = replace(
+                report_inputs(outcome, failure, environment, verification, seconds),
+                notes=() if walked is None else (walked.describe(),),
+                sanitizer="" if evidence is None else evidence.markdown(),
             )
+            atomic_write(report, render(written))
     result = result_json(outcome, failure.signature, verification, repro, report, seconds)
+    result["agreement"] = agreement.to_json()
+    if walked is not None:
+        result["walk_back"] = walked.to_json()
+    if evidence is not None:
+        result["sanitizer"] = evidence.to_json()
     result["phases"] = phases.to_json()
     _write_meta(run_dir, result)
     exit_code = verification.exit_code if outcome.reproduced_from_capture else None

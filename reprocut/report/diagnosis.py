@@ -16,6 +16,8 @@ import torch
 from reprocut.model.case import TensorSpec
 from reprocut.model.tensors import to_dtype
 
+INT32_MAX = 2**31 - 1
+
 
 @dataclass(frozen=True, slots=True)
 class Explanation:
@@ -144,6 +146,12 @@ DIAGNOSES = {
     "embedding_bag": (
         "embedding_bag's offsets or indices are invalid: offsets must start at 0, be "
         "non-decreasing and not exceed the number of indices; indices must lie in the table."
+    ),
+    "sparse": (
+        "A sparse tensor stores indices outside its own size (a row or column id ≥ the "
+        "dimension), built without an invariant check. Usual causes: ids from a larger graph, "
+        "vocabulary or batch, or a size passed to sparse_coo_tensor that is too small; "
+        "`torch.sparse.check_sparse_tensor_invariants()` makes the constructor raise at once."
     ),
     "layout": (
         "The fault happened in a kernel outside PyTorch's dispatcher (a Triton, CuPy or C++/CUDA "
@@ -275,14 +283,17 @@ def explain(
         family = "embedding_bag"
     if not facts:
         facts = _generic_facts(args)
+    if family == "generic" and any(_is_sparse(a) and sparse_facts(a) for a in args):
+        family = "sparse"
     diagnosis = DIAGNOSES.get(family, "")
     return Explanation(facts=facts, diagnosis=diagnosis, family=family)
 
 
 def layout_facts(spec: TensorSpec) -> tuple[str, ...]:
     """What a kernel that walks memory as one flat, aligned buffer gets wrong about a tensor:
-    stride-0 (expand()ed) dims, any other non-contiguous layout, a storage offset (and whether
-    it leaves the data off a 16-byte boundary, which vectorized loads need)."""
+    stride-0 (expand()ed) dims, any other non-contiguous layout, more elements than int32
+    offsets reach, a storage offset (and whether it leaves the data off a 16-byte boundary,
+    which vectorized loads need)."""
     facts = []
     stride = spec.stride
     if stride is not None and not spec.is_contiguous:
@@ -296,6 +307,8 @@ def layout_facts(spec: TensorSpec) -> tuple[str, ...]:
             )
         else:
             facts.append(f"not contiguous: stride {tuple(stride)} for shape {spec.shape}")
+    if spec.storage_numel > INT32_MAX:  # a kernel computing offsets in int32 wraps
+        facts.append(f"{spec.storage_numel} elements, past 2**31 - 1 (int32 offsets wrap)")
     if spec.storage_offset:
         size = torch.empty((), dtype=to_dtype(spec.dtype)).element_size()
         offset = spec.storage_offset * size
@@ -307,6 +320,9 @@ def layout_facts(spec: TensorSpec) -> tuple[str, ...]:
 def _generic_facts(args: Sequence[Any]) -> dict[int | str, tuple[str, ...]]:
     facts: dict[int | str, tuple[str, ...]] = {}
     for position, value in enumerate(args):
+        if _is_sparse(value):
+            facts[position] = sparse_facts(value) or (f"{value.layout}, indices in range",)
+            continue
         if not isinstance(value, torch.Tensor) or value.numel() == 0:
             continue
         if value.dtype.is_floating_point:
@@ -320,3 +336,30 @@ def _generic_facts(args: Sequence[Any]) -> dict[int | str, tuple[str, ...]]:
         if not value.is_contiguous():
             facts[position] = (*facts.get(position, ()), "not contiguous")
     return facts
+
+
+def _is_sparse(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.layout in (torch.sparse_coo, torch.sparse_csr)
+
+
+def sparse_facts(tensor: torch.Tensor) -> tuple[str, ...]:
+    """Stored indices outside a sparse tensor's size: "column index max 53 ≥ 50 columns"."""
+    if tensor.layout == torch.sparse_coo:
+        indices = tensor._indices().detach().to("cpu", torch.int64)
+        per_dim = [(d, indices[d]) for d in range(indices.shape[0])]
+    else:
+        per_dim = [(1, tensor.col_indices().detach().to("cpu", torch.int64))]
+    facts = []
+    names = {0: "row", 1: "column"} if tensor.dim() == 2 else {}
+    for dim, ids in per_dim:
+        if not ids.numel():
+            continue
+        size = int(tensor.shape[dim])
+        what = f"{names.get(dim, f'dim {dim}')} index"
+        high, low = int(ids.max()), int(ids.min())
+        if high >= size:
+            count = int((ids >= size).sum())
+            facts.append(f"{what} max {high} ≥ size {size} ({count} of {ids.numel()} entries)")
+        if low < 0:
+            facts.append(f"{what} min {low} < 0")
+    return tuple(facts)

@@ -77,6 +77,8 @@ class ReportInputs:
     cpu_message: str = ""
     reproduced_from_capture: bool = True
     sidecar: bool = False
+    notes: tuple[str, ...] = ()  # what else the shrink did (a walk-back), one sentence each
+    sanitizer: str = ""  # compute-sanitizer's evidence as markdown (reprocut.check.sanitizer)
 
 
 def _fence(text: str, language: str = "") -> str:
@@ -134,6 +136,7 @@ def render(inputs: ReportInputs) -> str:
         f"{inputs.checks} checks, {inputs.seconds:.1f} s. Verified: "
         f"{inputs.verified_reproduced}/{inputs.verified_runs} plain runs failed as expected.",
         "",
+        *(f"> {note}\n" for note in inputs.notes),
         "## Expected error",
         "",
         _fence(f"{failure.error.type}: {failure.error.message.strip()}"),
@@ -181,6 +184,8 @@ def render(inputs: ReportInputs) -> str:
         parts += ["", *nonfinite_lines(failure.nonfinite)]
     if failure.diagnosis:
         parts += ["", failure.diagnosis]
+    if inputs.sanitizer:
+        parts += ["", "## compute-sanitizer", "", inputs.sanitizer.rstrip()]
     parts += [
         "",
         "## Environment",

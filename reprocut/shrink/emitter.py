@@ -16,7 +16,7 @@ from typing import Any
 import libcst as cst
 from libcst.helpers import parse_template_module
 
-from reprocut.model.case import INT_DTYPES, Captured, Generated, Literal, ReproCase
+from reprocut.model.case import INT_DTYPES, Captured, Generated, Literal, ReproCase, TensorSpec
 from reprocut.shrink.call_code import INDEX_NAMES, call_statement, parameter_names, variable_name
 from reprocut.shrink.finite_check import finite_check
 from reprocut.shrink.header import Header, header_text
@@ -74,10 +74,24 @@ def inline_captured(
     """Captured values small enough to read become Literals; larger ones stay for the sidecar."""
     new = case
     for path, spec in case.tensors():
-        if isinstance(spec.values, Captured) and spec.values.key in inputs and spec.numel <= limit:
-            flat = inputs[spec.values.key].detach().cpu().reshape(-1).tolist()
-            new = new.with_arg(path, replace(spec, values=Literal(tuple(flat[: spec.numel]))))
+        inlined = _inlined(spec, inputs, limit)
+        if inlined != spec:
+            new = new.with_arg(path, inlined)
     return new
+
+
+def _inlined(spec: TensorSpec, inputs: Mapping[str, Any], limit: int) -> TensorSpec:
+    if spec.is_sparse:  # its parts are inlined one by one
+        return replace(spec, parts=tuple(_inlined(part, inputs, limit) for part in spec.parts))
+    if isinstance(spec.values, Captured) and spec.values.key in inputs and spec.numel <= limit:
+        flat = inputs[spec.values.key].detach().cpu().reshape(-1).tolist()
+        return replace(spec, values=Literal(tuple(flat[: spec.numel])))
+    return spec
+
+
+def leaf_specs(case: ReproCase) -> list[TensorSpec]:
+    """Every tensor the repro builds: each argument, and a sparse argument's parts."""
+    return [leaf for _, spec in case.tensors() for leaf in (spec, *spec.parts)]
 
 
 def emit(case: ReproCase, header: Header | None = None) -> Emitted:
@@ -89,9 +103,10 @@ def emit(case: ReproCase, header: Header | None = None) -> Emitted:
     body: list[cst.BaseStatement] = []
     sidecar: list[str] = []
     specs = list(case.tensors())
-    if any(isinstance(s.values, Generated) and s.values.kind in RANDOM_KINDS for _, s in specs):
+    leaves = [leaf for leaf in leaf_specs(case) if not leaf.is_sparse]
+    if any(isinstance(s.values, Generated) and s.values.kind in RANDOM_KINDS for s in leaves):
         body.append(cst.SimpleStatementLine([cst.Expr(call("torch.manual_seed", literal(0)))]))
-    if any(isinstance(s.values, Captured) for _, s in specs):
+    if any(isinstance(s.values, Captured) for s in leaves):
         here = call("pathlib.Path", cst.Name("__file__"))
         location = call(cst.Attribute(here, cst.Name("with_name")), literal(SIDECAR_NAME))
         body.append(
@@ -107,8 +122,9 @@ def emit(case: ReproCase, header: Header | None = None) -> Emitted:
         if spec.dtype in INT_DTYPES and preferred in INDEX_NAMES:
             preferred = INDEX_NAMES[preferred]
         names[path] = variable_name(preferred, len(names), taken)
-        if isinstance(spec.values, Captured):
-            sidecar.append(spec.values.key)
+        for leaf in (spec, *spec.parts):
+            if isinstance(leaf.values, Captured) and not leaf.is_sparse:
+                sidecar.append(leaf.values.key)
         body.extend(tensor_statements(names[path], spec))
     call_line, checks = call_statement(case, names), []
     if case.check_finite:  # a NaN raises nothing: the repro checks the output itself
@@ -120,12 +136,28 @@ def emit(case: ReproCase, header: Header | None = None) -> Emitted:
     template = SIDECAR_TEMPLATE if sidecar else TEMPLATE
     module = parse_template_module(template)
     module = module.visit(_FillMain(body))
-    first = module.body[0].with_changes(leading_lines=[cst.EmptyLine()])
+    environment = _environment_lines(case)
+    top = list(module.body)
+    if environment:  # a blank line between the environment and the imports
+        top = [*environment, top[0].with_changes(leading_lines=[cst.EmptyLine()]), *top[1:]]
+    first = top[0].with_changes(leading_lines=[cst.EmptyLine()])
     docstring = _docstring(header_text(case, header))
-    module = module.with_changes(body=[docstring, first, *module.body[1:]])
+    module = module.with_changes(body=[docstring, first, *top[1:]])
     return Emitted(
         code=module.code, statements=len(body), sidecar_keys=tuple(dict.fromkeys(sidecar))
     )
+
+
+def _environment_lines(case: ReproCase) -> list[cst.BaseStatement]:
+    """`import os` and `os.environ.setdefault(name, value)` for each variable the failure needs,
+    before torch is imported (CUDA reads them when it starts)."""
+    if not case.env:
+        return []
+    lines: list[cst.BaseStatement] = [cst.parse_statement("import os\n")]
+    for name, value in case.env:
+        setdefault = call("os.environ.setdefault", literal(name), literal(value))
+        lines.append(cst.SimpleStatementLine([cst.Expr(setdefault)]))
+    return lines
 
 
 class _FillMain(cst.CSTTransformer):

@@ -47,7 +47,9 @@ class Header:
 def data_origin(case: ReproCase) -> str:
     """ "real", "synthetic" or "mixed": did the values come from the user's run?"""
     kinds = {
-        isinstance(spec.values, (Captured, Literal)) for _, spec in case.tensors()
+        isinstance(leaf.values, (Captured, Literal))
+        for _, spec in case.tensors()
+        for leaf in (spec.parts or (spec,))  # a sparse tensor's data are its parts
     }  # Literal values were inlined from captured data or written by the shrinker
     if kinds == {True}:
         return "real (values captured from the failing run)"
@@ -71,6 +73,8 @@ def header_text(case: ReproCase, header: Header) -> str:
     if header.assertion:
         lines.append(f"Assertion: {header.assertion}")
     lines.append(f"Call: {case.target}")
+    for name, value in case.env:
+        lines.append(f"Environment: {name}={value} (set below: it fails only with it)")
     lines.append(f"Data: {data_origin(case)}")
     if header.cpu_reproduces is None:
         lines.append("CPU: not checked")

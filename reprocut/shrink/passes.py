@@ -25,6 +25,7 @@ from reprocut.model.case import (
 )
 from reprocut.model.nonfinite import offending
 from reprocut.shrink.shrinker import Shrinker, find_integer
+from reprocut.shrink.sparse_passes import SPARSE_PASSES
 
 Path = tuple[Any, ...]
 
@@ -33,7 +34,10 @@ Path = tuple[Any, ...]
 
 
 def flat_values(shrinker: Shrinker, spec: TensorSpec) -> list[Any] | None:
-    """Row-major values of a tensor whose values are known (Literal, or Captured and loaded)."""
+    """Row-major values of a tensor whose values are known (Literal, or Captured and loaded).
+    None for a sparse tensor: its data are its parts (sparse_passes.py cuts those)."""
+    if spec.is_sparse:
+        return None
     if isinstance(spec.values, Literal):
         return list(spec.values.values)
     if isinstance(spec.values, Captured) and spec.values.key in shrinker.inputs:
@@ -361,7 +365,9 @@ def replace_values_with_generator(shrinker: Shrinker) -> None:
     """
     for path, _ in list(shrinker.best.tensors()):
         current = _spec_at(shrinker.best, path)
-        known = flat_values(shrinker, current) if current is not None else None
+        if current is None or current.is_sparse:
+            continue  # a sparse tensor's values are its parts': generate_sparse_values
+        known = flat_values(shrinker, current)
         if known is not None and offenders(shrinker.best, path, known):
             continue
         for generated in _generators_for(_spec_at(shrinker.best, path) or TensorSpec(())):
@@ -447,6 +453,7 @@ def move_to_cpu(shrinker: Shrinker) -> None:
 PASSES = [
     drop_optional_kwargs,
     cut_index_to_offender,
+    *SPARSE_PASSES,
     replace_values_with_generator,
     shrink_dimensions,
     simplify_dtype,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import libcst as cst
@@ -95,6 +96,8 @@ def _with_grad(call: cst.Call, spec: TensorSpec) -> cst.Call:
 
 def tensor_statements(name: str, spec: TensorSpec) -> list[cst.BaseStatement]:
     """Statements that bind `name` to the tensor `spec` describes (Captured must be sidecar'd)."""
+    if spec.is_sparse:
+        return _sparse_statements(name, spec)
     target = cst.Name(name)
     plain = spec.is_contiguous and spec.storage_offset == 0
     values = spec.values
@@ -128,6 +131,36 @@ def tensor_statements(name: str, spec: TensorSpec) -> list[cst.BaseStatement]:
         return _overlapping_view(name, storage, fill, spec)
     copy = call(cst.Attribute(target, cst.Name("copy_")), fill)
     return [assign(target, _as_strided(storage, spec)), cst.SimpleStatementLine([cst.Expr(copy)])]
+
+
+SPARSE_CONSTRUCTORS = {
+    "sparse_coo": "torch.sparse_coo_tensor",
+    "sparse_csr": "torch.sparse_csr_tensor",
+}
+
+
+def _sparse_statements(name: str, spec: TensorSpec) -> list[cst.BaseStatement]:
+    """`x_indices = ...`, `x_values = ...`, then `x = torch.sparse_coo_tensor(...)`: the parts
+    as dense tensors (the index values as recorded: they are usually the bug), built without
+    an invariant check, so out-of-range indices reach the op as they did in the user's run."""
+    constructor = SPARSE_CONSTRUCTORS.get(spec.layout)
+    if constructor is None:
+        raise EmitError(f"no constructor for layout {spec.layout!r}")
+    body: list[cst.BaseStatement] = []
+    names = []
+    for part_name, part in zip(spec.part_names, spec.parts, strict=True):
+        part = replace(part, device=spec.device, requires_grad=False)
+        if part_name == "values":
+            part = replace(part, dtype=spec.dtype)
+        names.append(cst.Name(f"{name}_{part_name}"))
+        body.extend(tensor_statements(names[-1].value, part))
+    kwargs: dict[str, cst.BaseExpression] = {"check_invariants": cst.Name("False")}
+    if spec.layout == "sparse_coo" and spec.coalesced:
+        kwargs["is_coalesced"] = cst.Name("True")
+    if spec.requires_grad and spec.dtype in FLOAT_DTYPES:
+        kwargs["requires_grad"] = cst.Name("True")
+    body.append(assign(cst.Name(name), call(constructor, *names, _shape(spec.shape), **kwargs)))
+    return body
 
 
 def _overlaps(spec: TensorSpec) -> bool:

@@ -70,6 +70,8 @@ def source_context(location: SourceLocation, context: int = 3) -> RenderableType
 
 
 def _values_label(spec: TensorSpec) -> str:
+    if spec.is_sparse:
+        return "indices " + _values_label(spec.parts[0]) if spec.parts else "shape only"
     if isinstance(spec.values, Captured):
         return "captured"
     if isinstance(spec.values, Literal):
@@ -83,6 +85,8 @@ def tensor_table(failure: Failure) -> FittedTable:
     for row in failure.tensors:
         spec = row.spec
         stride = "contiguous" if spec.stride is None else str(tuple(spec.stride))
+        if spec.is_sparse:  # no strides: its layout and stored entries instead
+            stride = f"{spec.layout}, nnz {spec.parts[-1].shape[0] if spec.parts else 0}"
         dtype = spec.dtype + (" (grad)" if spec.requires_grad else "")
         rows.append(
             (

@@ -1,0 +1,126 @@
+"""The oracle and a plain `python repro.py` must agree on every candidate the shrinker accepts.
+
+Most of that is the oracle's own doing (no blocking launches, no per-op synchronization in its
+children). What is left is the fork itself: a child shares the server's memory and modules, and
+a candidate that moved a tensor between devices, changed its layout or handed a raw pointer to a
+kernel can fail there and not in a fresh process (CuPy kernels given CPU tensors' `data_ptr()`
+did on the H200). So `PlainAgreement` confirms a Reproduced verdict with a plain run whenever
+the candidate's process-sensitive parts (devices, layouts, pointers, environment) differ from
+the last candidate a plain run confirmed, and turns a disagreement into `ForkOnly`, which no
+predicate accepts. The first candidate is always confirmed. Runs are bounded (`max_runs`);
+beyond that the final verification and the walk-back (`reprocut.shrink.walkback`) decide.
+
+`reproducing_form` settles the one case where blocking launches are truly needed: a CUDA case
+that reproduces only with CUDA_LAUNCH_BLOCKING=1 gets it in its `env`, which the emitter writes
+at the top of repro.py, so the oracle's children and the user's plain run both have it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from reprocut.check.oracle import ForkOnly, Oracle, Reproduced, Verdict
+from reprocut.check.plainrun import PlainRunner
+from reprocut.model.case import ReproCase, Signature
+
+# What a fork can make behave differently: devices, layouts and views, raw pointers, the
+# environment, processes. A change in how often any of these appears is worth a plain run.
+PROCESS_SENSITIVE = re.compile(
+    r"\bcuda\b|\bcpu\b|\bdevice\b|\bsparse_\w+|\bto_sparse\w*|\bas_strided\b|\bdata_ptr\b|"
+    r"\bcontiguous\b|\bexpand\w*|\bpin_memory\b|\bstrides?\b|\bstorage_offset\b|\benviron\b|"
+    r"\bfork\b|\bspawn\b|\bmultiprocessing\b"
+)
+BLOCKING = (("CUDA_LAUNCH_BLOCKING", "1"),)
+
+
+def fingerprint(code: str) -> tuple[tuple[str, int], ...]:
+    """How often each process-sensitive word occurs in `code`."""
+    return tuple(sorted(Counter(PROCESS_SENSITIVE.findall(code)).items()))
+
+
+class PlainAgreement:
+    """An Oracle `confirm` hook: plain runs for the candidates a fork may judge differently."""
+
+    def __init__(
+        self, runner: PlainRunner | None = None, *, max_runs: int = 8, timeout: float = 120.0
+    ) -> None:
+        self.runner = runner or PlainRunner()
+        self.max_runs = max_runs
+        self.timeout = timeout
+        self.confirmed: tuple[tuple[str, int], ...] | None = None
+        self.runs = 0
+        self.disagreements = 0
+        self.seconds = 0.0
+
+    def trust(self, code: str) -> None:
+        """`code` is known to fail this way in a plain run (the user's own script, which did):
+        candidates that leave its process-sensitive parts alone need no plain run."""
+        self.confirmed = fingerprint(code)
+
+    def warm_up(self) -> None:
+        """Start the first plain interpreter while the fork server starts."""
+        self.runner.warm_up()
+
+    def __call__(
+        self,
+        code: str,
+        filename: str,
+        cwd: str,
+        argv: list[str],
+        verdict: Verdict,
+        expected: Signature | None,
+    ) -> Verdict:
+        if not isinstance(verdict, Reproduced) or expected is None:
+            return verdict
+        mark = fingerprint(code)
+        if mark == self.confirmed or self.runs >= self.max_runs:
+            return verdict
+        script = Path(filename)
+        if not script.exists() or script.read_text() != code:
+            script.write_text(code)
+        outcome = self.runner.run(script, argv=argv, cwd=Path(cwd), timeout=self.timeout)
+        self.runs += 1
+        self.seconds += outcome.seconds
+        seen = outcome.signature
+        if seen is not None and seen.matches(expected, compare_op=False):
+            self.confirmed = mark
+            return verdict
+        self.disagreements += 1
+        return ForkOnly(verdict.signature, seen, outcome.stderr_tail, verdict.seconds)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "plain_runs": self.runs,
+            "disagreements": self.disagreements,
+            "seconds": round(self.seconds, 3),
+        }
+
+    def close(self) -> None:
+        self.runner.close()
+
+    def __enter__(self) -> PlainAgreement:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def reproducing_form(
+    oracle: Oracle, case: ReproCase, inputs: Mapping[str, Any], expected: Signature | None
+) -> tuple[ReproCase, Verdict]:
+    """`case` as it reproduces: as it is, or, for a CUDA case that reproduces only with blocking
+    launches, with CUDA_LAUNCH_BLOCKING=1 in its env (then the repro sets it too)."""
+    verdict = oracle.check_case(case, inputs, expected=expected)
+    on_cuda = any(spec.device.startswith("cuda") for _, spec in case.tensors())
+    if isinstance(verdict, Reproduced) or case.env or not on_cuda:
+        return case, verdict
+    blocking = replace(case, env=BLOCKING)
+    second = oracle.check_case(blocking, inputs, expected=expected)
+    if isinstance(second, Reproduced):
+        return blocking, second
+    return case, verdict

@@ -1,0 +1,292 @@
+"""compute-sanitizer evidence for a memory fault: the minimized repro run under memcheck.
+
+An illegal address says only that some kernel touched memory it should not; memcheck says which
+kernel, which thread and block, what access of what size and where, and the host backtrace down
+to the launch. It costs 20-50x a plain run, so it runs on the shrunk repro only, once, with
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 (the caching allocator would hide small overruns inside its own
+blocks) and a timeout. A small wrapper runs the repro and writes down where its tensors live
+(every CUDA tensor, and anything with `__cuda_array_interface__`, held by the script's frames when
+they end), so the address can be named: "reads 4 B at 3.5 GiB before the start of `x` (arg 0)".
+Without compute-sanitizer there is a one-line note and nothing fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import libcst as cst
+
+from reprocut.check.memcheck import (
+    MemcheckError,
+    MemcheckReport,
+    TensorRange,
+    describe,
+    parse_report,
+    useful_frames,
+)
+from reprocut.check.oracle import run_with_timeout
+from reprocut.model.case import Signature
+
+FALLBACK = Path("/usr/local/cuda/bin/compute-sanitizer")
+LOG_NAME = "sanitizer.log"
+MEMORY_ERRORS = {700, 715, 716, 719}  # illegal address, illegal instruction, misaligned, launch
+HEADER_TITLE = "compute-sanitizer (memcheck):"
+MAP_ENV = "REPROCUT_TENSOR_MAP"
+
+_WRAPPER = r"""
+import json, os, runpy, sys
+script = os.path.abspath(sys.argv[1])
+sys.argv = [script, *sys.argv[2:]]
+sys.path[0] = os.path.dirname(script)
+target = os.environ.get("REPROCUT_TENSOR_MAP")
+seen = {}
+
+def entry(name, value):
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.layout != torch.strided:
+            return None  # a sparse tensor's parts are tensors of their own
+        storage = value.untyped_storage()
+        return {"name": name, "data_ptr": value.data_ptr(), "storage_ptr": storage.data_ptr(),
+                "storage_bytes": storage.nbytes(), "shape": list(value.shape),
+                "dtype": str(value.dtype).replace("torch.", ""), "device": str(value.device)}
+    face = getattr(value, "__cuda_array_interface__", None)
+    if isinstance(face, dict) and face.get("data"):
+        import math
+        itemsize = int(face["typestr"][2:])
+        size = math.prod(face["shape"]) * itemsize
+        return {"name": name, "data_ptr": face["data"][0], "storage_ptr": face["data"][0],
+                "storage_bytes": size, "shape": list(face["shape"]), "dtype": face["typestr"]}
+    return None
+
+def note(frame):
+    for name, value in list(frame.f_locals.items()):
+        items = [(name, value)]
+        if isinstance(value, (list, tuple)):
+            items += [(f"{name}[{i}]", v) for i, v in enumerate(value[:16])]
+        for key, item in items:
+            try:
+                found = entry(key, item)
+            except Exception:
+                found = None
+            if found is not None:
+                seen.setdefault(found["data_ptr"], found)
+    if target:
+        with open(target, "w") as handle:
+            json.dump(list(seen.values()), handle)
+
+def profile(frame, event, arg):
+    if event == "return" and frame.f_code.co_filename == script:
+        note(frame)
+
+sys.setprofile(profile)
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def find_sanitizer() -> str | None:
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    return str(FALLBACK) if FALLBACK.is_file() and os.access(FALLBACK, os.X_OK) else None
+
+
+def is_memory_error(signature: Signature) -> bool:
+    """A fault memcheck can attribute: an illegal or misaligned access, not an assert."""
+    kind = signature.kind.lower()
+    return (
+        signature.error_code in MEMORY_ERRORS
+        or "illegal memory access" in kind
+        or ("misaligned" in kind)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What memcheck said about the repro (status "found", "clean", "unavailable", "timeout")."""
+
+    status: str
+    note: str = ""
+    report: MemcheckReport = field(default_factory=MemcheckReport)
+    findings: tuple[str, ...] = ()  # the first access error, in words
+    seconds: float = 0.0
+    log: str | None = None  # the raw report, saved beside the repro
+
+    def header_lines(self) -> list[str]:
+        """Lines for repro.py's docstring."""
+        if self.status != "found":
+            return [f"{HEADER_TITLE} {self.note}"] if self.note else []
+        return [HEADER_TITLE, *(f"  {line}" for line in self.findings)]
+
+    def markdown(self) -> str:
+        if self.status != "found":
+            return self.note
+        body = "\n".join(self.findings)
+        return f"memcheck, run on repro.py with `PYTORCH_NO_CUDA_MEMORY_CACHING=1`:\n\n```\n{body}\n```"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "note": self.note,
+            "findings": list(self.findings),
+            "errors": [error.to_json() for error in self.report.errors[:5]],
+            "error_count": self.report.summary,
+            "seconds": round(self.seconds, 3),
+            "log": self.log,
+        }
+
+
+def findings_of(report: MemcheckReport, tensors: list[TensorRange]) -> tuple[str, ...]:
+    """The report in a few lines: the first access error in words, then what else it saw."""
+    first = report.first_access
+    lines: list[str] = []
+    if first is not None:
+        lines.append(f"{first.title} in {first.kernel or 'an unnamed kernel'}")
+        where = _where(first)
+        lines.append(f"{where}{describe(first, tensors)}")
+        frames = useful_frames(first.host_frames)
+        if frames:
+            lines.append("host: " + " < ".join(frames[:4]))
+    api = [e for e in report.errors if e.api_error is not None]
+    if api and first is None:
+        name, code, text = api[0].api_error  # type: ignore[misc]
+        lines.append(f"the program hit {name} (error {code}, {text})")
+    if report.summary:
+        lines.append(f"{report.summary} error(s) in all")
+    return tuple(lines)
+
+
+def _where(error: MemcheckError) -> str:
+    if error.thread is None or error.block is None:
+        return ""
+    thread = ",".join(map(str, error.thread))
+    block = ",".join(map(str, error.block))
+    return f"thread ({thread}) in block ({block}): "
+
+
+def run_memcheck(repro: Path, *, timeout: float = 180.0, sanitizer: str | None = None) -> Evidence:
+    """Run `python repro` under `compute-sanitizer --tool memcheck`; never raises for its outcome."""
+    exe = sanitizer or find_sanitizer()
+    if exe is None:
+        return Evidence(
+            "unavailable", "compute-sanitizer is not on PATH: no memory-checker evidence"
+        )
+    repro = repro.resolve()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="reprocut-sanitizer-") as tmp:
+        log, tensor_map, output = (
+            Path(tmp) / "memcheck.log",
+            Path(tmp) / "tensors.json",
+            Path(tmp) / "out",
+        )
+        command = [exe, "--tool", "memcheck", "--print-limit", "20", "--log-file", str(log),
+                   sys.executable, "-c", _WRAPPER, str(repro)]  # fmt: skip
+        env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", MAP_ENV: str(tensor_map)}
+        with output.open("w") as sink:
+            try:
+                process = subprocess.Popen(command, cwd=repro.parent, env=env, stdin=subprocess.DEVNULL,
+                                           stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            except OSError as exc:
+                return Evidence("failed", f"compute-sanitizer did not start: {exc}")
+            returncode = run_with_timeout(process, timeout)
+        text = log.read_text(errors="replace") if log.exists() else ""
+        text = text or output.read_text(errors="replace")
+        saved = repro.with_name(LOG_NAME)
+        saved.write_text(text)
+        tensors = load_tensor_map(tensor_map, argument_positions(repro.read_text()))
+    seconds = time.perf_counter() - started
+    report = parse_report(text)
+    if returncode is None and not report.errors:
+        return Evidence(
+            "timeout", f"memcheck ran past {timeout:.0f} s", report, (), seconds, str(saved)
+        )
+    findings = findings_of(report, tensors)
+    if not report.errors:
+        return Evidence("clean", "memcheck reported no error", report, (), seconds, str(saved))
+    return Evidence("found", "", report, findings, seconds, str(saved))
+
+
+def evidence_for(repro: Path, signature: Signature, *, timeout: float = 180.0) -> Evidence | None:
+    """memcheck on a shrunk repro whose fault is a memory error on the GPU (None otherwise);
+    found errors are written into the repro's docstring."""
+    code = repro.read_text()
+    if not is_memory_error(signature) or "cuda" not in code:
+        return None
+    evidence = run_memcheck(repro, timeout=timeout)
+    if evidence.status == "found":
+        repro.write_text(annotate(code, evidence.header_lines()))
+    return evidence
+
+
+def load_tensor_map(path: Path, positions: dict[str, int | str]) -> list[TensorRange]:
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [TensorRange.from_json(entry, positions) for entry in entries if isinstance(entry, dict)]
+
+
+def argument_positions(code: str) -> dict[str, int | str]:
+    """Names passed to the repro's failing call, by position (or keyword): its last call
+    statement that is not a synchronize (a kernel launch `k[grid](x, y)` included)."""
+    try:
+        module = cst.parse_module(code)
+    except cst.ParserSyntaxError:
+        return {}
+    calls: list[cst.Call] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Expr(self, node: cst.Expr) -> None:
+            if isinstance(node.value, cst.Call):
+                calls.append(node.value)
+
+    module.visit(_Calls())
+    skip = ("synchronize", "manual_seed", "print", "main")
+    for candidate in reversed(calls):
+        text = module.code_for_node(candidate.func)
+        if text.endswith(skip):
+            continue
+        positions: dict[str, int | str] = {}
+        for index, arg in enumerate(candidate.args):
+            if isinstance(arg.value, cst.Name):
+                key: int | str = arg.keyword.value if arg.keyword else index
+                positions.setdefault(arg.value.value, key)
+        return positions
+    return {}
+
+
+def annotate(code: str, lines: list[str]) -> str:
+    """`code` with `lines` at the end of its docstring (a previous memcheck section replaced)."""
+    if not lines:
+        return code
+    try:
+        module = cst.parse_module(code)
+    except cst.ParserSyntaxError:
+        return code
+    body = list(module.body)
+    text, rest = "", body
+    first = body[0] if body else None
+    if (
+        isinstance(first, cst.SimpleStatementLine)
+        and isinstance(first.body[0], cst.Expr)
+        and isinstance(first.body[0].value, cst.SimpleString)
+    ):
+        evaluated = first.body[0].value.evaluated_value
+        text = evaluated if isinstance(evaluated, str) else ""
+        rest = body[1:]
+    text = text.split(HEADER_TITLE)[0].rstrip()
+    text = (text + "\n\n" if text else "") + "\n".join(lines)
+    quoted = text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    docstring = cst.SimpleStatementLine([cst.Expr(cst.SimpleString(f'"""{quoted}\n"""'))])
+    if rest and not rest[0].leading_lines:
+        rest[0] = rest[0].with_changes(leading_lines=[cst.EmptyLine()])
+    return module.with_changes(body=[docstring, *rest]).code

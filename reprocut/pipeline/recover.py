@@ -1,0 +1,121 @@
+"""After the shrink: plain-run agreement for its checks, the walk-back when repro.py does not
+verify, and compute-sanitizer evidence for memory faults.
+
+`agree` gives the oracle its plain-run confirmation (check/agreement.py) and the shrink its log
+of accepted candidates (shrink/walkback.py); `walk_back_outcome` writes the latest accepted
+candidate that verifies when the final one does not; `memcheck_evidence` runs the verified repro
+under compute-sanitizer when the fault is a memory error (check/sanitizer.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from reprocut.check.agreement import PlainAgreement
+from reprocut.check.oracle import Oracle
+from reprocut.check.sanitizer import Evidence, evidence_for
+from reprocut.check.verify import Verification, run_plain, verify
+from reprocut.model.errors import ExitCode
+from reprocut.model.recording import Failure
+from reprocut.pipeline.cases import Outcome, _assertion
+from reprocut.report.display.sanitizer import print_evidence
+from reprocut.report.display.shrink import print_phase
+from reprocut.shrink.emitter import SIDECAR_NAME, count_statements
+from reprocut.shrink.header import Environment, Header
+from reprocut.shrink.walkback import (
+    ACCEPTED_DIR,
+    AcceptedLog,
+    WalkBack,
+    install,
+    renderer,
+    walk_back,
+)
+
+
+def agree(
+    oracle: Oracle, failure: Failure, out: Path, *, source: bool, timeout: float
+) -> tuple[PlainAgreement, AcceptedLog]:
+    """Plain runs for the oracle's process-sensitive candidates, and the accepted-candidate log.
+    A script reduction starts from the user's script, which failed so in their own run."""
+    agreement = PlainAgreement(timeout=timeout)
+    oracle.confirm = agreement
+    agreement.warm_up()
+    log = AcceptedLog(out / ACCEPTED_DIR, finish=_source_finish(failure))
+    if source and failure.script and Path(failure.script).is_file():
+        original = Path(failure.script).read_text()
+        log.start_source(original)
+        agreement.trust(original)
+    return agreement, log
+
+
+def _source_finish(failure: Failure) -> Callable[[str], str] | None:
+    """What a source reduction does to its result, for each accepted script alike."""
+    if not failure.script:
+        return None
+    from reprocut.source.recorded import pin_script_dir
+    from reprocut.source.reducer import ending_with_a_sync
+
+    folder = Path(failure.script).resolve().parent
+    return lambda code: pin_script_dir(ending_with_a_sync(code), folder)
+
+
+def walk_back_outcome(
+    log: AcceptedLog,
+    outcome: Outcome,
+    verification: Verification,
+    failure: Failure,
+    inputs: dict[str, Any],
+    environment: Environment,
+    *,
+    runs: int,
+    timeout: float,
+    out: Path,
+    console: Console,
+) -> tuple[Outcome, Verification, WalkBack | None]:
+    """The final repro does not verify: write the latest accepted candidate that does."""
+    if verification.exit_code == ExitCode.OK or not outcome.reproduced_from_capture:
+        return outcome, verification, None
+    print_phase(console, "repro.py does not verify: walking back through the accepted candidates")
+    header = Header(expected=failure.signature, message=failure.error.message,
+                    assertion=_assertion(failure), environment=environment)  # fmt: skip
+    seen: dict[Path, Verification] = {}
+
+    def reproduces(script: Path) -> bool:
+        found = run_plain(script, timeout=timeout).signature
+        return found is not None and found.matches(failure.signature, compare_op=False)
+
+    def verifies(script: Path) -> bool:
+        seen[script] = verify(script, failure.signature, runs=runs, timeout=timeout)
+        return seen[script].exit_code == ExitCode.OK
+
+    walked = walk_back(
+        log, reproduces=reproduces, verifies=verifies, render=renderer(header), inputs=inputs
+    )
+    if walked.chosen is None:
+        return outcome, verification, walked
+    code = install(walked.chosen, out)
+    case = walked.chosen.case
+    chosen = replace(
+        outcome,
+        code=code,
+        statements=count_statements(code) or outcome.statements,
+        tensor_elements=None if case is None else case.total_numel(),
+        sidecar=SIDECAR_NAME in code,
+    )
+    return chosen, seen[walked.chosen.path], walked
+
+
+def memcheck_evidence(
+    repro: Path, failure: Failure, outcome: Outcome, *, timeout: float, console: Console
+) -> tuple[Outcome, Evidence | None]:
+    """A memory fault: memcheck names the access, thread and tensor (written into repro.py)."""
+    evidence = evidence_for(repro, failure.signature, timeout=timeout)
+    if evidence is None:
+        return outcome, None
+    print_evidence(console, evidence.to_json())
+    return replace(outcome, code=repro.read_text()), evidence

@@ -1,0 +1,185 @@
+"""The oracle and a plain `python repro.py` agree on candidates whose failure depends on the
+process: one that fails only under the environment the oracle used to set, one that fails only
+in a forked child of the server. Each would have been accepted before (the first is shown with
+the old, blocking oracle) and is not now; and a reduction that ends in a candidate failing only
+in the oracle's processes walks back to an earlier one that verifies."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reprocut.check.agreement import PlainAgreement, fingerprint
+from reprocut.check.oracle import ForkOnly, Oracle, Passed, Reproduced
+from reprocut.check.verify import run_plain, verify
+from reprocut.model.case import Signature
+from reprocut.shrink.walkback import AcceptedLog, walk_back
+from reprocut.source.passes import delete_statements, shrink_integers
+from reprocut.source.reducer import reduce_source
+
+EMBEDDING = Signature("IndexError", None, "aten::embedding", "index out of range in self")
+
+# fails only when CUDA_LAUNCH_BLOCKING=1, which every oracle child used to have
+ENV_DEPENDENT = """\
+import os
+import torch
+
+ids = torch.tensor([12 if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else 1])
+torch.nn.functional.embedding(ids, torch.zeros(10, 4))
+"""
+
+# fails only in a forked child of the fork server: it inherits the server's modules
+FORK_DEPENDENT = """\
+import sys
+import torch
+
+ids = torch.tensor([12 if "reprocut" in sys.modules else 1])
+torch.nn.functional.embedding(ids, torch.zeros(10, 4))
+"""
+
+
+@pytest.fixture(scope="module")
+def oracle() -> Iterator[Oracle]:
+    with Oracle(EMBEDDING, timeout=60) as shared:
+        yield shared
+
+
+@pytest.fixture(scope="module")
+def blocking_oracle() -> Iterator[Oracle]:
+    """The oracle as it was: blocking launches and a sync after every op in its children."""
+    with Oracle(EMBEDDING, timeout=60, launch_blocking=True) as shared:
+        yield shared
+
+
+def plain_fails(code: str, path: Path) -> bool:
+    path.write_text(code)
+    seen = run_plain(path, timeout=120).signature
+    return seen is not None and seen.matches(EMBEDDING, compare_op=False)
+
+
+def check(oracle: Oracle, code: str, path: Path):
+    return oracle.check_source(code, filename=str(path), cwd=path.parent)
+
+
+def test_env_dependent_candidate_is_judged_as_a_plain_run_judges_it(
+    oracle, blocking_oracle, tmp_path
+):
+    script = tmp_path / "repro.py"
+    assert isinstance(check(blocking_oracle, ENV_DEPENDENT, script), Reproduced)  # the old way
+    assert not plain_fails(ENV_DEPENDENT, script)
+    assert isinstance(check(oracle, ENV_DEPENDENT, script), Passed)  # now they agree
+
+
+def test_fork_dependent_candidate_is_caught_by_a_plain_confirmation(oracle, tmp_path):
+    script = tmp_path / "repro.py"
+    assert isinstance(check(oracle, FORK_DEPENDENT, script), Reproduced)  # a fork alone is fooled
+    assert not plain_fails(FORK_DEPENDENT, script)
+    with PlainAgreement() as agreement, Oracle(EMBEDDING, timeout=60, confirm=agreement) as agreed:
+        verdict = check(agreed, FORK_DEPENDENT, script)
+        assert isinstance(verdict, ForkOnly) and verdict.plain is None
+        honest = FORK_DEPENDENT.replace('12 if "reprocut" in sys.modules else 1', "12")
+        assert isinstance(check(agreed, honest, script), Reproduced)
+        assert agreement.to_json()["plain_runs"] == 2 and agreement.disagreements == 1
+        again = honest.replace("zeros(10, 4)", "zeros(10, 3)")  # nothing process-sensitive moved
+        assert fingerprint(again) == fingerprint(honest)
+        assert isinstance(check(agreed, again, script), Reproduced)
+        assert agreement.runs == 2  # no plain run for it
+
+
+def test_fingerprint_sees_devices_layouts_and_pointers():
+    base = 'x = torch.randn(4, device="cuda")\nk(x.data_ptr())'
+    assert fingerprint(base) != fingerprint(base.replace(', device="cuda"', ""))
+    assert fingerprint(base) != fingerprint(base.replace("x.data_ptr()", "0"))
+    assert fingerprint("torch.sparse_coo_tensor(i, v)") != fingerprint("torch.randn(4, 4)")
+
+
+# --- the walk-back --------------------------------------------------------------------------
+
+# The shift is 10 only in processes with CUDA_LAUNCH_BLOCKING=1 (the old oracle's): there every
+# id is out of range, so its reduction shrinks the ids below the table size, where a plain run
+# no longer fails. The table's size is no integer literal, so shrink_integers cannot cut it;
+# it shrinks the last integers first, so the ids go before the shift.
+SHIFTED = """\
+import os
+
+import torch
+
+
+def main():
+    table = torch.zeros(int("10"), 4)
+    noise = torch.randn(3)
+    print(noise.sum().item())
+    shift = len(os.environ.get("CUDA_LAUNCH_BLOCKING", "")) * 10
+    ids = [2, 12]
+    torch.nn.functional.embedding(torch.tensor(ids) + shift, table)
+
+
+main()
+"""
+
+
+def reduce_logged(oracle: Oracle, tmp_path: Path) -> tuple[AcceptedLog, str]:
+    script = tmp_path / "train.py"
+    script.write_text(SHIFTED)
+    log = AcceptedLog(tmp_path / "accepted")
+    log.start_source(SHIFTED)
+    result = reduce_source(
+        script, cwd=tmp_path, argv=[], expected=EMBEDDING, oracle=oracle,
+        passes=(delete_statements, shrink_integers), on_event=log.watch(lambda event: None),
+        max_time=240,
+    )  # fmt: skip
+    return log, result.code
+
+
+def test_a_reduction_whose_last_candidates_fail_only_in_the_oracle_walks_back(
+    blocking_oracle, tmp_path
+):
+    log, final = reduce_logged(blocking_oracle, tmp_path)
+    assert "[0, 0]" in final and not plain_fails(final, tmp_path / "final.py")
+
+    def reproduces(path: Path) -> bool:
+        seen = run_plain(path, timeout=120).signature
+        return seen is not None and seen.matches(EMBEDDING, compare_op=False)
+
+    def verifies(path: Path) -> bool:
+        return verify(path, EMBEDDING, runs=2, timeout=120).reproduced == 2
+
+    walked = walk_back(log, reproduces=reproduces, verifies=verifies)
+    assert walked.chosen is not None and 0 < walked.chosen.index < len(log.entries) - 1
+    chosen = walked.chosen.path.read_text()
+    assert "12" in chosen and "noise" not in chosen  # smaller than the start, and it fails
+    following = log.entries[walked.chosen.index + 1].path
+    assert not reproduces(following)  # the next one is where the processes disagreed
+    assert walked.probes <= 2 + len(log.entries).bit_length()
+
+
+def test_the_same_reduction_with_todays_oracle_ends_in_a_repro_that_verifies(oracle, tmp_path):
+    _, final = reduce_logged(oracle, tmp_path)
+    script = tmp_path / "final.py"
+    assert plain_fails(final, script) and "noise" not in final
+    done = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
+    assert "index out of range" in done.stderr
+
+
+def test_a_case_that_needs_blocking_launches_sets_them_before_torch_is_imported(tmp_path):
+    """The one environment a repro may need comes with it, so a fork child (which runs the
+    code before it starts CUDA) and a plain run both have it."""
+    from reprocut.model.case import Literal, ReproCase, TensorSpec
+    from reprocut.shrink.emitter import emit
+
+    case = ReproCase(
+        "torch.nn.functional.embedding",
+        (TensorSpec((1,), dtype="int64", values=Literal((12,))), TensorSpec((10, 4))),
+        env=(("CUDA_LAUNCH_BLOCKING", "1"),),
+    )
+    code = emit(case).code
+    body = code.split('"""\n', 2)[-1]
+    assert body.index('os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")') < body.index(
+        "import torch"
+    )
+    assert "Environment: CUDA_LAUNCH_BLOCKING=1" in code
+    assert plain_fails(code, tmp_path / "repro.py")

@@ -1,0 +1,203 @@
+"""compute-sanitizer memcheck: its report parsed (fixtures in the formats memcheck prints, old and
+new), addresses named by the repro's tensors, the tensor-map wrapper, the docstring it writes,
+the note when there is no sanitizer; and (cuda) a real memcheck run on a faulting repro."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reprocut.check import sanitizer
+from reprocut.check.memcheck import TensorRange, describe, human_bytes, parse_report, useful_frames
+from reprocut.check.sanitizer import (
+    annotate,
+    argument_positions,
+    findings_of,
+    is_memory_error,
+    run_memcheck,
+)
+from reprocut.model.case import Signature
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GIB = 1 << 30
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def test_new_format_report_with_api_error_and_print_limit() -> None:
+    report = parse_report(fixture("memcheck_triton_oob.log"))
+    assert report.summary == 128 and len(report.errors) == 3
+    first = report.first_access
+    assert first is not None
+    assert (first.access, first.size, first.space) == ("read", 4, "__global__")
+    assert first.kernel == "add_cond_kernel"
+    assert (first.thread, first.block) == ((96, 0, 0), (3, 0, 0))
+    assert first.address == 0x7F2A3C00C180 and first.problem == "out of bounds"
+    assert first.nearest == ("after", 48768, 0x7F2A3C000200, 512)
+    assert useful_frames(first.host_frames) == ["[cuda_utils.cpython-312-x86_64-linux-gnu.so]"]
+    api = report.errors[2]
+    assert api.api_error == ("cudaErrorLaunchFailure", 719, "unspecified launch failure")
+    assert useful_frames(api.host_frames) == ["c10::cuda::device_synchronize"]
+
+
+def test_old_format_report_keeps_the_templated_kernel_and_the_aten_frames() -> None:
+    (error,) = parse_report(fixture("memcheck_index_select_old.log")).errors
+    assert error.kernel is not None and error.kernel.startswith(
+        "void at::native::(anonymous namespace)::indexSelectSmallIndex<float, long"
+    )
+    assert error.size == 4 and error.address == 0x7F0A50000000
+    assert useful_frames(error.host_frames) == [
+        "at::native::index_select_out_cuda_impl",
+        "at::native::embedding_symint",
+    ]
+
+
+def test_misaligned_access_and_a_frame_whose_module_is_on_the_next_line() -> None:
+    (error,) = parse_report(fixture("memcheck_misaligned.log")).errors
+    assert (error.kernel, error.size, error.problem) == ("cmvn_vec4", 16, "misaligned")
+    assert error.host_frames[-1].endswith("in function.cpython-312-x86_64-linux-gnu.so")
+    assert useful_frames(error.host_frames) == ["cupy.cuda.function.Function.__call__"]
+
+
+def test_addresses_are_named_by_the_nearest_tensor() -> None:
+    (error,) = parse_report(fixture("memcheck_index_select_old.log")).errors
+    start = error.address + int(3.5 * GIB)  # the access lands 3.5 GiB below the table
+    table = TensorRange("weight", start, 4096, start, position=1)
+    ids = TensorRange("ids", start + 8 * GIB, 8, start + 8 * GIB, position=0)
+    assert (
+        describe(error, [table, ids]) == "reads 4 B at 3.5 GiB before the start of `weight` (arg 1)"
+    )
+    after = TensorRange("x", error.address - 512, 256, error.address - 512)
+    assert describe(error, [after]) == "reads 4 B at 256 B after the end of `x`"
+    inside = TensorRange("out", error.address - 64, 1024, error.address - 64, position="out")
+    assert describe(error, [inside]) == (
+        "reads 4 B 64 B into the 1.0 KiB storage of `out` (keyword out)"
+    )
+    assert human_bytes(3) == "3 B" and human_bytes(int(1.5 * 1024)) == "1.5 KiB"
+
+
+def test_findings_are_a_few_lines_in_words() -> None:
+    report = parse_report(fixture("memcheck_triton_oob.log"))
+    cond = TensorRange("c_ptr", 0x7F2A3C000200, 512, 0x7F2A3C000200, position=1)
+    lines = findings_of(report, [cond])
+    assert lines[0] == "Invalid __global__ read of size 4 bytes in add_cond_kernel"
+    assert lines[1] == (
+        "thread (96,0,0) in block (3,0,0): reads 4 B at 47.4 KiB after the end of `c_ptr` (arg 1)"
+    )
+    assert lines[-1] == "128 error(s) in all"
+
+
+def test_argument_positions_of_a_call_and_of_a_kernel_launch() -> None:
+    emitted = (
+        "def main():\n    x = 1\n    torch.gather(x, 0, index=ids)\n    torch.cuda.synchronize()\n"
+    )
+    assert argument_positions(emitted) == {"x": 0, "ids": "index"}
+    launch = "add_cond_kernel[grid](x, cond, out, n, BLOCK=1024)\ntorch.cuda.synchronize()\n"
+    assert argument_positions(launch) == {"x": 0, "cond": 1, "out": 2, "n": 3}
+
+
+def test_annotate_writes_into_the_docstring_and_replaces_an_old_section() -> None:
+    code = '"""Minimal reproduction.\n\nRun: python repro.py\n"""\n\nimport torch\n'
+    once = annotate(code, ["compute-sanitizer (memcheck):", "  reads 4 B"])
+    assert once.startswith('"""Minimal reproduction.\n\nRun: python repro.py\n\ncompute-sanitizer')
+    twice = annotate(once, ["compute-sanitizer (memcheck):", "  writes 8 B"])
+    assert "reads 4 B" not in twice and "writes 8 B" in twice and twice.count("memcheck") == 1
+    assert "import torch" in twice
+    compile(twice, "repro.py", "exec")
+    bare = annotate("import torch\n", ["compute-sanitizer (memcheck): clean"])
+    assert bare.startswith('"""compute-sanitizer') and bare.endswith("import torch\n")
+
+
+def test_memory_errors_are_told_from_asserts() -> None:
+    assert is_memory_error(Signature("AcceleratorError", 700, None, "x"))
+    assert is_memory_error(Signature("RuntimeError", 716, None, "misaligned address"))
+    assert not is_memory_error(Signature("AcceleratorError", 710, "aten::embedding", "index"))
+    assert not is_memory_error(Signature("IndexError", None, "aten::embedding", "index out"))
+
+
+def test_without_compute_sanitizer_there_is_a_note_and_nothing_fails(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sanitizer, "FALLBACK", tmp_path / "missing")
+    script = tmp_path / "repro.py"
+    script.write_text("import torch\n")
+    evidence = run_memcheck(script)
+    assert evidence.status == "unavailable" and "not on PATH" in evidence.note
+    assert evidence.header_lines() == [f"compute-sanitizer (memcheck): {evidence.note}"]
+
+
+STAND_IN = """\
+#!{python}
+# Runs the program as compute-sanitizer would (its options dropped), then writes a memcheck
+# error whose address lies 3.5 GiB before the tensor the wrapper mapped as `table`.
+import json, os, subprocess, sys
+args = sys.argv[1:]
+log = args[args.index("--log-file") + 1]
+program = args[args.index("--log-file") + 2:]
+subprocess.run(program)
+table = [t for t in json.load(open(os.environ["REPROCUT_TENSOR_MAP"])) if t["name"] == "table"][0]
+address = table["storage_ptr"] - int(3.5 * 2**30)
+assert os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
+open(log, "w").write(
+    "========= Invalid __global__ read of size 4 bytes\\n"
+    "=========     at gather_kernel+0x40\\n"
+    "=========     by thread (3,0,0) in block (1,0,0)\\n"
+    f"=========     Access at {{hex(address)}} is out of bounds\\n"
+    "========= ERROR SUMMARY: 1 error\\n"
+)
+"""
+
+
+def test_the_wrapper_maps_the_repros_tensors_and_names_the_address(tmp_path) -> None:
+    """The plumbing around memcheck, run for real except memcheck itself (absent here): a
+    stand-in runs the program as the sanitizer would and reports one access."""
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text(STAND_IN.format(python=sys.executable))
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    script = tmp_path / "repro.py"
+    script.write_text(
+        '"""Minimal reproduction."""\nimport torch\n\n\ndef main():\n'
+        "    table = torch.zeros(8, 4)\n    ids = torch.tensor([1])\n"
+        "    torch.index_select(table, 0, ids)\n\n\nmain()\n"
+    )
+    evidence = run_memcheck(script, sanitizer=str(tool), timeout=120)
+    assert evidence.status == "found", evidence
+    assert evidence.findings[1] == (
+        "thread (3,0,0) in block (1,0,0): reads 4 B at 3.5 GiB before the start of `table` (arg 0)"
+    )
+    assert Path(evidence.log).read_text().startswith("========= Invalid __global__ read")
+    assert json.loads(json.dumps(evidence.to_json()))["errors"][0]["kernel"] == "gather_kernel"
+
+
+@pytest.mark.cuda
+def test_memcheck_on_a_real_out_of_bounds_sparse_repro(tmp_path) -> None:
+    """On a GPU with compute-sanitizer: a column id 2**30 past the size sends cuSPARSE far
+    outside every allocation; memcheck reports the access and its kernel."""
+    if sanitizer.find_sanitizer() is None:
+        pytest.skip("compute-sanitizer is not installed")
+    script = tmp_path / "repro.py"
+    script.write_text(
+        "import torch\n\n\ndef main():\n"
+        '    indices = torch.tensor([[0], [2**30]], device="cuda")\n'
+        '    values = torch.ones(1, device="cuda")\n'
+        "    adj = torch.sparse_coo_tensor(indices, values, (4, 4), check_invariants=False)\n"
+        '    x = torch.randn(4, 8, device="cuda")\n'
+        "    torch.sparse.mm(adj, x)\n    torch.cuda.synchronize()\n\n\nmain()\n"
+    )
+    plain = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})  # fmt: skip
+    assert plain.returncode != 0
+    evidence = run_memcheck(script, timeout=300)
+    assert evidence.status == "found", evidence.to_json()
+    first = evidence.report.first_access
+    assert first is not None and first.kernel and first.address is not None
+    assert any(
+        "`x`" in line or "`values`" in line or "`indices`" in line for line in evidence.findings
+    )
