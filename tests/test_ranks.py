@@ -24,8 +24,9 @@ from rich.console import Console
 from reprocut.localize.ranks import RankEvidence, choose_culprit, evidence, summarize
 from reprocut.model.errors import ExitCode
 from reprocut.model.job import rank_path
+from reprocut.model.launch import Launch, LaunchError
 from reprocut.model.recording import Failure, RunDir
-from reprocut.record.launch import Launch, LaunchError, parse_launch, torchrun_prefix
+from reprocut.record.launch import parse_launch, torchrun_prefix
 from reprocut.record.ranks import RankRun
 from reprocut.record.runner import RunResult
 from reprocut.report.display.failure import failure_panel

@@ -16,39 +16,30 @@ After `--` may also come a torchrun command (`-- torchrun --nproc-per-node 2 tra
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
-import os
 import platform
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
+from reprocut.check.warmer import OracleWarmer, gpu_present
 from reprocut.model.errors import (
+    STATUS_EXIT,
     ExitCode,
     ReprocutError,
     ScriptDidNotFailError,
     ScriptNotFoundError,
 )
+from reprocut.model.launch import Launch
 from reprocut.model.recording import DEFAULT_ROOT, RunDir
-from reprocut.record.launch import Launch, locate, parse_launch, split_command
+from reprocut.record.launch import locate, parse_launch, split_command
 from reprocut.record.runner import RunRequest, run_script
 from reprocut.report.display.console import print_line
 from reprocut.report.display.failure import failure_json, show_failure
-
-STATUS_EXIT = {
-    "localized": ExitCode.OK,
-    "outside-dispatcher": ExitCode.OK,
-    "not-localized": ExitCode.NOT_LOCALIZED,
-    "script-error": ExitCode.SCRIPT_ERROR,
-    "nonfinite-input": ExitCode.OK,
-}
-
 
 USAGE = (
     "reprocut record [options] SCRIPT [ARGS...]\n"
@@ -180,61 +171,6 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
     finally:
         if warmer is not None:
             warmer.close()
-
-
-def gpu_present() -> bool:
-    """An NVIDIA device node exists: asks no CUDA API (the parent must never touch CUDA)."""
-    return os.path.exists("/dev/nvidiactl")
-
-
-class OracleWarmer:
-    """Snapshot replay needs the fork server (torch import: seconds), and each replay a CUDA
-    context: both are made ready while the script runs, on a thread of their own (importing
-    the oracle alone takes half a second that the script would otherwise wait for)."""
-
-    def __init__(self, timeout: float) -> None:
-        self.oracle: Any = None
-        self._prepared = False
-        self._thread = threading.Thread(target=self._warm, args=(timeout,), daemon=True)
-        self._thread.start()
-
-    def _warm(self, timeout: float) -> None:
-        from reprocut.check.oracle import Oracle
-
-        self.oracle = Oracle(timeout=timeout, standby_cuda=True)
-        with contextlib.suppress(Exception):  # replay starts the server itself, or says why not
-            self.oracle.warm_up()
-
-    def ready(self) -> Any:
-        """The oracle, once its server is up (None if even its import failed)."""
-        self._thread.join()
-        return self.oracle
-
-    def close(self) -> None:
-        """Called as `record` returns: the report is out, so the replay processes are killed
-        without waiting for their CUDA contexts to be torn down."""
-        if self.ready() is not None:
-            self.oracle.close(wait=False)
-
-    def on_line(self, line: str) -> None:
-        """The script's output: at its first CUDA error, have the replay child make its CUDA
-        context while the script's process winds down and the snapshots are read. Not sooner:
-        a second context next to a running script costs it GPU memory, and on a GPU in
-        exclusive-process mode it would take the device away from the script."""
-        if self._prepared or not is_cuda_error_line(line):
-            return
-        self._prepared = True
-        threading.Thread(target=self._prepare, daemon=True).start()
-
-    def _prepare(self) -> None:
-        if self.ready() is not None:
-            with contextlib.suppress(Exception):
-                self.oracle.prepare()
-
-
-def is_cuda_error_line(line: str) -> bool:
-    """A line CUDA or PyTorch prints when a kernel fails (error text or device assertion)."""
-    return "CUDA error" in line or (".cu:" in line and "Assertion" in line)
 
 
 def _record(

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from reprocut.commands.record import STATUS_EXIT, OracleWarmer, gpu_present
-from reprocut.model.errors import ExitCode, ScriptDidNotFailError
+from reprocut.check.warmer import OracleWarmer, gpu_present
+from reprocut.model.errors import STATUS_EXIT, ExitCode, ScriptDidNotFailError
 from reprocut.model.job import rank_path
+from reprocut.model.launch import Launch
 from reprocut.model.recording import RunDir
-from reprocut.record.launch import Launch
 from reprocut.record.ranks import JobRequest, node_id, open_job_dir, run_job
 from reprocut.report.display.failure import failure_json, show_failure
 

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from reprocut.model.case import Signature, SourceLocation
+from reprocut.model.launch import Launch
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
 from reprocut.model.signature import classify, cuda_error_code, parse_assertions
-from reprocut.record.launch import Launch
 from reprocut.record.runner import RunResult
 
 Progress = Callable[[str], None]

@@ -65,3 +65,13 @@ class EmitError(ReprocutError):
 
     slug = "cannot-emit"
     exit_code = ExitCode.INTERNAL_ERROR
+
+
+# a recording's Failure.status -> the exit code of `record`
+STATUS_EXIT = {
+    "localized": ExitCode.OK,
+    "outside-dispatcher": ExitCode.OK,
+    "not-localized": ExitCode.NOT_LOCALIZED,
+    "script-error": ExitCode.SCRIPT_ERROR,
+    "nonfinite-input": ExitCode.OK,
+}

@@ -23,11 +23,12 @@ import os
 import re
 import sys
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from reprocut.model.errors import ReprocutError, ScriptNotFoundError
+from reprocut.model.errors import ScriptNotFoundError
+from reprocut.model.launch import Launch, LaunchError
 
 # Interpreter options accepted after `-- python`, passed on to the child's interpreter. Those
 # that would change how reprocut itself starts (-E and -I ignore PYTHONPATH, -c and -i run no
@@ -36,30 +37,6 @@ PYTHON_FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-s", "-b", "-bb", "-q", "-v"
 PYTHON_VALUE_OPTIONS = frozenset({"-W", "-X"})
 _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?$")
 TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
-
-if TYPE_CHECKING:
-    from reprocut.record.torchrun import TorchrunLaunch
-
-
-class LaunchError(ReprocutError):
-    slug = "bad-launch-command"
-
-
-@dataclass(frozen=True, slots=True)
-class Launch:
-    """A script or module to run as `__main__`, with the arguments it gets."""
-
-    script: Path | None = None  # the file run as __main__ (for -m: found by `locate`)
-    module: str | None = None  # `-m MODULE`: run as `python -m MODULE` would
-    args: tuple[str, ...] = ()  # sys.argv[1:]
-    argv0: str = ""  # sys.argv[0]: the script as typed, or the module's file
-    python_options: tuple[str, ...] = ()  # interpreter options given after `-- python`
-    torchrun: TorchrunLaunch | None = None  # `-- torchrun ...`: every rank runs this launch
-
-    def describe(self) -> str:
-        """The launch as a python command line, for messages."""
-        target = ["-m", self.module] if self.module else [self.argv0 or str(self.script)]
-        return " ".join(["python", *self.python_options, *target, *self.args])
 
 
 def split_command(

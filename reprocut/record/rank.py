@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from reprocut.model.job import RANK_FILE, rank_path
+from reprocut.model.launch import Launch
 from reprocut.model.recording import atomic_write
-from reprocut.record.launch import Launch
 from reprocut.record.runner import RunRequest, run_script
 
 GRACE_S = 1.0  # after torchrun's SIGTERM: time the script may take to write its outcome

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from reprocut.model.job import JOB_CONFIG, NODES_DIR, RANK_FILE, RESTARTS_DIR, rank_folders
+from reprocut.model.launch import Launch, TorchrunLaunch
 from reprocut.model.recording import RunDir, atomic_write
-from reprocut.record.launch import Launch
 from reprocut.record.runner import RunResult, _tee, child_env
-from reprocut.record.torchrun import TorchrunLaunch
 
 JOIN_WINDOW_S = 600.0  # torchrun's default rendezvous join timeout: nodes start within it
 NODE_WAIT_S = 60.0  # after this node's torchrun ended: how long the other nodes may take

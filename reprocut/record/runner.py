@@ -23,8 +23,8 @@ from typing import IO, Any
 
 from reprocut import PACKAGE_DIR
 from reprocut.check import lifeline
+from reprocut.model.launch import Launch
 from reprocut.record.child import OUTCOME_FILE
-from reprocut.record.launch import Launch
 
 PACKAGE_PARENT = os.path.dirname(PACKAGE_DIR)
 

@@ -13,66 +13,11 @@ they mean to torchrun.
 
 from __future__ import annotations
 
-import re
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from reprocut.record.launch import Launch, LaunchError
-
-RANK_MODULE = "reprocut.record.rank"
-RANK_PYTHON_OPTIONS = ("-u",)  # torchrun starts every rank as `python -u ...`
-
-
-@dataclass(frozen=True, slots=True)
-class TorchrunLaunch:
-    """The launcher's part of a torchrun command line (the script and its arguments are the
-    Launch's that holds this)."""
-
-    launcher: tuple[str, ...]  # ("/usr/bin/torchrun",) or (python, "-m", "torch.distributed.run")
-    options: tuple[str, ...]  # torchrun's own options, as given
-    min_nodes: int = 1
-    max_nodes: int = 1
-    nproc_per_node: str = "1"
-    rdzv_backend: str = "static"
-    rdzv_endpoint: str = ""
-    rdzv_id: str = "none"
-    standalone: bool = False
-    max_restarts: int = 0
-
-    def command(self, config: Path) -> list[str]:
-        """torchrun with the user's options, each rank started as reprocut's bootstrap.
-
-        `--max-restarts 0` goes last, so it wins over the user's: a restart would only repeat
-        the fault, and the first attempt's ranks hold its evidence."""
-        return [
-            *self.launcher,
-            *self.options,
-            "--max-restarts",
-            "0",
-            "--module",
-            RANK_MODULE,
-            str(config),
-        ]
-
-    @property
-    def multi_node(self) -> bool:
-        return self.max_nodes > 1
-
-    @property
-    def job_key(self) -> str:
-        """Names the job alike on every node, so that nodes sharing a --root share its folder."""
-        raw = f"{self.rdzv_backend}-{self.rdzv_endpoint}-{self.rdzv_id}"
-        return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)
-
-    def notes(self) -> list[str]:
-        if self.max_restarts > 0:
-            return [
-                f"torchrun's --max-restarts {self.max_restarts} is set to 0 under reprocut: a "
-                "restart would only repeat the fault, and the first attempt holds its evidence"
-            ]
-        return []
+from reprocut.model.launch import RANK_PYTHON_OPTIONS, Launch, LaunchError, TorchrunLaunch
 
 
 def parse_torchrun(launcher_tokens: Sequence[str], rest: Sequence[str]) -> Launch:
