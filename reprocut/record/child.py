@@ -72,7 +72,6 @@ def main(config_path: str) -> None:
             light_steps=config.get("light_steps"),
             tag_backward=config.get("tag_backward", True),
             nan=config.get("nan", False),
-            sync_asserting=config.get("sync_asserting", False),
         )
     )
     module = config.get("module")

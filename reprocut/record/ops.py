@@ -119,22 +119,18 @@ class OpRecorder(TorchDispatchMode):
         name = entry[0]
         if recorder.localizing:
             return run()  # the mode synchronizes around every op and captures the culprit's
-        on_cuda = _touches_cuda(args, kwargs)
-        if recorder.config.snapshots and on_cuda:
+        if recorder.config.snapshots and _touches_cuda(args, kwargs):
             with torch._C._DisableTorchDispatch():  # the copies are not the user's ops
                 self._snapshot(func, name, args, kwargs)
         if not recorder.light_step:
+            return run()
+        recorder.last_op = name
+        try:
             result = run()
-        else:
-            recorder.last_op = name
-            try:
-                result = run()
-            except Exception as exc:
-                self._raised(func, name, args, kwargs, exc, None, synchronizing=False)
-                raise
-            recorder.record_op(name, args)
-        if on_cuda and recorder.config.sync_asserting:
-            torch.cuda.synchronize()  # its device assert, if any, raises here: snapshot replay
+        except Exception as exc:
+            self._raised(func, name, args, kwargs, exc, None, synchronizing=False)
+            raise
+        recorder.record_op(name, args)
         return result
 
     def _raised(

@@ -121,7 +121,6 @@ def main(config_path: str) -> None:
             "record",
             snapshots=config.get("snapshots", True),
             light_steps=config.get("light_steps"),
-            sync_asserting=True,  # a rank that device-asserts is torn down from another thread
             cwd=Path(config["cwd"]),
             launch=launch,
         ),

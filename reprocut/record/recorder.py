@@ -51,10 +51,6 @@ class RecorderConfig:
     # --nan: a non-finite flag per step (nonfinite.py); with a localize window, finite checks
     # around every op of it (finite_watch.py) instead of synchronizing and capturing
     nan: bool = False
-    # Under torchrun: wait for the GPU after each asserting op, so its device assert raises in
-    # the script's own thread (which then writes the outcome and its snapshots) before NCCL's
-    # watchdog or a gloo worker touching the broken context takes the whole process down
-    sync_asserting: bool = False
 
 
 class Recorder:

@@ -59,7 +59,6 @@ class RunRequest:
     launch_blocking: bool = False
     sync_lines: bool = False  # wait for the GPU after each user line (see line_sync)
     nan: bool = False  # a non-finite flag per step; finite checks per op in the localize window
-    sync_asserting: bool = False  # wait for the GPU after each asserting op (torchrun ranks)
     timeout: float | None = None
     cwd: Path | None = None
     launch: Launch | None = None  # how it was launched: `-m`, argv[0] as typed, python options
@@ -104,7 +103,6 @@ def run_script(
                 "module": launch.module,
                 "argv0": launch.argv0 or str(request.script),
                 "nan": request.nan,
-                "sync_asserting": request.sync_asserting,
                 "parent_pid": os.getpid(),  # the child ends its group once this pid is gone
             }
         )
