@@ -201,3 +201,22 @@ def test_memcheck_on_a_real_out_of_bounds_sparse_repro(tmp_path) -> None:
     assert any(
         "`x`" in line or "`values`" in line or "`indices`" in line for line in evidence.findings
     )
+
+
+def test_the_address_follows_from_the_nearest_allocation_when_no_address_line_was_read() -> None:
+    """Real reports (NVIDIA/cuvs#1231, ORNL/HeCBench#132), their address lines left out: the
+    address computed from the nearest allocation is the one the address line gave."""
+    for address, nearest in (
+        ("0x769431db3800", "593,361,581,569 bytes after the nearest allocation at 0x760a0ac00000 of size 512 bytes"),
+        ("0x7f698ba00144", "1 bytes after the nearest allocation at 0x7f698ba00000 of size 324 bytes"),
+    ):  # fmt: skip
+        report = parse_report(
+            "========= Invalid __global__ read of size 4 bytes\n"
+            "=========     at col_kernel(const unsigned int *, unsigned int *)+0x490\n"
+            "=========     by thread (1,0,0) in block (0,0,0)\n"
+            f"=========     and is {nearest}\n"
+            "========= \n"
+            "========= ERROR SUMMARY: 1 error\n"
+        )
+        assert report.first_access is not None
+        assert report.first_access.address == int(address, 16)

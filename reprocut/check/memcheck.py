@@ -29,7 +29,7 @@ _AT_NEW = re.compile(r"^at (?P<kernel>.+?)\+0x[0-9a-fA-F]+(?: in (?P<where>\S+))
 _AT_OLD = re.compile(r"^at 0x[0-9a-fA-F]+ in (?P<kernel>.+)$")
 _THREAD = re.compile(r"^by thread \((?P<thread>[\d,\s]+)\) in block \((?P<block>[\d,\s]+)\)")
 _ADDRESS = re.compile(
-    r"^(?:Access at|Address) (?P<address>0x[0-9a-fA-F]+) is (?P<problem>out of bounds|misaligned"
+    r"^(?:Access(?: at| to)?|Address) (?P<address>0x[0-9a-fA-F]+) is (?P<problem>out of bounds|misaligned"
     r"|not aligned.*|.+)$"
 )
 _NEAREST = re.compile(
@@ -159,7 +159,17 @@ def _error(block: list[str]) -> MemcheckError | None:
                                  int(match["base"], 16), _number(match["size"]))  # fmt: skip
         i += 1
     fields["host_frames"] = tuple(frames)
+    if "address" not in fields and "nearest" in fields:
+        fields["address"] = _address_from_nearest(*fields["nearest"])
     return MemcheckError(**fields)
+
+
+def _address_from_nearest(side: str, distance: int, base: int, size: int) -> int:
+    """The access's address from "is N bytes after the nearest allocation at B of size S": N
+    counts from the allocation's last byte (N = 1 is the byte just past it), so B + S + N - 1;
+    before it, B - N. On the H200 (CUDA 13) memcheck's report of a cuSPARSE kernel's read was
+    parsed with this line but no address line."""
+    return base + size + distance - 1 if side == "after" else base - distance
 
 
 def parse_report(text: str) -> MemcheckReport:
