@@ -24,7 +24,7 @@ from reprocut.model.case import (
     TensorSpec,
 )
 from reprocut.model.nonfinite import offending
-from reprocut.shrink.shrinker import Shrinker, find_integer
+from reprocut.shrink.shrinker import Shrinker, find_integer, keep_chunks
 from reprocut.shrink.sparse_passes import SPARSE_PASSES
 
 Path = tuple[Any, ...]
@@ -326,26 +326,16 @@ def cut_index_to_offender(shrinker: Shrinker) -> None:
 
 
 def _bisect_elements(shrinker: Shrinker, path: Path, max_chunks: int = 8) -> None:
-    """Keep halves (then quarters, eighths) of the flat elements while the failure holds.
+    """Keep halves (then quarters, eighths) of the flat elements while the failure holds;
+    shrink_dimensions still cuts a tensor whose failure needs many scattered elements."""
 
-    Bounded: a tensor whose failure needs many scattered elements costs at most 14 failed checks
-    per success, and shrink_dimensions still cuts it afterwards.
-    """
-    chunks = 2
-    while True:
+    def count() -> int | None:
         spec = _spec_at(shrinker.best, path)
         if spec is None or spec.numel <= 1 or flat_values(shrinker, spec) is None:
-            return
-        n = spec.numel
-        if chunks > min(n, max_chunks):
-            return
-        size = math.ceil(n / chunks)
-        for start in range(0, n, size):
-            if _try_keep(shrinker, path, list(range(start, min(n, start + size)))):
-                chunks = 2
-                break
-        else:
-            chunks *= 2
+            return None
+        return spec.numel
+
+    keep_chunks(count, lambda kept: _try_keep(shrinker, path, kept), max_chunks)
 
 
 # --- pass: replace_values_with_generator --------------------------------------------------------

@@ -9,6 +9,7 @@ name: it takes them as an argument (`reprocut.shrink.passes.PASSES` is the defau
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -142,6 +143,27 @@ class Shrinker:
         self.on_event(
             ShrinkEvent(kind, self.current_pass, self.best, self.checks, self.best.total_numel())
         )
+
+
+def keep_chunks(
+    count: Callable[[], int | None], keep: Callable[[list[int]], bool], max_chunks: int = 8
+) -> None:
+    """Delta debugging's coarse half: try keeping each half of `count()` items, then each
+    quarter, eighth, ... up to `max_chunks`; after a success start again at halves. `count`
+    answers None (or <= 1) when there is nothing left to cut. Bounded: a failure that needs many
+    scattered items costs at most 14 failed checks per success."""
+    chunks = 2
+    while True:
+        n = count()
+        if n is None or n <= 1 or chunks > min(n, max_chunks):
+            return
+        size = math.ceil(n / chunks)
+        for start in range(0, n, size):
+            if keep(list(range(start, min(n, start + size)))):
+                chunks = 2
+                break
+        else:
+            chunks *= 2
 
 
 def find_integer(f: Callable[[int], bool]) -> int:

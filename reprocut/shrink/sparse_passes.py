@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from reprocut.model.case import Captured, Generated, Literal, ReproCase, TensorSpec
-from reprocut.shrink.shrinker import Shrinker
+from reprocut.shrink.shrinker import Shrinker, keep_chunks
 
 Path = tuple[Any, ...]
 Coordinates = list[tuple[int, ...]]
@@ -160,21 +160,11 @@ def cut_sparse_to_offender(shrinker: Shrinker) -> None:
 
 
 def _bisect_entries(shrinker: Shrinker, path: Path, max_chunks: int = 8) -> None:
-    chunks = 2
-    while True:
+    def count() -> int | None:
         spec = _spec(shrinker.best, path)
-        if spec is None or nnz(spec) <= 1:
-            return
-        count = nnz(spec)
-        if chunks > min(count, max_chunks):
-            return
-        size = math.ceil(count / chunks)
-        for start in range(0, count, size):
-            if _try_keep(shrinker, path, list(range(start, min(count, start + size)))):
-                chunks = 2
-                break
-        else:
-            chunks *= 2
+        return None if spec is None else nnz(spec)
+
+    keep_chunks(count, lambda kept: _try_keep(shrinker, path, kept), max_chunks)
 
 
 def generate_sparse_values(shrinker: Shrinker) -> None:
