@@ -22,28 +22,22 @@ import json
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_record import device_name, loop_seconds, run, run_meta
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS = HERE / "workloads"
-TIMEOUT = 600
 ANOMALY = (
     "import runpy, sys, torch; torch.autograd.set_detect_anomaly(True); "
     "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 )
 WAYS = ("plain", "detect_anomaly", "record", "record_nan")
-
-
-def run(command: list[str], cwd: Path | None = None) -> tuple[float, str, int]:
-    start = time.perf_counter()
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd, start_new_session=True
-    )
-    return time.perf_counter() - start, done.stdout + done.stderr, done.returncode
 
 
 def command(way: str, script: Path, args: list[str], workdir: Path) -> list[str]:
@@ -55,13 +49,6 @@ def command(way: str, script: Path, args: list[str], workdir: Path) -> list[str]
     if way == "record_nan":
         record.append("--nan")
     return [*record, "--json", str(script), *args]
-
-
-def loop_seconds(output: str) -> float:
-    match = re.search(r"LOOP_SECONDS ([\d.]+)", output)
-    if not match:
-        raise RuntimeError(f"workload printed no LOOP_SECONDS:\n{output[-2000:]}")
-    return float(match.group(1))
 
 
 def overhead(workload: str, device: str, repeats: int, workdir: Path) -> dict[str, float]:
@@ -104,24 +91,10 @@ def time_to_origin(device: str, nan_at: int, workdir: Path) -> dict[str, object]
     results["record_nan_op"] = report.get("op")
     results["record_nan_step"] = report.get("step")
     results["record_nan_line"] = (origin.get("source") or {}).get("text")
-    meta: dict[str, object] = {}
-    with contextlib.suppress(KeyError, OSError, ValueError):
-        meta = json.loads((Path(str(report["run_dir"])) / "meta.json").read_text())
+    meta = run_meta(report)
     results["record_nan_script_s"] = meta.get("seconds")
     results["record_nan_localize_s"] = meta.get("localize_seconds")
     return results
-
-
-def device_name(device: str) -> str:
-    if device != "cuda":
-        return platform.processor() or platform.machine()
-    out = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    return out.stdout.strip()
 
 
 def main() -> None:

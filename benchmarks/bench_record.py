@@ -127,12 +127,17 @@ def time_to_culprit(device: str, fail_at: int, workdir: Path) -> dict[str, objec
         results[f"{label}_op"] = report.get("op")
         results[f"{label}_step"] = report.get("step")
         results[f"{label}_localization"] = report.get("localization")
-        meta: dict[str, object] = {}
-        with contextlib.suppress(KeyError, OSError, ValueError):
-            meta = json.loads((Path(report["run_dir"]) / "meta.json").read_text())
+        meta = run_meta(report)
         results[f"{label}_script_s"] = meta.get("seconds")  # the recorded run of the script
         results[f"{label}_localize_s"] = meta.get("localize_seconds")  # then finding the op
     return results
+
+
+def run_meta(report: dict[str, object]) -> dict[str, object]:
+    """The meta.json of the run a `record --json` report names ({} if it cannot be read)."""
+    with contextlib.suppress(KeyError, OSError, ValueError):
+        return json.loads((Path(str(report["run_dir"])) / "meta.json").read_text())
+    return {}
 
 
 def device_name(device: str) -> str:
