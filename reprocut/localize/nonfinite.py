@@ -189,15 +189,8 @@ def _origin(
 
 
 def _link(data: dict[str, Any]) -> Link:
-    return Link(
-        op=data["op"],
-        kind=data["kind"],
-        step=data["step"],
-        phase=data["phase"],
-        module=data.get("module"),
-        source=location(data.get("source")),
-        autograd_node=data.get("autograd_node"),
-    )
+    """A chain link from the child: Link's own JSON, its source line read as `location` reads it."""
+    return replace(Link.from_json(data), source=location(data.get("source")))
 
 
 def _origin_failure(
