@@ -17,14 +17,13 @@ from reprocut.model.case import (
     FLOAT_DTYPES,
     INT_DTYPES,
     ArgList,
-    Captured,
     Generated,
     Literal,
     ReproCase,
     TensorSpec,
 )
 from reprocut.model.nonfinite import offending
-from reprocut.shrink.shrinker import Shrinker, find_integer, keep_chunks
+from reprocut.shrink.shrinker import Shrinker, find_integer, keep_chunks, known_values
 from reprocut.shrink.sparse_passes import SPARSE_PASSES
 
 Path = tuple[Any, ...]
@@ -36,14 +35,7 @@ Path = tuple[Any, ...]
 def flat_values(shrinker: Shrinker, spec: TensorSpec) -> list[Any] | None:
     """Row-major values of a tensor whose values are known (Literal, or Captured and loaded).
     None for a sparse tensor: its data are its parts (sparse_passes.py cuts those)."""
-    if spec.is_sparse:
-        return None
-    if isinstance(spec.values, Literal):
-        return list(spec.values.values)
-    if isinstance(spec.values, Captured) and spec.values.key in shrinker.inputs:
-        tensor = shrinker.inputs[spec.values.key]
-        return list(tensor.detach().cpu().reshape(-1).tolist())[: spec.numel]
-    return None
+    return None if spec.is_sparse else known_values(shrinker, spec)
 
 
 def slice_values(values: Sequence[Any], shape: tuple[int, ...], dim: int, new: int) -> list[Any]:

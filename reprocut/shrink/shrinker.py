@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reprocut.model.case import Captured, Generated, Literal, ReproCase
+from reprocut.model.case import Captured, Generated, Literal, ReproCase, TensorSpec
 
 GENERATOR_RANK = {
     "zeros": 0,
@@ -143,6 +143,17 @@ class Shrinker:
         self.on_event(
             ShrinkEvent(kind, self.current_pass, self.best, self.checks, self.best.total_numel())
         )
+
+
+def known_values(shrinker: Shrinker, spec: TensorSpec) -> list[Any] | None:
+    """Row-major values of a dense tensor whose values are known: Literal, or Captured and
+    among the shrinker's loaded inputs. None when they are generated or not loaded."""
+    if isinstance(spec.values, Literal):
+        return list(spec.values.values)
+    if isinstance(spec.values, Captured) and spec.values.key in shrinker.inputs:
+        tensor = shrinker.inputs[spec.values.key]
+        return list(tensor.detach().cpu().reshape(-1).tolist())[: spec.numel]
+    return None
 
 
 def keep_chunks(

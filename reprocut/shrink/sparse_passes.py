@@ -15,21 +15,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from reprocut.model.case import Captured, Generated, Literal, ReproCase, TensorSpec
-from reprocut.shrink.shrinker import Shrinker, keep_chunks
+from reprocut.model.case import Generated, Literal, ReproCase, TensorSpec
+from reprocut.shrink.shrinker import Shrinker, keep_chunks, known_values
 
 Path = tuple[Any, ...]
 Coordinates = list[tuple[int, ...]]
-
-
-def _known(shrinker: Shrinker, spec: TensorSpec) -> list[Any] | None:
-    """Row-major values of a dense part whose values are known (Literal, or Captured)."""
-    if isinstance(spec.values, Literal):
-        return list(spec.values.values)
-    if isinstance(spec.values, Captured) and spec.values.key in shrinker.inputs:
-        tensor = shrinker.inputs[spec.values.key]
-        return list(tensor.detach().cpu().reshape(-1).tolist())[: spec.numel]
-    return None
 
 
 def _sparse_specs(case: ReproCase) -> list[Path]:
@@ -55,14 +45,14 @@ def coordinates(shrinker: Shrinker, spec: TensorSpec) -> Coordinates | None:
     count = nnz(spec)
     if spec.layout == "sparse_coo":
         indices = spec.part("indices")
-        flat = _known(shrinker, indices)
+        flat = known_values(shrinker, indices)
         if flat is None or len(indices.shape) != 2:
             return None
         dims = indices.shape[0]
         return [tuple(int(flat[d * count + k]) for d in range(dims)) for k in range(count)]
     if spec.layout == "sparse_csr":
-        crow = _known(shrinker, spec.part("crow_indices"))
-        col = _known(shrinker, spec.part("col_indices"))
+        crow = known_values(shrinker, spec.part("crow_indices"))
+        col = known_values(shrinker, spec.part("col_indices"))
         if crow is None or col is None or not valid_crow(crow, count):
             return None
         rows = [row for row in range(len(crow) - 1) for _ in range(crow[row + 1] - crow[row])]
@@ -105,7 +95,7 @@ def with_entries(
         ]
     values = spec.part("values")
     inner = math.prod(values.shape[1:])
-    known = _known(shrinker, values)
+    known = known_values(shrinker, values)
     new_values = replace(values, shape=(len(keep), *values.shape[1:]), stride=None)
     if known is not None:
         kept = [v for k in keep for v in known[k * inner : (k + 1) * inner]]
