@@ -93,7 +93,7 @@ def run(options: argparse.Namespace, console: Console, launch: Launch, cwd: Path
             timeout=options.timeout,
             launch_blocking=options.launch_blocking,
             snapshots=options.snapshots,
-            rerun=False,  # a rerun would have to rerun the whole job: not done (yet)
+            rerun=options.rerun,  # reruns the whole job, the culprit rank synchronized
             oracle=None if warmer is None else warmer.ready(),
         )
         started = time.perf_counter()

@@ -13,7 +13,7 @@ import platform
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -24,6 +24,17 @@ from reprocut.model.signature import classify, cuda_error_code, parse_assertions
 from reprocut.record.runner import RunResult
 
 Progress = Callable[[str], None]
+
+
+class Rerunner(Protocol):
+    """How a localization attempt runs the script again (rerun.py): without one, a single
+    process; under torchrun, the whole job with one rank localizing (job_rerun.py)."""
+
+    def __call__(self, attempt: str, **how: Any) -> RunResult: ...
+
+    def describe(self, span: str) -> str:
+        """The progress line for a rerun synchronized at `span` ("steps 3-5")."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +51,7 @@ class LocalizeOptions:
     launch: Launch | None = None  # `-m`, argv[0] as typed, python options: reruns launch alike
     frameworks: tuple[tuple[str, str], ...] = ()  # versions the script imported (its outcome)
     nan: bool = False  # `--nan`: the first op that made a NaN/inf is the failure
+    rerunner: Rerunner | None = None  # None: reruns run the script alone
 
 
 def environment_summary() -> dict[str, str]:

@@ -8,7 +8,8 @@ the evidence: what ended it (a torch op or CUDA error, kernel assertions on its 
 a plain error; or a collective that lost a peer, a stop) and when, by its own clock. The culprit
 is the first rank that failed on its own; ranks that only failed in a collective or were stopped
 afterwards are consequences. The culprit's recording is then localized exactly as one process's
-(in-process, snapshot replay), and the Failure carries one RankSummary per rank.
+(in-process, snapshot replay; a rerun runs the whole job again, job_rerun.py), and the Failure
+carries one RankSummary per rank, with the end of its stderr.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from typing import Any
 
 from reprocut.localize.culprit import names_op, names_public_call
 from reprocut.localize.failure import LocalizeOptions, Progress, error_info, finish
-from reprocut.localize.localizer import localize
+from reprocut.localize.job_rerun import JobRerunner, localize_rank
 from reprocut.model.case import Signature
 from reprocut.model.errors import ReprocutError, ScriptDidNotFailError, ScriptTimeoutError
-from reprocut.model.job import RankSummary
+from reprocut.model.job import RankSummary, tail_of
 from reprocut.model.recording import Failure, RunDir
 from reprocut.model.signature import is_cuda_failure, normalize_message, parse_assertions
 from reprocut.record.ranks import JobResult, RankRun
@@ -151,7 +152,13 @@ def summarize(
             role = "consequence" if culprit.kind in OWN_FAILURES else "unknown"
         after = e.time - culprit.time if e.time != float("inf") else None
         summaries[e.rank] = RankSummary(
-            e.rank, e.kind, role, e.step, e.error, None if after is None else round(after, 3)
+            e.rank,
+            e.kind,
+            role,
+            e.step,
+            e.error,
+            None if after is None else round(after, 3),
+            tail_of(e.run.result.stderr),
         )
     for rank in range(world_size or 0):
         if rank not in summaries:
@@ -194,23 +201,49 @@ def localize_job(
     progress(f"rank {culprit.rank} failed first ({culprit.error}); localizing its failure")
     run_dir = RunDir(culprit.run.folder)
     frameworks = ((culprit.run.result.outcome or {}).get("frameworks") or {}).items()
-    rank_options = replace(options, run_dir=run_dir, frameworks=tuple(frameworks))
+    no_rerun = _no_rerun(job, options)
+    rerunner = None
+    if no_rerun is None and job.request is not None:
+        rerunner = JobRerunner(job.request, culprit.rank)
+    rank_options = replace(
+        options,
+        run_dir=run_dir,
+        frameworks=tuple(frameworks),
+        rerun=rerunner is not None,  # never a single-process rerun of one rank's script
+        rerunner=rerunner,
+    )
     if culprit.kind in OWN_FAILURES:
-        failure = localize(rank_options, culprit.run.result, progress)
+        failure = localize_rank(rank_options, culprit.run, progress)
     else:
         failure = _no_own_failure(rank_options, culprit)
     notes = [*notes, *_job_notes(job, culprit)]
-    if failure.status == "not-localized":
-        notes.append(
-            "under torchrun, only the in-process and snapshot-replay strategies run (a rerun "
-            "would rerun the whole job: not supported yet)"
-        )
-    failure = replace(failure, rank=culprit.rank, world_size=world, ranks=summaries).with_notes(
-        *notes
-    )
+    if failure.status == "not-localized" and no_rerun is not None:
+        notes.append(no_rerun)
+    failure = replace(
+        failure,
+        rank=culprit.rank,
+        world_size=world,
+        ranks=summaries,
+        job_reruns=() if rerunner is None else tuple(rerunner.reruns),
+    ).with_notes(*notes)
     run_dir.write_failure(failure)
     options.run_dir.write_failure(failure)
     return failure
+
+
+def _no_rerun(job: JobResult, options: LocalizeOptions) -> str | None:
+    """Why the job may not run again to localize its culprit rank's failure, or None."""
+    torchrun = job.request.launch.torchrun if job.request is not None else None
+    if not options.rerun:
+        return "reruns are off (--no-rerun): a rerun of the whole job may localize it"
+    if torchrun is None:
+        return "the job cannot be run again from here"
+    if torchrun.multi_node:
+        return (
+            "a multi-node job is not run again to localize (every node would have to): "
+            "reproduce it on one node to have the job rerun"
+        )
+    return None
 
 
 def _job_notes(job: JobResult, culprit: RankEvidence) -> list[str]:

@@ -3,7 +3,8 @@
 Takes the first run's outcome (the failing step, the last step known healthy); hands on the
 Failure for the op the rerun names, else, when the fault was pending before an op, runs once
 more with blocking launches and line sync and hands the launch line to `launch`. A synchronous
-error in a light step is rerun here too, watching every op of that step.
+error in a light step is rerun here too, watching every op of that step. Under torchrun the
+options' rerunner runs the whole job again instead, the culprit rank localizing (job_rerun.py).
 """
 
 from __future__ import annotations
@@ -24,12 +25,21 @@ from reprocut.record.runner import RunRequest, RunResult, run_script
 
 
 def rerun(
-    options: LocalizeOptions, first: RunResult, outcome: dict[str, Any], progress: Progress
+    options: LocalizeOptions,
+    first: RunResult,
+    outcome: dict[str, Any],
+    progress: Progress,
+    why: str = "",
 ) -> Failure:
+    """`why`, if given, starts the progress line: what made the rerun necessary."""
     step = outcome["step"]
     first_suspect = min(step, outcome.get("healthy_through", step - 1) + 1)
     span = f"step {step}" if first_suspect == step else f"steps {first_suspect}-{step}"
-    progress(f"rerunning to {span}, synchronizing around each op there")
+    if options.rerunner is not None:
+        line = options.rerunner.describe(span)
+    else:
+        line = f"rerunning to {span}, synchronizing around each op there"
+    progress(f"{why}; {line}" if why else line)
     second = _run_again(
         options,
         "localize",
@@ -60,6 +70,8 @@ def rerun(
 def _run_again(options: LocalizeOptions, attempt: str, **how: Any) -> RunResult:
     """Run the script again for localization (no snapshots); `how` holds the RunRequest fields
     that make this attempt what it is (the steps to synchronize in, blocking launches, ...)."""
+    if options.rerunner is not None:
+        return options.rerunner(attempt, **how)
     return run_script(
         RunRequest(
             options.script,

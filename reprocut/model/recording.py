@@ -30,7 +30,7 @@ from reprocut.model.case import (
     spec_to_json,
 )
 from reprocut.model.errors import CorruptRecordingError, NoRecordingError
-from reprocut.model.job import RankSummary
+from reprocut.model.job import JobRerun, RankSummary
 from reprocut.model.nonfinite import NonfiniteOrigin
 
 DEFAULT_ROOT = Path(".reprocut")
@@ -136,6 +136,7 @@ class Failure:
     rank: int | None = None  # under torchrun: the culprit's global rank
     world_size: int | None = None
     ranks: tuple[RankSummary, ...] = ()  # every rank of the job, what it saw
+    job_reruns: tuple[JobRerun, ...] = ()  # reruns of the whole job that localized the culprit
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -169,6 +170,7 @@ class Failure:
             "rank": self.rank,
             "world_size": self.world_size,
             "ranks": [summary.to_json() for summary in self.ranks],
+            "job_reruns": [rerun.to_json() for rerun in self.job_reruns],
         }
 
     @classmethod
@@ -208,6 +210,7 @@ class Failure:
             rank=data.get("rank"),
             world_size=data.get("world_size"),
             ranks=tuple(RankSummary.from_json(r) for r in data.get("ranks", ())),
+            job_reruns=tuple(JobRerun.from_json(r) for r in data.get("job_reruns", ())),
         )
 
     def with_notes(self, *notes: str) -> Failure:

@@ -3,7 +3,8 @@
 The script runs as under `python train.py` (or `python -m pkg.train`): same `sys.argv`,
 `sys.path[0]`, `__main__`, `__spec__`, working directory and exit code. What the recorder saw is written to the run directory as `outcome.json`
 (+ `inputs.pt`) before the process leaves through `os._exit`: after a sticky CUDA error, teardown
-can hang, so no destructors and no atexit run.
+can hang, so no destructors and no atexit run. A failure's outcome is written early too
+(outcome.py), since teardown can also crash.
 """
 
 from __future__ import annotations
@@ -21,20 +22,10 @@ from typing import Any
 from reprocut.check import lifeline
 from reprocut.model.case import SourceLocation
 from reprocut.model.recording import atomic_write
-from reprocut.record.frameworks import imported_frameworks
 from reprocut.record.main_module import run_main
+from reprocut.record.outcome import OUTCOME_FILE, error_json, recorded_state, write_early
 
-OUTCOME_FILE = "outcome.json"
 NONFINITE_INPUTS_FILE = "nonfinite-inputs.pt"
-
-
-def _error_info(exc: BaseException) -> dict[str, Any]:
-    code = getattr(exc, "error_code", None)
-    return {
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "code": code if isinstance(code, int) else None,
-    }
 
 
 def main(config_path: str) -> None:
@@ -111,7 +102,7 @@ def main(config_path: str) -> None:
         outcome = {
             "status": "failed",
             "exit_code": 1,
-            "error": _error_info(exc),
+            "error": error_json(exc),
             "traceback": user_traceback(exc),
             "surfaced_at": _location_json(surfaced),
             "last_op": recorder.last_op,
@@ -120,18 +111,13 @@ def main(config_path: str) -> None:
             "failed_at": time.time(),  # under torchrun: which rank failed first
         }
         sys.stderr.write(outcome["traceback"])
+        write_early(recorder, outcome)  # before closing and teardown, which may crash
     finally:
         torch.compile = original_compile  # type: ignore[assignment]
         light_step = recorder.light_step  # read before close(), which turns the modes off
         recorder.close()
-    outcome["step"] = recorder.state.step
-    outcome["light_step"] = light_step  # only asserting ops seen: no in-process culprit
-    outcome["phase"] = recorder.state.phase() if outcome["status"] == "failed" else None
+    outcome.update(recorded_state(recorder, light_step, failed=outcome["status"] == "failed"))
     outcome["compiled"] = compiled
-    outcome["frameworks"] = imported_frameworks()
-    outcome["culprit"] = None if recorder.culprit is None else recorder.culprit.to_json()
-    outcome["snapshots"] = [s.to_json() for s in recorder.all_snapshots()]
-    outcome["healthy_through"] = recorder.healthy_through
     if recorder.flags is not None:
         recorder.flags.flush(recorder.state.step)
         outcome["nonfinite"] = recorder.flags.to_json()

@@ -10,6 +10,11 @@ stopped it. It exits as the script did, so torchrun sees the job it would have s
 When one rank fails, torchrun stops the others with SIGTERM. The script's process then gets a
 moment to finish its own report (it may be failing in a collective at that very moment) before
 it is stopped too.
+
+In a rerun of the job to localize one rank's failure (the config's `target`), that rank runs
+under the recorder as a single-process rerun does (its attempt names the files, its RunRequest
+fields say how: the steps to synchronize in, blocking launches), and every other rank runs
+plainly, `python -u SCRIPT ARGS` as torchrun would start it, its output teed to its folder.
 """
 
 from __future__ import annotations
@@ -24,12 +29,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from reprocut.model.job import RANK_FILE, rank_path
+from reprocut.model.job import rank_file, rank_path
 from reprocut.model.launch import Launch
 from reprocut.model.recording import atomic_write
-from reprocut.record.runner import RunRequest, run_script
+from reprocut.record.runner import RunRequest, _tee, child_env, run_script
 
 GRACE_S = 1.0  # after torchrun's SIGTERM: time the script may take to write its outcome
 KILL_AFTER_S = 3.0  # then SIGTERM to the script; SIGKILL this much later
@@ -38,14 +43,15 @@ KILL_AFTER_S = 3.0  # then SIGTERM to the script; SIGKILL this much later
 class RankProcess:
     """rank.json's content, kept current on disk, and the stop torchrun asks for."""
 
-    def __init__(self, folder: Path, record: dict[str, Any]) -> None:
+    def __init__(self, folder: Path, record: dict[str, Any], attempt: str = "record") -> None:
         self.folder = folder
         self.record = record
+        self.path = folder / rank_file(attempt)
         self.child: subprocess.Popen[bytes] | None = None
         self.write()
 
     def write(self) -> None:
-        atomic_write(self.folder / RANK_FILE, json.dumps(self.record, indent=1))
+        atomic_write(self.path, json.dumps(self.record, indent=1))
 
     def started(self, child: subprocess.Popen[bytes]) -> None:
         self.child = child
@@ -85,6 +91,8 @@ def main(config_path: str) -> None:
     restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
     folder = rank_path(Path(config["job_dir"]), rank, restart)
     folder.mkdir(parents=True, exist_ok=True)
+    target = config.get("target")  # a rerun of the job: the rank it localizes, and how
+    attempt = target["attempt"] if target else "record"
     process = RankProcess(
         folder,
         {
@@ -102,7 +110,9 @@ def main(config_path: str) -> None:
             "returncode": None,
             "signal": None,
             "terminated_by": None,
+            "plain": bool(target) and rank != target["rank"],
         },
+        attempt,
     )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, process.on_signal)
@@ -113,31 +123,73 @@ def main(config_path: str) -> None:
         argv0=config.get("argv0") or config["script"],
         python_options=tuple(config.get("python_options", ())),
     )
-    result = run_script(
-        RunRequest(
-            Path(config["script"]),
-            launch.args,
-            folder,
-            "record",
-            snapshots=config.get("snapshots", True),
-            light_steps=config.get("light_steps"),
-            cwd=Path(config["cwd"]),
-            launch=launch,
-        ),
-        echo_stdout=None if config.get("quiet") else sys.stdout,
-        echo_stderr=None if config.get("quiet") else sys.stderr,
-        on_start=process.started,
-    )
+    echo = {
+        "echo_stdout": None if config.get("quiet") else sys.stdout,
+        "echo_stderr": None if config.get("quiet") else sys.stderr,
+    }
+    start = time.monotonic()
+    if process.record["plain"]:
+        returncode, sig = run_plain(launch, folder, attempt, Path(config["cwd"]), process, **echo)
+    else:
+        how = dict(target["how"]) if target else {}
+        result = run_script(
+            RunRequest(
+                Path(config["script"]),
+                launch.args,
+                folder,
+                attempt,
+                snapshots=False if target else config.get("snapshots", True),
+                light_steps=None if target else config.get("light_steps"),
+                cwd=Path(config["cwd"]),
+                launch=launch,
+                **how,
+            ),
+            on_start=process.started,
+            **echo,
+        )
+        returncode, sig = result.returncode, result.signal
     process.record.update(
         ended=time.time(),
-        returncode=result.returncode,
-        signal=result.signal,
-        seconds=round(result.seconds, 3),
+        returncode=returncode,
+        signal=sig,
+        seconds=round(time.monotonic() - start, 3),
     )
     process.write()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(result.returncode if result.returncode is not None else 128 + (result.signal or 0))
+    os._exit(returncode if returncode is not None else 128 + (sig or 0))
+
+
+def run_plain(
+    launch: Launch,
+    folder: Path,
+    attempt: str,
+    cwd: Path,
+    process: RankProcess,
+    *,
+    echo_stdout: IO[str] | None,
+    echo_stderr: IO[str] | None,
+) -> tuple[int | None, int | None]:
+    """The rank as torchrun starts it, without the recorder: (exit code, signal)."""
+    target = ["-m", launch.module] if launch.module else [launch.argv0 or str(launch.script)]
+    child = subprocess.Popen(
+        [sys.executable, *launch.python_options, *target, *launch.args],
+        cwd=cwd,
+        env=child_env(False),  # as the recorded ranks ran: torch.compile off, faulthandler on
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    process.started(child)
+    pumps = [
+        _tee(child.stdout, folder / f"{attempt}.stdout.txt", echo_stdout, None),
+        _tee(child.stderr, folder / f"{attempt}.stderr.txt", echo_stderr, None),
+    ]
+    code = child.wait()
+    for pump in pumps:
+        pump.join(timeout=5)
+    return (code, None) if code >= 0 else (None, -code)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@ whole job: torchrun is asked to stop (it stops its ranks), then killed, and ever
 this node started is ended. Several nodes of one job share one run folder when they share the
 --root: the first to start creates it, the others join it by the job's rendezvous key, and each
 waits for the others to finish before the culprit is chosen, so that all of them give one answer.
+
+A rerun of the job (a JobRequest with a `target`) runs the same torchrun again with one rank
+localizing (rank.py); its files are named by its attempt, beside the first run's.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from reprocut.model.job import JOB_CONFIG, NODES_DIR, RANK_FILE, RESTARTS_DIR, rank_folders
+from reprocut.model.job import NODES_DIR, RESTARTS_DIR, job_config, rank_file, rank_folders
 from reprocut.model.launch import Launch, TorchrunLaunch
 from reprocut.model.recording import RunDir, atomic_write
 from reprocut.record.runner import RunResult, _tee, child_env
@@ -45,6 +48,17 @@ class RankRun:
 
 
 @dataclass(frozen=True, slots=True)
+class RankTarget:
+    """In a rerun of the job: the rank that localizes, the attempt's name ("localize", ...), and
+    the RunRequest fields that make the attempt what it is (localize_from, localize_to,
+    launch_blocking, sync_lines, nan). The other ranks run plainly."""
+
+    rank: int
+    attempt: str
+    how: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class JobRequest:
     launch: Launch  # located (its script absolute), with its `torchrun`
     run_dir: RunDir
@@ -54,6 +68,11 @@ class JobRequest:
     timeout: float | None = None
     cwd: Path | None = None
     quiet: bool = False
+    target: RankTarget | None = None  # a rerun of the job, to localize one rank's failure
+
+    @property
+    def attempt(self) -> str:
+        return "record" if self.target is None else self.target.attempt
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +88,7 @@ class JobResult:
     world_size: int | None
     restarts: int  # attempts torchrun restarted anyway (their ranks are never analysed)
     nodes: int  # nodes that recorded into this folder
+    request: JobRequest | None = None  # what ran: a localization reruns it with a target
 
 
 def node_id() -> str:
@@ -123,8 +143,8 @@ def run_job(
     """Run torchrun once with every rank under the recorder; never raises for what it does."""
     launch, torchrun = request.launch, request.launch.torchrun
     assert launch.script is not None and torchrun is not None
-    job = request.run_dir.path
-    config = job / JOB_CONFIG
+    job, attempt, target = request.run_dir.path, request.attempt, request.target
+    config = job / job_config(attempt)
     atomic_write(
         config,
         json.dumps(
@@ -140,6 +160,9 @@ def run_job(
                 "snapshots": request.snapshots,
                 "light_steps": request.light_steps,
                 "quiet": request.quiet,
+                "target": None
+                if target is None
+                else {"rank": target.rank, "attempt": target.attempt, "how": dict(target.how)},
             }
         ),
     )
@@ -154,7 +177,8 @@ def run_job(
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
-    logs = (job / "torchrun.stdout.txt", job / "torchrun.stderr.txt")
+    stem = "torchrun" if target is None else f"torchrun.{attempt}"
+    logs = (job / f"{stem}.stdout.txt", job / f"{stem}.stderr.txt")
     pumps = [
         _tee(process.stdout, logs[0], echo_stdout, on_line),
         _tee(process.stderr, logs[1], echo_stderr, on_line),
@@ -164,17 +188,17 @@ def run_job(
         process.wait(timeout=request.timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
-        _stop(process, job, request.node)
+        _stop(process, job, request.node, attempt)
     except KeyboardInterrupt:
-        _stop(process, job, request.node)
+        _stop(process, job, request.node, attempt)
         raise
-    end_ranks(job, request.node)  # a rank torchrun could not stop must not outlive the job
+    end_ranks(job, request.node, attempt)  # a rank torchrun could not stop must not outlive it
     for pump in pumps:
         pump.join(timeout=5)
     seconds = time.monotonic() - start
     _write_node(request.run_dir, request.node, done=True, returncode=process.returncode)
     nodes = _wait_for_nodes(request.run_dir, request.timeout)
-    ranks = collect_ranks(job, timed_out)
+    ranks = collect_ranks(job, timed_out, attempt)
     sizes = {run.record.get("world_size") for run in ranks.values()} - {None}
     restarts = job / RESTARTS_DIR
     return JobResult(
@@ -187,10 +211,11 @@ def run_job(
         world_size=max(sizes) if sizes else None,
         restarts=len(list(restarts.iterdir())) if restarts.is_dir() else 0,
         nodes=nodes,
+        request=request,
     )
 
 
-def _stop(process: subprocess.Popen[bytes], job: Path, node: str) -> None:
+def _stop(process: subprocess.Popen[bytes], job: Path, node: str, attempt: str) -> None:
     """Ask torchrun to stop (it stops its ranks with SIGTERM), then kill whatever is left."""
     with contextlib.suppress(ProcessLookupError):
         process.send_signal(signal.SIGTERM)
@@ -201,13 +226,13 @@ def _stop(process: subprocess.Popen[bytes], job: Path, node: str) -> None:
             os.killpg(process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=5)
-    end_ranks(job, node)
+    end_ranks(job, node, attempt)
 
 
-def end_ranks(job: Path, node: str) -> None:
+def end_ranks(job: Path, node: str, attempt: str = "record") -> None:
     """SIGKILL every rank process of this node still alive (bootstraps and scripts alike)."""
     for folder in [*rank_folders(job).values(), *_restart_folders(job)]:
-        record = _read_json(folder / RANK_FILE)
+        record = _read_json(folder / rank_file(attempt))
         if record is None or record.get("node") != node:
             continue
         for pid in (record.get("child_pid"), record.get("pid")):
@@ -241,14 +266,17 @@ def _wait_for_nodes(run_dir: RunDir, timeout: float | None) -> int:
         time.sleep(0.2)
 
 
-def collect_ranks(job: Path, timed_out: bool = False) -> dict[int, RankRun]:
-    """Every rank of the first attempt, its RunResult read back from its folder."""
+def collect_ranks(
+    job: Path, timed_out: bool = False, attempt: str = "record"
+) -> dict[int, RankRun]:
+    """Every rank of torchrun's first attempt, its RunResult read back from its folder (in a
+    rerun of the job, `attempt` names the files; a rank that ran plainly has no outcome)."""
     ranks = {}
     for rank, folder in sorted(rank_folders(job).items()):
-        record = _read_json(folder / RANK_FILE)
+        record = _read_json(folder / rank_file(attempt))
         if record is None:
             continue
-        outcome = _read_json(folder / "record.outcome.json")
+        outcome = _read_json(folder / f"{attempt}.outcome.json")
         ranks[rank] = RankRun(
             rank,
             folder,
@@ -258,8 +286,8 @@ def collect_ranks(job: Path, timed_out: bool = False) -> dict[int, RankRun]:
                 signal=record.get("signal"),
                 timed_out=timed_out and outcome is None,
                 seconds=record.get("seconds") or 0.0,
-                stdout=_read_text(folder / "record.stdout.txt"),
-                stderr=_read_text(folder / "record.stderr.txt"),
+                stdout=_read_text(folder / f"{attempt}.stdout.txt"),
+                stderr=_read_text(folder / f"{attempt}.stderr.txt"),
                 outcome=outcome,
             ),
         )

@@ -32,6 +32,7 @@ from reprocut.record.loops import LoopCounters
 from reprocut.record.modules import ModuleNames
 from reprocut.record.nonfinite import StepFlags, watch_backward
 from reprocut.record.ops import OpRecorder, on_cpu, spec_tuple
+from reprocut.record.outcome import report_early
 from reprocut.record.records import Culprit, Snapshot, StepState
 from reprocut.record.trace import TraceWriter
 from reprocut.record.tripwire import Tripwire
@@ -182,7 +183,12 @@ class Recorder:
     def _end_step(self) -> None:
         if os.getpid() != self._pid:
             return  # a forked DataLoader worker: the parent owns the trace
-        self.trace.write_step(self.state.step, self.ops, every_op=self._dispatch_mode.active)
+        self.trace.write_step(
+            self.state.step,
+            self.ops,
+            every_op=self._dispatch_mode.active,
+            healthy_through=self.healthy_through,
+        )
         asserting_key = hash(tuple(op for op in self.ops if op[0] in ASSERTING_OPS))
         layout_changed = asserting_key != self._asserting_key
         self._asserting_key = asserting_key
@@ -303,6 +309,7 @@ class Recorder:
     def note_culprit(self, culprit: Culprit) -> None:
         if self.culprit is None:
             self.culprit = culprit
+            report_early(self, sys.exc_info()[1])  # called while its error is being handled
 
     def note_culprit_here(
         self,

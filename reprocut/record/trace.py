@@ -3,6 +3,9 @@
 A training loop repeats itself, so a step whose ops equal an earlier step's is written as a
 back-reference (`same_as`); a crash loses at most the step in flight. A light step (GPU runs,
 see Recorder.wants_every_op) lists only its asserting ops and is marked `"every_op": false`.
+On a GPU each step also says the last step whose kernels were known complete when it ended
+(`healthy_through`): a process that dies without reporting leaves that much on disk, and a
+rerun to localize its fault starts after it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ class TraceWriter:
         self._file: TextIO = path.open("a", buffering=1 << 16)
         self._seen: dict[int, int] = {}
 
-    def write_step(self, step: int, ops: list[tuple[Any, ...]], *, every_op: bool = True) -> None:
+    def write_step(
+        self,
+        step: int,
+        ops: list[tuple[Any, ...]],
+        *,
+        every_op: bool = True,
+        healthy_through: int = -1,
+    ) -> None:
         key = hash((every_op, tuple(ops)))
         first = self._seen.get(key)
         if first is not None:
@@ -31,6 +41,8 @@ class TraceWriter:
             record = {"type": "step", "step": step, "ops": _jsonable(ops)}
         if not every_op:
             record["every_op"] = False
+        if healthy_through >= 0:
+            record["healthy_through"] = healthy_through
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 

@@ -1,5 +1,6 @@
-"""What a torchrun job adds to the failure report: the culprit rank, and one line per other rank
-saying what it saw and why it does not matter (or does)."""
+"""What a torchrun job adds to the failure report: the culprit rank, one line per other rank
+saying what it saw and why it does not matter (or does), and the reruns of the job that
+localized the culprit's failure."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from rich.text import Text
 
-from reprocut.model.job import RankSummary
+from reprocut.model.job import JobRerun, RankSummary
 from reprocut.model.recording import Failure
 
 KIND_TEXT = {
@@ -59,6 +60,25 @@ def rank_line(summary: RankSummary, culprit: int | None) -> str:
     return f"rank {summary.rank}: {summary.kind}{step}{later} ({summary.error})"
 
 
+def rerun_line(rerun: JobRerun) -> str:
+    """One rerun of the job, for people: how it ran, why, and how the localized rank ended."""
+    if rerun.first_step is None:
+        how = f"rank {rerun.rank} localizing ({rerun.attempt})"
+    elif rerun.first_step == rerun.last_step:
+        how = f"rank {rerun.rank} synchronized at step {rerun.first_step}"
+    else:
+        how = f"rank {rerun.rank} synchronized at steps {rerun.first_step}-{rerun.last_step}"
+    end = next((e for e in rerun.ranks if e.rank == rerun.rank), None)
+    if end is None:
+        ended = f"rank {rerun.rank} did not start"
+    elif end.reported:
+        ended = f"rank {rerun.rank} reported its failure"
+    else:
+        ended = f"rank {rerun.rank} died without reporting"
+    because = f" ({rerun.because})" if rerun.because else ""
+    return f"the job ran again{because}: {how}, the other ranks plainly; {ended}"
+
+
 def other_ranks(failure: Failure) -> Text:
     text = Text("\nother ranks", style="bold")
     for summary in failure.ranks:
@@ -66,6 +86,11 @@ def other_ranks(failure: Failure) -> Text:
             continue
         text.append("\n  ")
         text.append(rank_line(summary, failure.rank), style="dim" if summary.role else "")
+    if failure.job_reruns:
+        text.append("\nreruns of the job", style="bold")
+        for rerun in failure.job_reruns:
+            text.append("\n  ")
+            text.append(rerun_line(rerun))
     return text
 
 
@@ -82,7 +107,9 @@ def ranks_json(failure: Failure) -> dict[str, Any]:
                 "last_step": r.step,
                 "error": r.error,
                 "seconds_after_culprit": r.seconds,
+                "stderr_tail": r.stderr_tail,
             }
             for r in failure.ranks
         ],
+        "job_reruns": [rerun.to_json() for rerun in failure.job_reruns],
     }
