@@ -10,8 +10,9 @@
 #            not in the default list: it wants the machine to itself, run it alone, ~6 min)
 #   nan      the NaN/inf origin cuda tests (nan_tests: tests/test_nan.py -m cuda), then
 #            benchmarks/bench_nan.py (nan_bench)
-#   ranks    torchrun jobs: tests/test_ranks_cuda.py (2 ranks sharing the GPU over gloo; NCCL
-#            one GPU per rank where there are 2+ GPUs)
+#   ranks    torchrun jobs: tests/test_ranks_cuda.py (2 ranks sharing the GPU over gloo, the two
+#            jobs side by side, each maybe run twice: a rank that dies before reporting has the
+#            job rerun; NCCL one GPU per rank where there are 2+ GPUs); ~2 min, at most 5.5
 #   faults   issue #11: the memcheck cuda test, then record + shrink of the fault corpus cases
 #            (sparse ids, Triton int32 offsets, CuPy unchecked ids, cuBLAS status; FAULTS_CASES)
 # Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
@@ -106,9 +107,9 @@ stage_nan() {
 }
 
 stage_ranks() {
-    # one torchrun job at a time: every job's ranks share the one GPU
-    timeout -k 10 "${RANKS_LIMIT:-230}" python3 -m pytest -v -p no:cacheprovider -m cuda \
-        --timeout 220 tests/test_ranks_cuda.py >"$OUT/gpu_ranks.log" 2>&1
+    # the two gloo jobs run side by side on the one GPU (the fixture); -rA: their progress lines
+    timeout -k 10 "${RANKS_LIMIT:-330}" python3 -m pytest -v -rA -p no:cacheprovider -m cuda \
+        --timeout 300 tests/test_ranks_cuda.py >"$OUT/gpu_ranks.log" 2>&1
     echo "pytest exit $?" >>"$OUT/gpu_ranks.log"
     grep -hE "PASSED|FAILED|ERROR|SKIPPED|passed|failed|exit" "$OUT/gpu_ranks.log"
 }

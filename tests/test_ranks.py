@@ -162,7 +162,8 @@ def test_every_rank_records_into_its_own_folder(vocab_job):
         folder = rank_path(job, rank)
         record = json.loads((folder / "rank.json").read_text())
         assert record["rank"] == rank and record["world_size"] == 2 and record["restart"] == 0
-        assert (folder / "record.outcome.json").exists()
+        outcome = json.loads((folder / "record.outcome.json").read_text())
+        assert "early" not in outcome  # the final outcome replaced the one written at the fault
         assert RunDir(folder).read_trace() is not None
         steps = [r for r in RunDir(folder).read_trace() if r.get("type") == "step"]
         assert len(steps) == 5  # both ranks completed the 5 steps before rank 1's fault
