@@ -21,7 +21,7 @@ import signal
 from dataclasses import replace
 from typing import Any
 
-from reprocut.localize.crash import fatal_error
+from reprocut.localize.crash import fatal_error, faulthandler_location
 from reprocut.localize.failure import LocalizeOptions, Progress
 from reprocut.localize.localizer import localize
 from reprocut.localize.rerun import rerun
@@ -101,7 +101,8 @@ def died_how(run: RankRun) -> str:
 
 def crash_outcome(run: RankRun) -> dict[str, Any]:
     """What a rank that died without reporting left on disk, as the outcome rerun.py reads:
-    the step it was in (its trace's completed steps), the last one known complete, its error."""
+    the step it was in (its trace's completed steps), the last one known complete, its error
+    and the line its crashing thread was at (faulthandler's dump)."""
     steps = [r for r in RunDir(run.folder).read_trace() if r.get("type") == "step"]
     step = len(steps)
     known = max((int(r.get("healthy_through", -1)) for r in steps), default=-1)
@@ -110,10 +111,12 @@ def crash_outcome(run: RankRun) -> dict[str, Any]:
     fatal = fatal_error(run.result.stderr)
     if fatal:
         message += f": {fatal}"
+    where = faulthandler_location(run.result.stderr)  # the crashing thread's user line
     return {
         "step": step,
         "healthy_through": max(healthy, -1),
         "error": {"type": "Crash", "message": message, "code": None},
+        "surfaced_at": None if where is None else where.to_json(),
         "snapshots": [],
         "culprit": None,
     }
