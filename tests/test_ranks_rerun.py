@@ -11,6 +11,9 @@ report says what each run saw."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,14 @@ from reprocut.model.errors import ExitCode
 from reprocut.model.job import rank_path
 from reprocut.model.recording import Failure, RunDir
 from reprocut.record.launch import locate, parse_launch
-from reprocut.record.ranks import JobRequest, JobResult, RankRun, collect_ranks, node_id
+from reprocut.record.ranks import (
+    JobRequest,
+    JobResult,
+    RankRun,
+    collect_ranks,
+    end_ranks,
+    node_id,
+)
 from reprocut.record.runner import RunResult
 from reprocut.record.trace import TraceWriter
 
@@ -164,3 +174,23 @@ def test_the_rerun_window_ends_at_the_step_the_dead_rank_was_in(
     assert min(step, outcome["healthy_through"] + 1) == first_suspect  # as rerun.py reads it
     assert outcome["error"]["type"] == "Crash" and "Aborted" in outcome["error"]["message"]
     assert f"after {step} completed step(s)" in outcome["error"]["message"]
+
+
+def test_a_plain_rank_left_running_is_ended_with_the_job_but_not_a_stranger(tmp_path):
+    """A plain rank's process is the user's script, not reprocut's: end_ranks knows it by the
+    command its bootstrap started it with."""
+    command = [sys.executable, "-c", "import time; time.sleep(60)"]
+    plain = subprocess.Popen(command, start_new_session=True)
+    stranger = subprocess.Popen([*command, "--other"], start_new_session=True)
+    try:
+        folder = rank_path(tmp_path, 0)
+        folder.mkdir(parents=True)
+        record = {"node": "n", "pid": stranger.pid, "child_pid": plain.pid}
+        (folder / "rank.localize.json").write_text(json.dumps({**record, "child_command": command}))
+        end_ranks(tmp_path, "n", "localize")
+        assert plain.wait(timeout=10) == -signal.SIGKILL
+        assert stranger.poll() is None  # its pid is in the file, its command is not ours
+    finally:
+        for process in (plain, stranger):
+            process.kill()
+            process.wait()

@@ -172,8 +172,10 @@ def run_plain(
 ) -> tuple[int | None, int | None]:
     """The rank as torchrun starts it, without the recorder: (exit code, signal)."""
     target = ["-m", launch.module] if launch.module else [launch.argv0 or str(launch.script)]
+    command = [sys.executable, *launch.python_options, *target, *launch.args]
+    process.record["child_command"] = command  # how end_ranks knows it is still this process
     child = subprocess.Popen(
-        [sys.executable, *launch.python_options, *target, *launch.args],
+        command,
         cwd=cwd,
         env=child_env(False),  # as the recorded ranks ran: torch.compile off, faulthandler on
         stdin=subprocess.DEVNULL,

@@ -236,7 +236,7 @@ def end_ranks(job: Path, node: str, attempt: str = "record") -> None:
         if record is None or record.get("node") != node:
             continue
         for pid in (record.get("child_pid"), record.get("pid")):
-            if isinstance(pid, int) and _is_rank_process(pid):
+            if isinstance(pid, int) and _is_rank_process(pid, record.get("child_command")):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
 
@@ -246,14 +246,18 @@ def _restart_folders(job: Path) -> list[Path]:
     return [p for p in restarts.glob("*/*") if p.is_dir()] if restarts.is_dir() else []
 
 
-def _is_rank_process(pid: int) -> bool:
-    """A live process that is reprocut's (never a reused pid of someone else's)."""
+def _is_rank_process(pid: int, plain: list[str] | None = None) -> bool:
+    """A live process that is reprocut's, or the plain rank it started with the command
+    `plain` (never a reused pid of someone else's)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
-    return state != "Z" and b"reprocut.record." in cmdline
+    ours = b"reprocut.record." in cmdline
+    if plain:
+        ours = ours or cmdline.split(b"\0")[:-1] == [os.fsencode(arg) for arg in plain]
+    return state != "Z" and ours
 
 
 def _wait_for_nodes(run_dir: RunDir, timeout: float | None) -> int:
