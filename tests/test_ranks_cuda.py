@@ -28,8 +28,10 @@ pytestmark = pytest.mark.cuda
 CASES = ("ddp_grown_vocab", "ddp_label_shard")
 
 
-def record_cuda(cwd: Path, name: str, backend: str = "gloo") -> dict[str, Any]:
-    return record_job(
+def record_cuda(
+    cwd: Path, name: str, backend: str = "gloo", port: int | None = None
+) -> dict[str, Any]:
+    report = record_job(
         cwd,
         *TORCHRUN_MODULE,
         "--nproc-per-node",
@@ -37,11 +39,12 @@ def record_cuda(cwd: Path, name: str, backend: str = "gloo") -> dict[str, Any]:
         "--rdzv-backend",
         "c10d",
         "--rdzv-endpoint",
-        f"localhost:{free_port()}",
+        f"localhost:{port or free_port()}",
         str(DISTRIBUTED / name / "train.py"),
         options=("--timeout", "120"),
         env={"DEVICE": "cuda", "BACKEND": backend},
     )
+    return {**report, "_cwd": str(cwd)}
 
 
 def what_ranks_saw(report: dict[str, Any]) -> str:
@@ -88,12 +91,16 @@ def assert_cuda_truth(report: dict[str, Any], name: str) -> None:
 
 @pytest.fixture(scope="module")
 def cuda_jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    folders = {name: tmp_path_factory.mktemp(name) for name in CASES}
+    ports: set[int] = set()
+    while len(ports) < len(CASES):  # one rendezvous port each: the jobs run side by side
+        ports.add(free_port())
     with ThreadPoolExecutor(max_workers=len(CASES)) as pool:
-        jobs = {name: pool.submit(record_cuda, folders[name], name) for name in CASES}
+        jobs = {
+            name: pool.submit(record_cuda, tmp_path_factory.mktemp(name), name, port=port)
+            for name, port in zip(CASES, sorted(ports), strict=True)
+        }
         reports = {name: job.result() for name, job in jobs.items()}
     for name, report in reports.items():
-        report["_cwd"] = str(folders[name])
         print(f"{name}: exit {report['_code']}, {report.get('localization')}\n{report['_stderr']}")
     return reports
 
@@ -124,5 +131,4 @@ def test_nccl_one_gpu_per_rank_names_the_faulting_rank(tmp_path):
     if torch.cuda.device_count() < 2:  # NVML-based (conftest): CUDA stays untouched here
         pytest.skip("NCCL needs one GPU per rank (issue #16)")
     report = record_cuda(tmp_path, "ddp_grown_vocab", backend="nccl")
-    report["_cwd"] = str(tmp_path)
     assert_cuda_truth(report, "ddp_grown_vocab")

@@ -38,7 +38,7 @@ def job_config(attempt: str = "record") -> str:
     return JOB_CONFIG if attempt == "record" else f"rank.{attempt}.config.json"
 
 
-def tail_of(text: str, lines: int = 25, chars: int = 3000) -> str:
+def tail_of(text: str, lines: int = 40, chars: int = 4000) -> str:
     """The end of a rank's stderr, enough to tell how it died (faulthandler's stacks, a fatal
     error, a kernel assertion) without holding the whole log."""
     tail = "\n".join(text.rstrip().splitlines()[-lines:])
