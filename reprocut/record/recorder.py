@@ -183,12 +183,8 @@ class Recorder:
     def _end_step(self) -> None:
         if os.getpid() != self._pid:
             return  # a forked DataLoader worker: the parent owns the trace
-        self.trace.write_step(
-            self.state.step,
-            self.ops,
-            every_op=self._dispatch_mode.active,
-            healthy_through=self.healthy_through,
-        )
+        every_op, healthy = self._dispatch_mode.active, self.healthy_through
+        self.trace.write_step(self.state.step, self.ops, every_op=every_op, healthy_through=healthy)
         asserting_key = hash(tuple(op for op in self.ops if op[0] in ASSERTING_OPS))
         layout_changed = asserting_key != self._asserting_key
         self._asserting_key = asserting_key
