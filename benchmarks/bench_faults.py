@@ -59,6 +59,7 @@ class Reduced:
     """One reducer's result on one case."""
 
     seconds: float | None = None
+    reduce_seconds: float | None = None  # reprocut: the reduction alone (its `phases`)
     checks: int | None = None
     lines: int | None = None
     verified: bool | None = None  # a plain `python repro.py` failed with the case's signature
@@ -131,8 +132,11 @@ def run_reprocut_shrink(
     if repro.exists() and source is not None:
         verified = plain_verified(repro, (), source, options.check_timeout * 2)
     status = "killed at the harness limit" if shrunk.timed_out else str(data.get("status", "?"))
+    phases = data.get("phases") or {}
+    reduce = phases.get("source_reduce", phases.get("shrink"))
     return shrunk, Reduced(
         seconds=round(shrunk.seconds, 1),
+        reduce_seconds=None if reduce is None else round(reduce, 1),
         checks=data.get("checks"),
         lines=count_lines(repro.read_text()) if repro.exists() else None,
         verified=verified,
@@ -243,12 +247,14 @@ def render(rows: list[FaultRow], meta: dict[str, Any]) -> str:
         "`verified`: the repro, run once more as a plain `python repro.py` (no "
         "CUDA_LAUNCH_BLOCKING) from where it was written, failed with case.toml's signature; "
         "in brackets shrink's own plain runs. `shrink s`: wall time of `reprocut shrink` (fork "
-        "server, reduction, verification, compute-sanitizer, report). `lines`: non-blank lines of "
+        "server, the script's probe runs, reduction, verification, compute-sanitizer, report); "
+        "`reduce s`: the reduction alone. `lines`: non-blank lines of "
         "repro.py, its header included (statements in brackets).",
         "",
-        "| case | localized | facts | verified | shrink s | checks | lines | compute-sanitizer "
-        "| generic verified | generic s | generic checks | generic lines | notes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| case | localized | facts | verified | shrink s | reduce s | checks | lines "
+        "| compute-sanitizer | generic verified | generic s | generic checks | generic lines "
+        "| notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         r, g = row.reprocut, row.generic
@@ -259,6 +265,7 @@ def render(rows: list[FaultRow], meta: dict[str, Any]) -> str:
         lines.append(
             f"| {row.case} | {MARK[row.localized]} | {MARK[row.score.facts]} | "
             f"{MARK[r.verified]}{runs} | {MARK[None] if r.seconds is None else r.seconds} | "
+            f"{MARK[None] if r.reduce_seconds is None else r.reduce_seconds} | "
             f"{MARK[None] if r.checks is None else r.checks} | "
             f"{MARK[None] if r.lines is None else r.lines}{statements} | {sanitizer_cell(row)} | "
             f"{MARK[g.verified]} | {MARK[None] if g.seconds is None else g.seconds} | "
@@ -268,7 +275,8 @@ def render(rows: list[FaultRow], meta: dict[str, Any]) -> str:
     done = [row for row in rows if row.reprocut.verified]
     lines += [
         "",
-        f"**Median shrink time: reprocut {_seconds(r_median)}, generic reducer "
+        f"**Median shrink time: reprocut {_seconds(r_median)} (reduction alone "
+        f"{_seconds(_median([r.reprocut.reduce_seconds for r in rows]))}), generic reducer "
         f"{_seconds(g_median)}.** "
         f"Localized right {sum(r.localized for r in rows)}/{len(rows)}, verified repros "
         f"{len(done)}/{len(rows)} (generic {sum(bool(r.generic.verified) for r in rows)}), "
@@ -348,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
         done = list(pool.map(one, cases))
-    meta["wall_seconds"] = round(time.perf_counter() - started, 1)
+    shutil.rmtree(
+        root, ignore_errors=True
+    )  # what matters was copied to OUT/faults/    meta["wall_seconds"] = round(time.perf_counter() - started, 1)
     markdown = write(sorted(done, key=lambda r: r.case), meta, options.out)
     print(markdown.read_text())
     print(f"wrote {markdown}")

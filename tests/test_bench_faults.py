@@ -37,22 +37,25 @@ def test_the_table_shows_the_sanitizer_finding_and_the_median_shrink_time():
             "cuda_cupy_hashed_ids",
             "ids",
             score("cuda_cupy_hashed_ids", statements=9),
-            Reduced(40.0, 12, 21, True, "verified", "3/3", found),
-            Reduced(60.0, 3, None, None, "stopped at the time limit"),
+            Reduced(40.0, 9.5, 12, 21, True, "verified", "3/3", found),
+            Reduced(60.0, None, 3, None, None, "stopped at the time limit"),
         ),
         FaultRow(
             "cuda_cublas_lda_stride0",
             "status",
             score("cuda_cublas_lda_stride0", line=False),
-            Reduced(20.0, 5, 15, False, "not-reproduced", "0/3"),
+            Reduced(20.0, 4.0, 5, 15, False, "not-reproduced", "0/3"),
         ),
     ]
     meta = {"device": "cuda", "date": "2026-12-01", "command": "bench", "max_time": 60,
             "check_timeout": 30, "device_name": "H200"}  # fmt: skip
     table = render(rows, meta)
     (hashed,) = [line for line in table.splitlines() if line.startswith("| cuda_cupy")]
-    assert "| ✓ | ✓ | ✓ (3/3) | 40.0 | 12 | 21 (9) | ✓ Invalid __global__ read" in hashed
+    assert "| ✓ | ✓ | ✓ (3/3) | 40.0 | 9.5 | 12 | 21 (9) | ✓ Invalid __global__ read" in hashed
     (blas,) = [line for line in table.splitlines() if line.startswith("| cuda_cublas")]
     assert "| ✗ | ✓ | ✗ (0/3) |" in blas and "· (not a memory error)" in blas
-    assert "Median shrink time: reprocut 30.0 s, generic reducer 60.0 s" in table
+    assert (
+        "Median shrink time: reprocut 30.0 s (reduction alone 6.8 s), generic reducer 60.0 s"
+        in table
+    )
     assert "### cuda_cupy_hashed_ids" in table and "128.0 TiB past `table`" in table
