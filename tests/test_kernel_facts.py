@@ -122,3 +122,48 @@ def test_record_reads_the_ids_reaching_a_library_launched_kernel(recorded: dict)
         "id max 1099511627783 ≥ 64 rows of `table` at [7, 3]",
         "row 1099511627783 starts 16.0 TiB past the end of `table`",
     ]
+
+
+TRITON_LIKE = """\
+import torch
+
+
+class Launcher:  # a JIT kernel's `kernel[grid]`: its offsets wrap past 2**31 (as Triton's do)
+    def __getitem__(self, grid):
+        def launch(x, out, n, scale, BLOCK):
+            if grid[0] * BLOCK > 2**31:
+                raise RuntimeError("an illegal memory access was encountered")
+        return launch
+
+
+scale_kernel = Launcher()
+
+
+def scale(logits, n):
+    out = torch.empty_like(logits)
+    grid = ((n + 1023) // 1024,)
+    scale_kernel[grid](logits, out, n, 0.5, BLOCK=1024)
+
+
+x = torch.zeros(1).expand(4096)
+for n in (4096, 2_489_319_424):
+    scale(x, n)
+"""
+
+
+def test_probe_launch_reads_the_grid_keywords_and_numbers_of_a_subscripted_launch(tmp_path: Path):
+    from reprocut.source.probe import probe_launch
+
+    script = tmp_path / "train.py"
+    script.write_text(TRITON_LIKE)
+    focus = "scale_kernel[grid](logits, out, n, 0.5, BLOCK=1024)"
+    line = TRITON_LIKE.splitlines().index("    " + focus) + 1
+    probed = probe_launch(script, cwd=tmp_path, argv=[], file=script, line=line, focus=focus)
+    assert probed.launch == LaunchValues(
+        args=(None, None, 2_489_319_424, 0.5),
+        keywords=(("BLOCK", 1024),),
+        grid=(2_430_976,),
+        library="__main__",
+    )
+    facts = kernel_facts(probed, [("logits", probed.args[0]), ("out", probed.args[1])])
+    assert list(facts) == ["logits"] and "wrap negative from program 2097152" in facts["logits"][0]
