@@ -1,11 +1,12 @@
 """Where `reprocut record` spends its time on a launch-bound loop: per-step cost, and a profile.
 
     python benchmarks/profile_record.py [--device cuda] [--steps 300] [--rounds 3] [--out FILE]
+        [--base DIR]   # also time another checkout's reprocut (DIR holds its package), A/B
 
 Runs the launch-bound workload's model (benchmarks/workloads/launch_bound.py: a small MLP, Adam)
 in this process under the Recorder as the child builds it (light steps on GPU runs), plain,
 recorded, and recorded with `--nan`, each in a fresh process, `rounds` times interleaved; the
-best ms per step of each. Then one profiled run of each recorded way: reprocut's own functions by
+best and median ms per step of each. Then one profiled run of each recorded way: reprocut's own functions by
 time spent in them and by cumulative time. The profile inflates Python's share; the per-step
 figures come from the unprofiled runs. Writes markdown (with machine and date) to --out.
 """
@@ -16,8 +17,10 @@ import argparse
 import cProfile
 import datetime as dt
 import io
+import os
 import platform
 import pstats
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -90,6 +93,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--base", type=Path, help="a folder holding another reprocut package")
     parser.add_argument("--child", choices=WAYS, help=argparse.SUPPRESS)
     parser.add_argument("--profile", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -98,30 +102,42 @@ def main() -> None:
         return
     base = [sys.executable, __file__, "--device", args.device, "--steps", str(args.steps)]
 
-    def child(way: str, profile: Path | None = None) -> float:
+    def child(way: str, profile: Path | None = None, path: Path | None = None) -> float:
         extra = ["--profile", str(profile)] if profile else []
+        env = dict(os.environ)
+        if path is not None:  # the other checkout's package first on the path
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(path), env.get("PYTHONPATH")]))
         done = subprocess.run(
-            [*base, "--child", way, *extra], capture_output=True, text=True, timeout=300
+            [*base, "--child", way, *extra], capture_output=True, text=True, timeout=300, env=env
         )
         if done.returncode != 0:
             raise SystemExit(f"{way} failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
         return float(done.stdout.split("STEP_SECONDS")[-1])
 
-    best = {way: float("inf") for way in WAYS}
+    runs = [(way, None) for way in WAYS]
+    if args.base is not None:
+        runs += [(way, args.base) for way in WAYS[1:]]
+    seconds: dict[str, list[float]] = {label(w, p): [] for w, p in runs}
     for _ in range(args.rounds):  # interleaved: drift hits every way alike
-        for way in WAYS:
-            best[way] = min(best[way], child(way))
+        for way, path in runs:
+            seconds[label(way, path)].append(child(way, path=path))
+    plain = min(seconds["plain"])
     lines = [
         f"# Where `reprocut record` spends its time: launch-bound loop ({args.device})",
         "",
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {device_label(args.device)}, "
-        f"Python {platform.python_version()}; {args.steps} steps, best of {args.rounds} rounds.",
+        f"Python {platform.python_version()}; {args.steps} steps, {args.rounds} rounds "
+        "interleaved.",
         "",
-        "| way | ms per step | vs plain |",
-        "|---|---|---|",
+        "| way | best ms per step | vs plain | median ms per step |",
+        "|---|---|---|---|",
     ]
-    for way in WAYS:
-        lines.append(f"| {way} | {best[way] * 1e3:.3f} | {best[way] / best['plain']:.2f}x |")
+    for name, values in seconds.items():
+        best = min(values)
+        lines.append(
+            f"| {name} | {best * 1e3:.3f} | {best / plain:.2f}x | "
+            f"{statistics.median(values) * 1e3:.3f} |"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         for way in WAYS[1:]:
             profile = Path(tmp) / f"{way}.prof"
@@ -132,6 +148,10 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text)
+
+
+def label(way: str, path: Path | None) -> str:
+    return way if path is None else f"{way} ({path})"
 
 
 def device_label(device: str) -> str:
