@@ -167,11 +167,17 @@ os._exit(0)
 """
 
 
-def fresh_signature(script: Path, argv: tuple[str, ...], timeout: float) -> Signature | None:
-    """Run `python script argv...` from its folder; the signature of its failure, or None."""
+def fresh_signature(
+    script: Path, argv: tuple[str, ...], timeout: float, *, blocking: bool = True
+) -> Signature | None:
+    """Run `python script argv...` from its folder (with CUDA_LAUNCH_BLOCKING=1 unless not
+    `blocking`: a plain run); the signature of its failure, or None."""
     with tempfile.TemporaryDirectory(prefix="bench-source-") as tmp:
         result = Path(tmp) / "result.json"
-        env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        env.pop("CUDA_LAUNCH_BLOCKING", None)
+        if blocking:
+            env["CUDA_LAUNCH_BLOCKING"] = "1"
         process = subprocess.Popen(
             [sys.executable, "-c", RUNNER, str(result), str(script), *argv],
             cwd=script.parent,

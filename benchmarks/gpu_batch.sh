@@ -13,8 +13,11 @@
 #   ranks    torchrun jobs: tests/test_ranks_cuda.py (2 ranks sharing the GPU over gloo, the two
 #            jobs side by side, each maybe run twice: a rank that dies before reporting has the
 #            job rerun; NCCL one GPU per rank where there are 2+ GPUs); ~2 min, at most 5.5
-#   faults   issue #11: the memcheck cuda test, then record + shrink of the fault corpus cases
-#            (sparse ids, Triton int32 offsets, CuPy unchecked ids, cuBLAS status; FAULTS_CASES)
+#   faults   issue #11 (~5 min, at most FAULTS_LIMIT): the memcheck cuda tests beside
+#            benchmarks/bench_faults.py: record + shrink of the 8 custom-kernel / library-error
+#            corpus cases (FAULTS_JOBS at once), each shrink beside the generic reducer with the
+#            same limit (FAULTS_MAX_TIME s); shrinkray comes from $SHRINKRAY, PATH, or the wheels
+#            carried in .whl/shrinkray (installed into a virtual environment of its own)
 # Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
 # (*_LIMIT, seconds); logs and result files go to $OUT (or benchmarks/results/logs).
 set -u
@@ -114,18 +117,40 @@ stage_ranks() {
     grep -hE "PASSED|FAILED|ERROR|SKIPPED|passed|failed|exit" "$OUT/gpu_ranks.log"
 }
 
+install_shrinkray() {
+    # the generic reducer for bench_faults.py, in an environment of its own, so its rich and
+    # libcst do not replace the ones reprocut runs on; nothing when it is there or not carried
+    if [ -n "${SHRINKRAY:-}" ] || command -v shrinkray >/dev/null || [ ! -d .whl/shrinkray ]; then
+        return 0
+    fi
+    local log="$OUT/shrinkray_install.log" venv=/tmp/reprocut-shrinkray
+    if python3 -m venv "$venv" >>"$log" 2>&1 &&
+        "$venv/bin/pip" install -q --no-index --find-links .whl/shrinkray shrinkray >>"$log" 2>&1; then
+        export SHRINKRAY="$venv/bin/shrinkray"
+    elif python3 -m pip install -q --no-index --find-links .whl/shrinkray --target "$venv-lib" \
+        shrinkray >>"$log" 2>&1; then  # no venv module: a folder of its own and a launcher
+        printf '#!/bin/sh\nPYTHONPATH=%s exec python3 -m shrinkray "$@"\n' "$venv-lib" >"$venv-run"
+        chmod +x "$venv-run"
+        export SHRINKRAY="$venv-run"
+    fi
+    echo "shrinkray: ${SHRINKRAY:-not installed}" >>"$log"
+}
+
 stage_faults() {
-    # not in the default STAGES: run it with STAGES=faults (4-5 minutes; at most 7)
+    # not in the default STAGES: run it with STAGES=faults, alone (~5 minutes; at most 7)
+    install_shrinkray
     timeout -k 10 "${FAULTS_TESTS_LIMIT:-120}" python3 -m pytest -v -p no:cacheprovider -m cuda \
-        --timeout 110 tests/test_sanitizer.py >"$OUT/gpu_faults_tests.log" 2>&1
+        --timeout 110 tests/test_sanitizer.py >"$OUT/gpu_faults_tests.log" 2>&1 &
+    local tests=$!
+    timeout -k 10 "${FAULTS_LIMIT:-420}" python3 benchmarks/bench_faults.py --device cuda \
+        --jobs "${FAULTS_JOBS:-8}" --max-time "${FAULTS_MAX_TIME:-60}" --check-timeout 30 \
+        --record-timeout 150 --tail 180 --out "$OUT" ${FAULTS_CASES:+--cases $FAULTS_CASES} \
+        >"$OUT/bench_faults.log" 2>&1
+    echo "bench_faults exit $?" >>"$OUT/bench_faults.log"
+    wait "$tests"
     echo "pytest exit $?" >>"$OUT/gpu_faults_tests.log"
     grep -hE "PASSED|FAILED|ERROR|SKIPPED|passed|failed|exit" "$OUT/gpu_faults_tests.log"
-    timeout -k 10 "${FAULTS_LIMIT:-300}" python3 benchmarks/run_corpus.py --device cuda \
-        --jobs "${FAULTS_JOBS:-4}" --timeout "${FAULTS_TIMEOUT:-120}" --out "$OUT" --tag faults \
-        --cases ${FAULTS_CASES:-gnn_sparse_adjacency cuda_triton_int32_offsets cuda_cupy_hashed_ids cuda_cublas_transposed_keys} \
-        >"$OUT/faults_corpus.log" 2>&1
-    echo "faults corpus exit $?" >>"$OUT/faults_corpus.log"
-    tail -8 "$OUT/faults_corpus.log"
+    grep -hE "^\| |Median|exit" "$OUT/bench_faults.log" | tail -14
 }
 
 for stage in $STAGES; do

@@ -1,10 +1,12 @@
-"""Train a two-layer GCN on a growing citation graph held as a sparse adjacency (CPU or CUDA).
+"""Train a two-layer GCN on subgraphs sampled from a large citation graph (CPU or CUDA).
 
-Bug: the crawler adds papers every few steps; `graph_batch` builds the normalized adjacency with
-the node count of the feature matrix, but from step 7 on the edge list already cites papers
-whose features have not been fetched yet (ids >= num_nodes). The COO constructor does not check
-its indices, so torch.sparse.mm reads past the feature matrix: on CPU it raises at once
-("index out of column bound"), on CUDA cuSPARSE faults with an illegal memory access.
+Each step samples 1200 papers of a 111M-paper crawl (ogbn-papers100M scale) and relabels the
+citations among them from global paper ids to rows of the sampled feature matrix. Bug: from step
+7 on, the crawler appends citations to papers outside the sample, and `to_local` keeps an id it
+cannot find as it is ("fetched later"), so global ids up to ~1.1e8 enter a 1200 x 1200 sparse
+adjacency. The COO constructor does not check its indices: on CPU torch.sparse.mm raises at once
+("index out of column bound"); on CUDA cuSPARSE reads ~1e8 rows past the feature matrix,
+outside any allocation, and faults with an illegal memory access.
 """
 
 from __future__ import annotations
@@ -16,20 +18,37 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 FEATURES, CLASSES, NODES = 32, 5, 1200
+TOTAL_PAPERS = 111_059_956  # papers in the whole crawl
+
+
+def sample_subgraph(
+    step: int, g: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Global ids of the sampled papers (sorted) and the citations among them, as global ids."""
+    sample = torch.randint(0, TOTAL_PAPERS, (NODES,), generator=g).unique()
+    edges = 6000 + 100 * step
+    src = sample[torch.randint(0, sample.numel(), (edges,), generator=g)]
+    dst = sample[torch.randint(0, sample.numel(), (edges,), generator=g)]
+    if step >= 7:  # newly crawled citations, to papers outside the sample
+        dst[-40:] = torch.randint(0, TOTAL_PAPERS, (40,), generator=g)
+    return sample, src, dst
+
+
+def to_local(sample: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Global paper ids -> rows of the sampled feature matrix."""
+    local = torch.searchsorted(sample, ids)
+    found = sample[local.clamp(max=sample.numel() - 1)] == ids
+    return torch.where(found, local, ids)  # not in the sample: kept as is, to be fetched later
 
 
 def graph_batch(step: int, device: str):
-    """Features, normalized adjacency (sparse COO) and labels of the graph as crawled by `step`."""
+    """Features, normalized adjacency (sparse COO) and labels of the subgraph sampled at `step`."""
     g = torch.Generator().manual_seed(step)
-    nodes = NODES
-    edges = 6000 + 100 * step
-    src = torch.randint(0, nodes, (edges,), generator=g)
-    dst = torch.randint(0, nodes, (edges,), generator=g)
-    if step >= 7:  # newly crawled citations point at papers not fetched yet
-        dst[-40:] = torch.randint(nodes, nodes + 50, (40,), generator=g)
+    sample, src, dst = sample_subgraph(step, g)
+    nodes = sample.numel()
     loops = torch.arange(nodes)
-    rows = torch.cat([src, loops])
-    cols = torch.cat([dst, loops])
+    rows = torch.cat([to_local(sample, src), loops])
+    cols = torch.cat([to_local(sample, dst), loops])
     degree = torch.bincount(rows, minlength=nodes).clamp(min=1).float()
     weights = 1.0 / degree[rows]
     adj = torch.sparse_coo_tensor(torch.stack([rows, cols]), weights, (nodes, nodes))

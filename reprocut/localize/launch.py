@@ -18,7 +18,8 @@ from reprocut.localize.failure import (
     location,
     signature_of,
 )
-from reprocut.model.case import SourceLocation
+from reprocut.localize.kernel_facts import kernel_facts
+from reprocut.model.case import SourceLocation, TensorSpec
 from reprocut.model.recording import Failure, TensorReport
 from reprocut.record.runner import RunResult
 from reprocut.report.diagnosis import DIAGNOSES, layout_facts
@@ -66,9 +67,10 @@ def outside_dispatcher(
 def _launch_inputs(
     options: LocalizeOptions, launch: SourceLocation
 ) -> tuple[str | None, tuple[TensorReport, ...]]:
-    """The launched kernel's name and the tensors reaching the launch, with their layout facts,
-    read by one more run stopped where the launch raises (`reprocut.source.probe.probe_launch`);
-    nothing when they cannot be read."""
+    """The launched kernel's name and the tensors reaching the launch, with their layout facts
+    and the facts their values show (ids against the table's rows, int32 offsets), read by one
+    more run stopped where the launch raises (`reprocut.source.probe.probe_launch`); nothing
+    when they cannot be read."""
     from reprocut.source.probe import call_argument_sources, probe_launch, statement_text
 
     path = Path(launch.file)
@@ -85,8 +87,13 @@ def _launch_inputs(
         timeout=options.timeout or 600.0,
     )
     named = [*zip(call_argument_sources(focus), probed.args, strict=False), *probed.params]
-    reports: dict[str, TensorReport] = {}
+    tensors: dict[str, TensorSpec] = {}
     for name, spec in named:
-        if spec is not None and name not in reports:
-            reports[name] = TensorReport(name, spec, layout_facts(spec))
-    return probed.kernel, tuple(reports.values())
+        if spec is not None:
+            tensors.setdefault(name, spec)
+    values = kernel_facts(probed, list(tensors.items()))
+    reports = [
+        TensorReport(name, spec, (*layout_facts(spec), *values.get(name, ())))
+        for name, spec in tensors.items()
+    ]
+    return probed.kernel, tuple(reports)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any
 
@@ -60,12 +61,59 @@ def is_user_file(filename: str) -> bool:
     return not filename.startswith(_LIBRARY_DIRS) and "site-packages" not in filename
 
 
+_USER, _CALLER, _TORCH = 1, 2, 4
+
+
+@dataclass(slots=True)
+class StackView:
+    """What a snapshot needs from the stack, found in one walk: on a launch-bound GPU loop
+    every asserting op takes one, and three walks cost as much as the copies themselves."""
+
+    user: list[tuple[FrameType, int]] = field(default_factory=list)  # innermost first
+    caller: tuple[FrameType, int] | None = None  # innermost not torch's, reprocut's, stdlib's
+    library: FrameType | None = None  # outermost torch frame inside the innermost user frame
+
+    def source(self) -> SourceLocation | None:
+        if not self.user:
+            return None
+        frame, line = self.user[0]
+        return SourceLocation(frame.f_code.co_filename, line, function=frame.f_code.co_name)
+
+    def call_site(self) -> SourceLocation | None:
+        if self.caller is None:
+            return None
+        frame, line = self.caller
+        return SourceLocation(frame.f_code.co_filename, line, function=frame.f_code.co_name)
+
+
 class UserFrames:
     """Finds the innermost stack frame in the user's own files (cached per code object)."""
 
     def __init__(self) -> None:
         self._is_user: dict[Any, bool] = {}
         self._is_caller: dict[Any, bool] = {}
+        self._kinds: dict[Any, int] = {}
+
+    def view(self, frame: FrameType | None) -> StackView:
+        """The user frames, call site and public library frame from `frame` outward."""
+        view = StackView()
+        kinds = self._kinds
+        library = None
+        while frame is not None:
+            code = frame.f_code
+            kind = kinds.get(code)
+            if kind is None:
+                kind = kinds[code] = _kind_of(code.co_filename)
+            if kind & _CALLER and view.caller is None:
+                view.caller = (frame, frame.f_lineno)
+            if kind & _USER:
+                if not view.user:
+                    view.library = library
+                view.user.append((frame, frame.f_lineno))
+            elif kind & _TORCH and not view.user:
+                library = frame
+            frame = frame.f_back
+        return view
 
     def is_user(self, code: CodeType) -> bool:
         user = self._is_user.get(code)
@@ -105,6 +153,15 @@ class UserFrames:
                 found = SourceLocation(code.co_filename, tb.tb_lineno, function=code.co_name)
             tb = tb.tb_next
         return found
+
+
+def _kind_of(filename: str) -> int:
+    kind = _USER if is_user_file(filename) else 0
+    if is_caller_file(filename):
+        kind |= _CALLER
+    if filename.startswith(_TORCH_DIR):
+        kind |= _TORCH
+    return kind
 
 
 _OVERRIDES = os.path.join(_TORCH_DIR, "overrides.py")

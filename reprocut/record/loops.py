@@ -89,6 +89,10 @@ class LoopCounters:
             frame = frame.f_back
         return self._counters(reversed(stack))
 
+    def from_view(self, user: list[tuple[FrameType, int]]) -> dict[str, int]:
+        """The counters of a StackView's user frames (innermost first there)."""
+        return self._counters(reversed(user))
+
     def from_traceback(self, tb: TracebackType | None) -> dict[str, int]:
         """The counters of the user frames a traceback passed through (outermost first)."""
         stack: list[tuple[FrameType, int]] = []

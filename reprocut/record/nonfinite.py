@@ -1,25 +1,28 @@
-"""Inside the user's process, with `--nan`: did this step make a NaN or inf? One flag per step.
+"""Inside the user's process, with `--nan`: did this step make a NaN or inf? One read per step.
 
 Checking every op's output costs a host sync per op. Instead, what a step hands on (the losses
 given to backward, the gradients before the optimizer, the parameters after it, the outputs of
-top-level modules) is reduced on the device to one flag per check (`_foreach_norm` with
-ord=inf: no overflow, and NaN propagates), and the step's flags to one bool. On the CPU it is
-read at the step's end; on CUDA it is copied to pinned memory behind an event and read once the
-event reports completion, so no step waits for the GPU. The first step whose flag flipped is what
-the localizer reruns op by op (finite_watch.py). A run that goes on after it is stopped
-GRACE_STEPS later with NonfiniteStop: a NaN loss does not end a training script by itself.
+top-level modules) is reduced on the device by one `_foreach_norm(ord=inf)` launch per check
+and dtype (no overflow, and NaN propagates); at the step's end the norms are stacked into one
+tensor per device. On the CPU it is read there; on CUDA it is copied to pinned memory behind an
+event and read once the event reports completion, so no step waits for the GPU. Everything else
+(isfinite, which check flipped) happens on the host: on a launch-bound loop each launch counts.
+The first step whose norms are not all finite is what the localizer reruns op by op
+(finite_watch.py). A run that goes on after it is stopped GRACE_STEPS later with NonfiniteStop:
+a NaN loss does not end a training script by itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
 GRACE_STEPS = 5  # steps a run may go on after its first non-finite step, to see where it ends
-MAX_FLAGS_PER_STEP = 256
+MAX_NORMS_PER_STEP = 4096
 
 
 class NonfiniteStop(BaseException):
@@ -28,11 +31,26 @@ class NonfiniteStop(BaseException):
     A BaseException, so the user's `except Exception` does not swallow it."""
 
 
-@contextlib.contextmanager
-def unrecorded() -> Iterator[None]:
-    """Work that is reprocut's own: no mode sees it and autograd does not record it."""
-    with torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction(), torch.no_grad():
-        yield
+class unrecorded:  # lower case: used like a function, `with unrecorded():`
+    """Work that is reprocut's own: no mode sees it and autograd does not record it.
+
+    A class, not a generator context manager: it runs several times per step on the hot path,
+    where contextlib's machinery and `torch.no_grad()` cost more than the work inside."""
+
+    __slots__ = ("_dispatch", "_function", "_grad")
+
+    def __enter__(self) -> None:
+        self._dispatch = torch._C._DisableTorchDispatch()
+        self._function = torch._C.DisableTorchFunction()
+        self._dispatch.__enter__()
+        self._function.__enter__()
+        self._grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+
+    def __exit__(self, *exc: object) -> None:
+        torch._C._set_grad_enabled(self._grad)
+        self._function.__exit__(None, None, None)
+        self._dispatch.__exit__(None, None, None)
 
 
 def floating_tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -60,52 +78,53 @@ def watch_backward(flags: StepFlags) -> Callable[..., Any]:
     return original
 
 
-def nonfinite_flag(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    """One 0-dim bool tensor per device: True where some element is NaN or inf. No host sync."""
+def step_norms(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """The max-abs norm of each tensor, as 0-dim tensors on its device: one launch per device
+    and dtype, no host sync. A norm is finite exactly when its tensor is."""
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for tensor in tensors:
-        groups.setdefault((tensor.device, tensor.dtype), []).append(tensor.detach())
-    flags: dict[torch.device, torch.Tensor] = {}
+        groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+    norms: list[torch.Tensor] = []
     with unrecorded():
-        for (device, _), group in groups.items():
-            norms = torch._foreach_norm(group, float("inf"))
-            bad = torch.stack(norms).isfinite().logical_not().any()
-            flags[device] = bad if device not in flags else flags[device] | bad
-    return list(flags.values())
+        for group in groups.values():
+            norms.extend(torch._foreach_norm(group, float("inf")))
+    return norms
 
 
 class StepFlags:
-    """The per-step non-finite flags of one run, and the first step that raised one."""
+    """The per-step non-finite checks of one run, and the first step that failed one."""
 
     def __init__(self, *, stop_after: int | None = GRACE_STEPS) -> None:
         self.stop_after = stop_after  # steps after the first flagged one; None: never stop
         self.first_step: int | None = None
-        self.checked_through = -1  # the last step whose flag has been read
+        self.checked_through = -1  # the last step whose norms have been read
         self.stopped_at: int | None = None
-        self._current: list[torch.Tensor] = []
+        self._norms: list[torch.Tensor] = []  # the current step's, 0-dim, on their devices
+        self._what: list[str] = []  # which check each norm is for ("gradients", ...)
         self._pending: list[tuple[int, list[torch.Tensor], Any, list[str]]] = []
-        self.what: str | None = None  # which check flipped first ("gradients", ...)
-        self._what_current: list[str] = []
+        self.what: str | None = None  # which check flipped first
 
     # --- what the recorder hands over ---------------------------------------------------------
 
     def watch(self, what: str, tensors: Iterable[torch.Tensor]) -> None:
-        found = [t for t in tensors if t.is_floating_point() and t.numel()]
-        if found:
-            flags = nonfinite_flag(found)
-            self._current.extend(flags)
-            self._what_current.extend(what for _ in flags)
-        if len(self._current) > MAX_FLAGS_PER_STEP:  # a loop with no step boundary: fold them
+        norms = step_norms(t for t in tensors if t.is_floating_point() and t.numel())
+        self._norms.extend(norms)
+        self._what.extend([what] * len(norms))
+        if len(self._norms) > MAX_NORMS_PER_STEP:  # a loop with no step boundary: fold them
             self._fold()
 
     def _fold(self) -> None:
-        folded: dict[torch.device, torch.Tensor] = {}
+        """One 0-dim float per device, NaN where some norm was not finite."""
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        for norm in self._norms:
+            by_device.setdefault(norm.device, []).append(norm)
         with unrecorded():
-            for flag in self._current:
-                seen = folded.get(flag.device)
-                folded[flag.device] = flag if seen is None else seen | flag
-        self._current = list(folded.values())
-        self._what_current = [" or ".join(dict.fromkeys(self._what_current))] * len(folded)
+            folded = [
+                torch.where(torch.stack(norms).isfinite().all(), 0.0, float("nan"))
+                for norms in by_device.values()
+            ]
+        self._norms = folded
+        self._what = [" or ".join(dict.fromkeys(self._what))] * len(folded)
 
     def watch_loss(self, tensors: Any) -> None:
         self.watch("loss", floating_tensors(tensors))
@@ -154,15 +173,15 @@ class StepFlags:
             self._read(block=True)
 
     def _queue(self, step: int) -> None:
-        if not self._current:
+        if not self._norms:
             return
         by_device: dict[torch.device, list[int]] = {}
-        for i, flag in enumerate(self._current):
-            by_device.setdefault(flag.device, []).append(i)
+        for i, norm in enumerate(self._norms):
+            by_device.setdefault(norm.device, []).append(i)
         parts, order, event = [], [], None
         with unrecorded():
             for device, positions in by_device.items():
-                stacked = torch.stack([self._current[i].reshape(()) for i in positions])
+                stacked = torch.stack([self._norms[i] for i in positions])
                 if device.type != "cpu":  # pinned, behind the step's kernels
                     stacked = stacked.to("cpu", non_blocking=True)
                 parts.append(stacked)
@@ -170,9 +189,9 @@ class StepFlags:
             if any(device.type == "cuda" for device in by_device):
                 event = torch.cuda.Event()
                 event.record()
-        what = [self._what_current[i] for i in order]
+        what = [self._what[i] for i in order]
         self._pending.append((step, parts, event, what))
-        self._current, self._what_current = [], []
+        self._norms, self._what = [], []
 
     def _read(self, *, block: bool) -> None:
         while self._pending:
@@ -182,11 +201,11 @@ class StepFlags:
                     return
                 event.synchronize()
             self._pending.pop(0)
-            values = [bool(v) for part in host for v in part.tolist()]
+            bad = [not math.isfinite(v) for part in host for v in part.tolist()]
             self.checked_through = max(self.checked_through, step)
-            if any(values) and self.first_step is None:
+            if any(bad) and self.first_step is None:
                 self.first_step = step
-                self.what = what[values.index(True)]
+                self.what = what[bad.index(True)]
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -181,7 +181,17 @@ class OpRecorder(TorchDispatchMode):
         recorder.seq += 1
         target, names = self._target(func)
         call = hold_call(args, kwargs, name, recorder.store, non_blocking=True, names=names)
-        public_call, public = recorder.public_context()
+        view = recorder.frames.view(sys._getframe(1))
+        public_call, public = recorder.public_context(view)
+        backward = recorder.state.phase() == "backward"
+        tagged = _autograd_tag() if backward or not view.user else None
+        source = view.source()
+        if source is None and tagged is not None:
+            source = tagged[0]
+        if backward:
+            call_site = tagged[2] if tagged is not None and len(tagged) > 2 else None
+        else:
+            call_site = view.call_site()
         recorder.snapshots.append(
             Snapshot(
                 seq=recorder.seq,
@@ -191,11 +201,11 @@ class OpRecorder(TorchDispatchMode):
                 step=recorder.state.step,
                 phase=recorder.state.phase(),
                 module=recorder.current_module(),
-                source=self._source(),
+                source=source,
                 public_call=public_call,
                 public=public,
-                call_site=self._call_site(),
-                loop=recorder.loops.read(sys._getframe(1)),
+                call_site=call_site,
+                loop=recorder.loops.from_view(view.user),
             )
         )
 

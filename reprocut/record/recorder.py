@@ -27,7 +27,7 @@ from reprocut.model.publicapi import public_name
 from reprocut.record.calls import CallRecorder
 from reprocut.record.capture import ASSERTING_OPS, HeldCall, TensorStore, hold_call
 from reprocut.record.finite_watch import OpWatch
-from reprocut.record.frames import UserFrames, is_user_file
+from reprocut.record.frames import StackView, UserFrames
 from reprocut.record.loops import LoopCounters
 from reprocut.record.modules import ModuleNames
 from reprocut.record.nonfinite import StepFlags, watch_backward
@@ -334,14 +334,16 @@ class Recorder:
             )
         )
 
-    def public_context(self) -> tuple[str | None, HeldCall | None]:
+    def public_context(self, view: StackView | None = None) -> tuple[str | None, HeldCall | None]:
         """The outermost public call in flight, with its arguments captured (once).
 
         In backward there is none worth naming: `loss.backward()` is not what failed."""
         if self.state.phase() == "backward":
             return None, None
         if not self.public_stack:
-            return self._public_from_frames()
+            if view is None:
+                view = self.frames.view(sys._getframe(1))
+            return self._public_from_frames(view.library if view.user else None)
         _func, name, args, kwargs = self.public_stack[0]
         key = id(self.public_stack[0])
         captured = self.public_captured.get(key)
@@ -350,19 +352,13 @@ class Recorder:
             self.public_captured[key] = captured
         return name, captured
 
-    def _public_from_frames(self) -> tuple[str | None, HeldCall | None]:
+    def _public_from_frames(
+        self, library_frame: FrameType | None
+    ) -> tuple[str | None, HeldCall | None]:
         """Without the function mode (GPU runs after step 0), find the public call on the stack:
-        the torch function that user code called, with its arguments from the frame's locals."""
-        frame: FrameType | None = sys._getframe(2)
-        library_frame = None
-        while frame is not None:
-            code = frame.f_code
-            if is_user_file(code.co_filename):
-                break
-            if code.co_filename.startswith(_TORCH_DIR):
-                library_frame = frame
-            frame = frame.f_back
-        if library_frame is None or frame is None:
+        the torch function that user code called (`library_frame`, the outermost torch frame
+        inside the innermost user frame), with its arguments from the frame's locals."""
+        if library_frame is None:
             return None, None
         code = library_frame.f_code
         if code in self._public_names:

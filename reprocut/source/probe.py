@@ -2,19 +2,21 @@
 
 The recording knows only where a custom kernel was launched, not what it was given. These
 probes run the script as `python script.py argv...` would, under a tracer or to the end: one
-reads the tensors (their layout included) and plain values at the launch the time it raised
-(`probe_launch`), the other the failing traceback (`failing_frames`). They hand the source
+reads the tensors (their layout included), the range of integer tensors' values and the plain
+values at the launch the time it raised (`probe_launch`), the other the failing traceback
+(`failing_frames`). They hand the source
 reducer its specs and focus line, and `reprocut.localize` the launch's inputs.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,52 @@ from reprocut.source.passes import focus_callee, parse
 
 
 @dataclass(frozen=True, slots=True)
+class IntegerRange:
+    """The smallest and largest value of an integer tensor reaching the call, and where."""
+
+    low: int
+    high: int
+    low_at: tuple[int, ...]
+    high_at: tuple[int, ...]
+    numel: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> IntegerRange:
+        shape = tuple(data["shape"])
+        return cls(data["low"], data["high"], _unravel(data["low_at"], shape),
+                   _unravel(data["high_at"], shape), math.prod(shape))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchValues:
+    """The plain values of the call itself: each positional argument's (None: not a number or
+    a tuple of numbers), the keywords', the grid of a `kernel[grid](...)` launch, and the
+    library whose object was called ("triton", "cupy", ...)."""
+
+    args: tuple[Any, ...] = ()
+    keywords: tuple[tuple[str, Any], ...] = ()
+    grid: Any = None
+    library: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LaunchValues:
+        return cls(
+            args=tuple(_tuples(v) for v in data.get("args", ())),
+            keywords=tuple((name, _tuples(v)) for name, v in data.get("keywords", ())),
+            grid=_tuples(data.get("grid")),
+            library=data.get("library"),
+        )
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    coords = []
+    for size in reversed(shape):
+        coords.append(flat % size if size else 0)
+        flat = flat // size if size else 0
+    return tuple(reversed(coords))
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchSpecs:
     """The tensors at the failing call, seen just before it ran: its arguments by position
     (None: not a tensor), the tensor parameters of the function making it, and that function's
@@ -39,14 +87,16 @@ class LaunchSpecs:
     params: tuple[tuple[str, TensorSpec], ...] = ()
     values: tuple[tuple[str, Any], ...] = ()
     kernel: str | None = None  # the launched kernel's own name (`cmvn_vec4`, not `_KERNEL`)
+    integers: tuple[tuple[str, IntegerRange], ...] = ()  # integer tensors' values, by name
+    launch: LaunchValues = field(default_factory=LaunchValues)
 
 
 _PROBE = r"""
-import json, os, sys, threading
-result_path, filename, target_file, first, last, sources, launched = sys.argv[1:8]
-sys.argv = [filename, *sys.argv[8:]]
+import json, operator, os, sys, threading
+result_path, filename, target_file, first, last, sources, launched, extra = sys.argv[1:9]
+sys.argv = [filename, *sys.argv[9:]]
 sys.path[0] = os.path.dirname(os.path.abspath(filename))
-target_file, sources = os.path.realpath(target_file), json.loads(sources)
+target_file, sources, extra = os.path.realpath(target_file), json.loads(sources), json.loads(extra)
 first, last = int(first), int(last)
 latest = None  # what reached the call the last time it was about to run
 
@@ -56,31 +106,78 @@ def spec(value):
     from reprocut.model.tensors import spec_of
     return spec_to_json(spec_of(value)) if isinstance(value, torch.Tensor) else None
 
-def kernel_name(frame):
-    try:
-        kernel = eval(launched, frame.f_globals, frame.f_locals)
-    except Exception:
-        return None
+def kernel_name(kernel):
     for name in (getattr(kernel, "name", None), getattr(kernel, "__name__", None),
                  getattr(getattr(kernel, "fn", None), "__name__", None)):
         if isinstance(name, str):
             return name  # CuPy RawKernel.name, a function's or Triton JITFunction's name
     return None
 
-def seen(frame):
-    found = {"args": [], "params": [], "kernel": kernel_name(frame) if launched else None}
-    for source in sources:
+MISSING = object()
+
+def value_of(source, frame):
+    try:
+        return eval(source, frame.f_globals, frame.f_locals)
+    except Exception:
+        return MISSING
+
+def scalar(value):  # a plain launch value: an int (numpy's too), a float, a tuple of them
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [scalar(v) for v in value[:16]]
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else None
+    if type(value).__module__.startswith("numpy"):
         try:
-            found["args"].append(spec(eval(source, frame.f_globals, frame.f_locals)))
-        except Exception:
-            found["args"].append(None)
-    found["values"] = []
+            return operator.index(value)
+        except TypeError:
+            return None
+    return value if isinstance(value, int) else None
+
+def integers(value):  # smallest and largest value, read while the device is still healthy
+    import torch
+    if not isinstance(value, torch.Tensor) or value.layout != torch.strided or not value.numel():
+        return None
+    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+        return None
+    try:
+        flat = value.detach().reshape(-1).to(torch.int64)
+        return {"low": int(flat.min()), "high": int(flat.max()), "low_at": int(flat.argmin()),
+                "high_at": int(flat.argmax()), "shape": list(value.shape)}
+    except Exception:
+        return None
+
+def seen(frame):
+    kernel = value_of(launched, frame) if launched else MISSING
+    found = {"args": [], "params": [], "integers": [],
+             "kernel": None if kernel is MISSING else kernel_name(kernel)}
+    library = None if kernel is MISSING else type(kernel).__module__.split(".")[0]
+    launch = {"args": [], "keywords": [], "grid": None, "library": library}
+    for source in sources:
+        value = value_of(source, frame)
+        value = None if value is MISSING else value
+        found["args"].append(spec(value))
+        launch["args"].append(scalar(value))
+        counted = integers(value)
+        if counted is not None:
+            found["integers"].append([source, counted])
+    for name, source in extra["keywords"]:
+        value = value_of(source, frame)
+        launch["keywords"].append([name, None if value is MISSING else scalar(value)])
+    if extra["grid"]:
+        grid = value_of(extra["grid"], frame)
+        launch["grid"] = None if grid is MISSING or callable(grid) else scalar(grid)
+    found["launch"], found["values"] = launch, []
     code = frame.f_code
     for name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
         value = frame.f_locals.get(name)
         described = spec(value)
         if described is not None:
             found["params"].append([name, described])
+            counted = integers(value)
+            if counted is not None:
+                found["integers"].append([name, counted])
         elif plain(value):
             found["values"].append([name, value])
     return found
@@ -152,9 +249,10 @@ def probe_launch(
     first, last = (line, line) if span is None else span[1:]
     with tempfile.TemporaryDirectory(prefix="reprocut-probe-") as tmp:
         result = Path(tmp) / "specs.json"
+        extra = {"keywords": call_keyword_sources(focus), "grid": launch_grid_source(focus)}
         command = [sys.executable, "-c", _PROBE, str(result), str(script_path), str(file),
                    str(first), str(last), json.dumps(sources), launched_source(focus) or "",
-                   *argv]  # fmt: skip
+                   json.dumps(extra), *argv]  # fmt: skip
         returncode = lifeline.run(
             command,
             cwd=cwd,
@@ -174,6 +272,8 @@ def probe_launch(
         params=tuple((name, spec_from_json(s)) for name, s in found["params"]),
         values=tuple((name, _tuples(value)) for name, value in found.get("values", ())),
         kernel=found.get("kernel"),
+        integers=tuple((n, IntegerRange.from_json(r)) for n, r in found.get("integers", ())),
+        launch=LaunchValues.from_json(found.get("launch") or {}),
     )
 
 
@@ -195,15 +295,41 @@ def launched_source(focus: str) -> str | None:
 
 def call_argument_sources(focus: str) -> list[str]:
     """The source text of each positional argument of the focus line's call."""
+    call = _focus_call(focus)
+    if call is None:
+        return []
+    module = cst.Module(body=[])
+    return [module.code_for_node(a.value) for a in call.args if a.keyword is None]
+
+
+def call_keyword_sources(focus: str) -> list[tuple[str, str]]:
+    """The name and source text of each keyword argument of the focus line's call."""
+    call = _focus_call(focus)
+    if call is None:
+        return []
+    module = cst.Module(body=[])
+    return [(a.keyword.value, module.code_for_node(a.value)) for a in call.args if a.keyword]
+
+
+def launch_grid_source(focus: str) -> str | None:
+    """The grid of a `kernel[grid](...)` launch, as code: `grid`, `(n // 1024,)`."""
+    call = _focus_call(focus)
+    if call is None or not isinstance(call.func, cst.Subscript) or len(call.func.slice) != 1:
+        return None
+    index = call.func.slice[0].slice
+    if not isinstance(index, cst.Index):
+        return None
+    return cst.Module(body=[]).code_for_node(index.value)
+
+
+def _focus_call(focus: str) -> cst.Call | None:
+    """The focus line's outermost call."""
     try:
         statement = cst.parse_statement(focus.strip() + "\n")
     except cst.ParserSyntaxError:
-        return []
+        return None
     calls = [c for c in m.findall(statement, m.Call()) if isinstance(c, cst.Call)]
-    if not calls:
-        return []
-    module = cst.Module(body=[])
-    return [module.code_for_node(a.value) for a in calls[0].args if a.keyword is None]
+    return calls[0] if calls else None
 
 
 # --- the failing frames ----------------------------------------------------------------------

@@ -1,0 +1,61 @@
+"""benchmarks/bench_faults.py, the H200 benchmark of issue #11, checked before a GPU call is spent
+on it: its cases exist with a CUDA signature, and its table shows what shrink attached."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_faults import CASES, FaultRow, Reduced, render, source_case  # noqa: E402
+from benchmarks.corpus_cases import CORPUS, load_case  # noqa: E402
+from benchmarks.corpus_score import CaseScore  # noqa: E402
+
+
+def test_every_case_runs_on_cuda_with_the_signature_its_repros_are_checked_against():
+    for name in CASES:
+        case = load_case(CORPUS / name)
+        assert case.applies_to("cuda") and (case.kernel or case.op), name
+        source = source_case(case, "cuda")
+        assert source is not None and source.argv[-2:] == ("--device", "cuda"), name
+        assert source.expected.kind == case.truth("cuda").kind
+    assert len(CASES) == 8
+
+
+def score(case: str, **checks: object) -> CaseScore:
+    right = dict(outcome=True, op=True, line=True, step=True, signature=True, facts=True)
+    return CaseScore(case, "cuda", "fail", **{**right, **checks})  # type: ignore[arg-type]
+
+
+def test_the_table_shows_the_sanitizer_finding_and_the_median_shrink_time():
+    found = {"status": "found", "findings": ["Invalid __global__ read of size 4 bytes in hashed_bag",
+                                             "thread (3,0,0) in block (0,0,0): 128.0 TiB past `table`"]}  # fmt: skip
+    rows = [
+        FaultRow(
+            "cuda_cupy_hashed_ids",
+            "ids",
+            score("cuda_cupy_hashed_ids", statements=9),
+            Reduced(40.0, 9.5, 12, 21, True, "verified", "3/3", found),
+            Reduced(60.0, None, 3, None, None, "stopped at the time limit"),
+        ),
+        FaultRow(
+            "cuda_cublas_lda_stride0",
+            "status",
+            score("cuda_cublas_lda_stride0", line=False),
+            Reduced(20.0, 4.0, 5, 15, False, "not-reproduced", "0/3"),
+        ),
+    ]
+    meta = {"device": "cuda", "date": "2026-12-01", "command": "bench", "max_time": 60,
+            "check_timeout": 30, "device_name": "H200"}  # fmt: skip
+    table = render(rows, meta)
+    (hashed,) = [line for line in table.splitlines() if line.startswith("| cuda_cupy")]
+    assert "| ✓ | ✓ | ✓ (3/3) | 40.0 | 9.5 | 12 | 21 (9) | ✓ Invalid __global__ read" in hashed
+    (blas,) = [line for line in table.splitlines() if line.startswith("| cuda_cublas")]
+    assert "| ✗ | ✓ | ✗ (0/3) |" in blas and "· (not a memory error)" in blas
+    assert (
+        "Median shrink time: reprocut 30.0 s (reduction alone 6.8 s), generic reducer 60.0 s"
+        in table
+    )
+    assert "### cuda_cupy_hashed_ids" in table and "128.0 TiB past `table`" in table
