@@ -2,10 +2,11 @@
 
 Checking every op's output costs a host sync per op. Instead, what a step hands on (the losses
 given to backward, the gradients before the optimizer, the parameters after it, the outputs of
-top-level modules) is reduced on the device by one `_foreach_norm(ord=inf)` launch per check
-and dtype (no overflow, and NaN propagates); at the step's end the norms are stacked into one
-tensor per device. On the CPU it is read there; on CUDA it is copied to pinned memory behind an
-event and read once the event reports completion, so no step waits for the GPU. Everything else
+top-level modules until a loss goes to backward) is reduced on the device by one
+`_foreach_norm(ord=inf)` launch per check and dtype (no overflow, and NaN propagates); at the
+step's end the norms are stacked into one tensor per device. On the CPU it is read there; on
+CUDA it is copied to pinned memory behind an event and read once the event reports completion,
+so no step waits for the GPU. Everything else
 (isfinite, which check flipped) happens on the host: on a launch-bound loop each launch counts.
 The first step whose norms are not all finite is what the localizer reruns op by op
 (finite_watch.py). A run that goes on after it is stopped GRACE_STEPS later with NonfiniteStop:
@@ -103,6 +104,7 @@ class StepFlags:
         self._what: list[str] = []  # which check each norm is for ("gradients", ...)
         self._pending: list[tuple[int, list[torch.Tensor], Any, list[str]]] = []
         self.what: str | None = None  # which check flipped first
+        self.losses_seen = False  # a loss went to backward: outputs need no check of their own
 
     # --- what the recorder hands over ---------------------------------------------------------
 
@@ -127,6 +129,7 @@ class StepFlags:
         self._what = [" or ".join(dict.fromkeys(self._what))] * len(folded)
 
     def watch_loss(self, tensors: Any) -> None:
+        self.losses_seen = True
         self.watch("loss", floating_tensors(tensors))
 
     def watch_optimizer(self, optimizer: Any, what: str) -> None:
@@ -137,7 +140,11 @@ class StepFlags:
             self.watch(what, params)
 
     def watch_output(self, output: Any) -> None:
-        self.watch("model outputs", floating_tensors(output))
+        """Top-level modules' outputs: an evaluation loop's only check. Once losses go to
+        backward, a non-finite output shows in the loss or the gradients of the same step, and
+        on a launch-bound loop the launch saved is worth it."""
+        if not self.losses_seen:
+            self.watch("model outputs", floating_tensors(output))
 
     # --- step boundaries ----------------------------------------------------------------------
 
