@@ -37,7 +37,7 @@ ANOMALY = (
     "import runpy, sys, torch; torch.autograd.set_detect_anomaly(True); "
     "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 )
-WAYS = ("plain", "detect_anomaly", "record", "record_nan")
+WAYS = ("plain", "detect_anomaly", "record", "record_nan", "record_nan_no_snapshots")
 
 
 def command(way: str, script: Path, args: list[str], workdir: Path) -> list[str]:
@@ -46,8 +46,10 @@ def command(way: str, script: Path, args: list[str], workdir: Path) -> list[str]
     if way == "detect_anomaly":
         return [sys.executable, "-c", ANOMALY, str(script), *args]
     record = [sys.executable, "-m", "reprocut", "record", "--root", str(workdir / "rec")]
-    if way == "record_nan":
+    if way.startswith("record_nan"):
         record.append("--nan")
+    if way.endswith("no_snapshots"):  # device asserts then localized by a rerun, not replay
+        record.append("--no-snapshots")
     return [*record, "--json", str(script), *args]
 
 
@@ -106,6 +108,9 @@ def main() -> None:
     parser.add_argument("--nan-at", type=int, default=150)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--only", choices=("overhead", "origin"), help="one part, printed only")
+    parser.add_argument(
+        "--workloads", nargs="+", default=["gpu_bound", "launch_bound"], help="overhead workloads"
+    )
     options = parser.parse_args()
     import torch
 
@@ -113,7 +118,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         if options.only != "origin":
-            for name in ("gpu_bound", "launch_bound"):
+            for name in options.workloads:
                 figures[name] = overhead(f"{name}.py", options.device, options.repeats, workdir)
         if options.only != "overhead":
             figures["origin"] = time_to_origin(options.device, options.nan_at, workdir)
@@ -147,7 +152,7 @@ def render(meta: dict[str, str], figures: dict[str, dict]) -> str:
         "| workload | way | loop s | loop ratio | total s | total ratio |",
         "|---|---|---|---|---|---|",
     ]
-    for name in ("gpu_bound", "launch_bound"):
+    for name in (n for n in figures if n != "origin"):
         f = figures[name]
         for way in WAYS:
             lines.append(
