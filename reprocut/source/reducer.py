@@ -186,9 +186,14 @@ class SourceReducer:
     started: float = field(default_factory=time.monotonic)
     accepted: dict[str, int] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set, repr=False)
+    _keys: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
 
     def key(self, code: str) -> tuple[int, ...]:
-        return sort_key(code, self.context.search_dirs)
+        """`sort_key`, once per text (the best is compared with every candidate)."""
+        found = self._keys.get(code)
+        if found is None:
+            found = self._keys[code] = sort_key(code, self.context.search_dirs)
+        return found
 
     def drops_focus(self, candidate: str) -> bool:
         """Would the candidate lose the failing call (the launch) the best still makes? A repro

@@ -10,8 +10,10 @@ cannot parse or rebuild (`ParserSyntaxError`, `CSTValidationError`) means "canno
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,7 @@ STATEMENT = (
     | m.ClassDef()
 )
 COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef)
+STATEMENT_TYPES = (cst.SimpleStatementLine, *COMPOUND)  # what STATEMENT matches, for isinstance
 PASS_LINE = cst.SimpleStatementLine(body=[cst.Pass()])
 TENSOR_FACTORIES = frozenset(
     {"randn", "rand", "zeros", "ones", "full", "randint", "arange", "empty", "empty_strided",
@@ -58,7 +61,10 @@ TENSOR_FACTORIES = frozenset(
 # --- helpers ---------------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=256)
 def parse(code: str) -> cst.Module | None:
+    """The module of `code` (None: not Python). Cached: a pass parses the same text many times
+    over, and libcst trees are immutable, so one tree per text is safe to share."""
     try:
         return cst.parse_module(code)
     except (cst.ParserSyntaxError, RecursionError):
@@ -218,15 +224,30 @@ class _StatementIndexer(cst.CSTVisitor):
         if isinstance(node.orelse, cst.If):
             self._elifs.add(id(node.orelse))
 
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.BaseExpression):
+            return False  # no statement sits in an expression
+        return super().on_visit(node)
+
     def on_leave(self, original_node: cst.CSTNode) -> None:
-        if m.matches(original_node, STATEMENT) and id(original_node) not in self._elifs:
-            self.statements.append(original_node)  # type: ignore[arg-type]
+        if isinstance(original_node, STATEMENT_TYPES) and id(original_node) not in self._elifs:
+            self.statements.append(original_node)
+
+
+_STATEMENTS: OrderedDict[int, tuple[cst.Module, tuple[cst.BaseStatement, ...]]] = OrderedDict()
 
 
 def statements_of(module: cst.Module) -> list[cst.BaseStatement]:
-    indexer = _StatementIndexer()
-    module.visit(indexer)
-    return indexer.statements
+    """The module's statements in post-order (cached per tree, as `parse` caches trees)."""
+    cached = _STATEMENTS.get(id(module))
+    if cached is None or cached[0] is not module:
+        indexer = _StatementIndexer()
+        module.visit(indexer)
+        cached = (module, tuple(indexer.statements))
+        _STATEMENTS[id(module)] = cached
+        if len(_STATEMENTS) > 256:
+            _STATEMENTS.popitem(last=False)
+    return list(cached[1])
 
 
 class _ReplaceStatements(cst.CSTTransformer):
