@@ -139,6 +139,8 @@ def bench_case(case: bench_source.SourceCase, options: argparse.Namespace) -> li
             row = {"case": case.name, "config": config,
                    **run_in_subprocess(case.name, config, options, probed)}  # fmt: skip
             print(json.dumps({k: v for k, v in row.items() if k != "code"}), file=sys.stderr)
+            with options.partial.open("a") as partial:  # what is done survives a time limit
+                partial.write(json.dumps(row) + "\n")
             rows.append(row)
     return rows
 
@@ -210,11 +212,13 @@ def main() -> None:
     options.configs = options.configs or [c for c in CONFIGS if c != "tree" or options.tree]
     if options.cases:
         cases = [c for c in cases if c.name in options.cases]
+    out = options.out or ROOT / "benchmarks" / "results" / f"source-speed-{options.device}.md"
+    options.partial = out.with_suffix(".partial.jsonl")
+    options.partial.unlink(missing_ok=True)
     started = time.perf_counter()
     with ThreadPoolExecutor(options.jobs) as pool:
         rows = [row for rows in pool.map(lambda c: bench_case(c, options), cases) for row in rows]
     text = report(rows, skipped, options, time.perf_counter() - started)
-    out = options.out or ROOT / "benchmarks" / "results" / f"source-speed-{options.device}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     (out.with_suffix(".json")).write_text(json.dumps(rows, indent=1))

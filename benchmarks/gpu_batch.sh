@@ -12,6 +12,9 @@
 #            benchmarks/bench_nan.py (nan_bench)
 #   ranks    torchrun jobs: tests/test_ranks_cuda.py (2 ranks sharing the GPU over gloo; NCCL
 #            one GPU per rank where there are 2+ GPUs)
+#   speed    issue #11: what each source-reduction check costs on the GPU cases (one at a time,
+#            torch-only server vs preloaded imports + candidates side by side); not in the
+#            default list: STAGES=speed, about 7 minutes (SPEED_CONFIGS=parallel: about 4)
 #   faults   issue #11: the memcheck cuda test, then record + shrink of the fault corpus cases
 #            (sparse ids, Triton int32 offsets, CuPy unchecked ids, cuBLAS status; FAULTS_CASES)
 # Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
@@ -111,6 +114,16 @@ stage_ranks() {
         --timeout 220 tests/test_ranks_cuda.py >"$OUT/gpu_ranks.log" 2>&1
     echo "pytest exit $?" >>"$OUT/gpu_ranks.log"
     grep -hE "PASSED|FAILED|ERROR|SKIPPED|passed|failed|exit" "$OUT/gpu_ranks.log"
+}
+
+stage_speed() {
+    timeout -k 10 "${SPEED_LIMIT:-480}" python3 benchmarks/bench_source_speed.py --device cuda \
+        --configs ${SPEED_CONFIGS:-sequential parallel} --jobs "${SPEED_JOBS:-3}" \
+        --parallel "${SPEED_PARALLEL:-4}" --max-time "${SPEED_MAX_TIME:-90}" --timeout 60 \
+        --cases ${SPEED_CASES:-cuda_triton_expand_bias cuda_cupy_misaligned_vec4 cuda_cupy_contiguous_pe cuda_triton_int32_offsets cuda_cupy_hashed_ids cuda_cublas_transposed_keys} \
+        --out "$OUT/source-speed-cuda.md" >"$OUT/bench_source_speed.log" 2>&1
+    echo "bench_source_speed exit $?" >>"$OUT/bench_source_speed.log"
+    grep -hE "^\| cuda|exit" "$OUT/source-speed-cuda.md" "$OUT/bench_source_speed.log"
 }
 
 stage_faults() {

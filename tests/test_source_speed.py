@@ -204,3 +204,32 @@ def test_a_real_script_reduces_the_same_with_the_oracle_checking_side_by_side(tm
     assert results[0].accepted == results[1].accepted
     assert (results[0].parallel, results[1].parallel) == (1, 2)
     assert "raise ValueError" in results[1].code
+
+
+# --- on the H200 (benchmarks/gpu_batch.sh, stage `tests`) -----------------------------------------
+
+
+@pytest.mark.cuda
+def test_triton_and_cupy_preloaded_leave_the_children_free_to_use_the_gpu(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text("import triton\nimport triton.language as tl\nimport cupy\n")
+    choice = choose_preloads(script, (tmp_path,))
+    assert choice.modules() == ("triton", "triton.language", "cupy"), choice
+    with Oracle(timeout=120) as gpu_oracle:
+        gpu_oracle.preload([p.to_json() for p in choice.preloads], filename=str(script),
+                           cwd=str(tmp_path), argv=[])  # fmt: skip
+        probe = code("""
+            import sys
+            import cupy
+            import torch
+            x = torch.ones(4, device="cuda")
+            print(int(x.sum().item()), int(cupy.ones(3).sum()), "triton" in sys.modules)
+        """)
+        for _ in range(2):  # every child makes its own context, after the server preloaded
+            verdict = gpu_oracle.check_source(probe, filename=str(tmp_path / "c.py"), cwd=tmp_path)
+            assert isinstance(verdict, Passed), verdict
+            assert verdict.stdout.split() == ["4", "3", "True"]
+        assert gpu_oracle.preloaded is not None
+        assert set(gpu_oracle.preloaded["loaded"]) == {"triton", "triton.language", "cupy"}, (
+            gpu_oracle.preloaded
+        )

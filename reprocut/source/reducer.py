@@ -14,8 +14,6 @@ one-at-a-time result. What reaches the failing call comes in as specs and a focu
 from __future__ import annotations
 
 import contextlib
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -25,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import libcst as cst
-import libcst.matchers as m
 
 from reprocut.model.case import Signature, TensorSpec
 from reprocut.model.errors import NotReproducedError
 from reprocut.source.checks import OracleChecks, preload_imports
+from reprocut.source.finish import ending_with_a_sync, format_code
 from reprocut.source.passes import (
     COMPOUND,
     PASSES,
@@ -426,35 +424,3 @@ def _reduce(
         parallel=runner.slots,
         discarded=reducer.discarded,
     )
-
-
-def ending_with_a_sync(code: str) -> str:
-    """A GPU repro ends by waiting for the GPU: a fault still queued when `python repro.py`
-    ends surfaces only at teardown (CuPy's module unload, say) with exit status 0, or not at
-    all. The code as it is when it uses no GPU or already waits."""
-    if "cuda" not in code or "torch.cuda.synchronize()" in code:
-        return code
-    module = parse(code)
-    if module is None:
-        return code
-    wait = cst.parse_statement("torch.cuda.synchronize()\n")
-    body = [*module.body, wait]
-    if not any(m.matches(s, m.SimpleStatementLine([m.Import([m.ImportAlias(m.Name("torch"))])]))
-               for s in module.body):  # fmt: skip
-        future = sum(1 for s in module.body if m.matches(s, m.SimpleStatementLine(
-            [m.ImportFrom(module=m.Name("__future__"))])))  # fmt: skip
-        body.insert(future, cst.parse_statement("import torch\n"))
-    return module.with_changes(body=body).code
-
-
-def format_code(code: str) -> str:
-    """ruff-formatted code when ruff is installed, else the code as it is."""
-    ruff = shutil.which("ruff")
-    command = [ruff, "format", "--isolated", "-"] if ruff else None
-    if command is None:
-        return code
-    try:
-        done = subprocess.run(command, input=code, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return code
-    return done.stdout if done.returncode == 0 and done.stdout.strip() else code
