@@ -13,6 +13,9 @@
 #   ranks    torchrun jobs: tests/test_ranks_cuda.py (2 ranks sharing the GPU over gloo, the two
 #            jobs side by side, each maybe run twice: a rank that dies before reporting has the
 #            job rerun; NCCL one GPU per rank where there are 2+ GPUs); ~2 min, at most 5.5
+#   speed    issue #11: what each source-reduction check costs on the GPU cases (one at a time,
+#            torch-only server vs preloaded imports + candidates side by side); not in the
+#            default list: STAGES=speed, about 7 minutes (SPEED_CONFIGS=parallel: about 4)
 #   faults   issue #11 (~5 min, at most FAULTS_LIMIT): the memcheck cuda tests beside
 #            benchmarks/bench_faults.py: record + shrink of the 8 custom-kernel / library-error
 #            corpus cases (FAULTS_JOBS at once), each shrink beside the generic reducer with the
@@ -134,6 +137,16 @@ install_shrinkray() {
         export SHRINKRAY="$venv-run"
     fi
     echo "shrinkray: ${SHRINKRAY:-not installed}" >>"$log"
+}
+
+stage_speed() {
+    timeout -k 10 "${SPEED_LIMIT:-480}" python3 benchmarks/bench_source_speed.py --device cuda \
+        --configs ${SPEED_CONFIGS:-sequential parallel} --jobs "${SPEED_JOBS:-3}" \
+        --parallel "${SPEED_PARALLEL:-4}" --max-time "${SPEED_MAX_TIME:-90}" --timeout 60 \
+        --cases ${SPEED_CASES:-cuda_triton_expand_bias cuda_cupy_misaligned_vec4 cuda_cupy_contiguous_pe cuda_triton_int32_offsets cuda_cupy_hashed_ids cuda_cublas_transposed_keys} \
+        --out "$OUT/source-speed-cuda.md" >"$OUT/bench_source_speed.log" 2>&1
+    echo "bench_source_speed exit $?" >>"$OUT/bench_source_speed.log"
+    grep -hE "^\| cuda|exit" "$OUT/source-speed-cuda.md" "$OUT/bench_source_speed.log"
 }
 
 stage_faults() {

@@ -9,96 +9,69 @@ no synchronization after each op (`launch_blocking=True` is for localization, wh
 raise at the op that launched it). An asynchronous CUDA error then surfaces where it would in a
 plain run, so its op is not compared. What a forked child cannot show (state inherited from the
 server) a `confirm` hook may settle with a plain run (`reprocut.check.agreement`).
+
+Checks may come from several threads at once (the source reducer runs candidates side by side):
+each waits for its own reply (`reprocut.check.connection`), and a `Ticket` cancels one in
+flight. `preload` has the server import the user's installed packages once for every child
+(`reprocut.check.preload`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import select
-import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from reprocut import PACKAGE_DIR
-from reprocut.check import lifeline
-from reprocut.check.forkserver import BLOCKING_ENV, FORK_ENV, read_output
+from reprocut.check.connection import (
+    ForkUnsafeError,
+    Replies,
+    Ticket,
+    kill_server,
+    start_server,
+)
+from reprocut.check.forkserver import BLOCKING_ENV, FORK_ENV
+from reprocut.check.fresh import run_fresh, run_with_timeout
+from reprocut.check.verdicts import (
+    Cancelled,
+    Confirm,
+    Crashed,
+    ForkOnly,
+    OtherFailure,
+    Passed,
+    Reproduced,
+    TimedOut,
+    Verdict,
+    verdict_from_reply,
+)
 from reprocut.model.case import ReproCase, Signature
-from reprocut.model.signature import CRASH, classify, crash_signature
 from reprocut.shrink.emitter import SIDECAR_NAME, emit, inline_captured
 from reprocut.shrink.header import Header
 
-STDERR_TAIL = 4000
+__all__ = [
+    "Cancelled",
+    "Confirm",
+    "Crashed",
+    "ForkOnly",
+    "ForkUnsafeError",
+    "Oracle",
+    "OtherFailure",
+    "Passed",
+    "Reproduced",
+    "Ticket",
+    "TimedOut",
+    "Verdict",
+    "child_environment",
+    "run_with_timeout",
+    "verdict_from_reply",
+]
 SERVER_GRACE = 30.0  # seconds the server may take beyond a check's own timeout before we give up
-STARTUP_TIMEOUT = 120.0
-
-
-@dataclass(frozen=True, slots=True)
-class Reproduced:
-    """Failed with the expected signature."""
-
-    signature: Signature
-    message: str
-    stderr: str
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class OtherFailure:
-    """Failed, but not the same way (another exception, op or assertion)."""
-
-    signature: Signature
-    message: str
-    stderr: str
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class Passed:
-    seconds: float
-    stdout: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class TimedOut:
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class Crashed:
-    """The process died without a verdict (abort, segfault, os._exit)."""
-
-    returncode: int | None
-    stderr: str
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class ForkOnly:
-    """Reproduced in the fork server's child but not in a plain run of the same code: the two
-    kinds of process disagree, so the candidate does not count as reproducing."""
-
-    signature: Signature
-    plain: Signature | None  # what the plain run failed with (None: it passed)
-    stderr: str
-    seconds: float
-
-
-Verdict = Reproduced | OtherFailure | Passed | TimedOut | Crashed | ForkOnly
-# confirm(code, filename, cwd, argv, verdict, expected) -> the verdict to return
-Confirm = Callable[[str, str, str, list[str], "Verdict", "Signature | None"], "Verdict"]
-
-
-class ForkUnsafeError(RuntimeError):
-    """The server's parent has CUDA initialised: forked children would inherit a broken context."""
+PRELOAD_TIMEOUT = 300.0  # a trial import and the real one of every preloaded package
 
 
 def _package_root() -> str:
@@ -114,50 +87,6 @@ def child_environment(*, blocking: bool = True) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     return env
-
-
-def verdict_from_reply(
-    reply: Mapping[str, Any],
-    expected: Signature | None,
-    *,
-    compare_op: bool = True,
-    synchronized: bool = True,
-) -> Verdict:
-    """Turn a server (or fresh-process) reply into a Verdict, comparing with `expected`.
-    Unsynchronized, a CUDA error raises wherever the GPU is next waited for: its op is not
-    compared (as plain verification compares none)."""
-    seconds = float(reply.get("seconds", 0.0))
-    stderr = str(reply.get("stderr", ""))
-    outcome = reply.get("outcome")
-    if outcome == "timeout":
-        return TimedOut(seconds)
-    if outcome != "done":
-        returncode = reply.get("returncode")
-        if expected is not None and expected.error_type == CRASH and returncode is not None:
-            crash = crash_signature(returncode)  # a crash is what this repro must do
-            if crash.matches(expected):
-                return Reproduced(crash, f"the process died ({crash.kind})", _tail(stderr), seconds)
-        return Crashed(returncode, _tail(stderr or reply.get("message", "")), seconds)
-    verdict = reply["verdict"]
-    if verdict.get("status") == "passed":
-        return Passed(seconds, _tail(str(reply.get("stdout", ""))))
-    error = verdict["error"]
-    signature = classify(
-        error["type"],
-        error["message"],
-        stderr,
-        error.get("op") or error.get("public_call"),
-        error.get("error_code"),
-    )
-    message = str(error["message"])
-    compare_op = compare_op and (synchronized or signature.error_code is None)
-    if expected is not None and signature.matches(expected, compare_op=compare_op):
-        return Reproduced(signature, message, _tail(stderr), seconds)
-    return OtherFailure(signature, message, _tail(stderr), seconds)
-
-
-def _tail(text: str) -> str:
-    return text[-STDERR_TAIL:]
 
 
 class Oracle:
@@ -190,6 +119,11 @@ class Oracle:
         self._tmp = tempfile.TemporaryDirectory(prefix="reprocut-oracle-")
         self.workdir = Path(self._tmp.name)
         self._server: subprocess.Popen[str] | None = None
+        self._replies: Replies | None = None
+        self._preload: dict[str, Any] | None = None  # the preload request, sent to each server
+        self._preload_sent: int | None = None  # its id, while its reply is still to come
+        self.preloaded: dict[str, Any] | None = None  # the server's reply: loaded, refused
+        self._counts = threading.Lock()
         self.fork_disabled: str | None = None  # why the oracle fell back to fresh processes
         self._sidecar_keys: tuple[tuple[str, ...], int] | None = None
         self.standby_cuda = standby_cuda
@@ -233,9 +167,13 @@ class Oracle:
         sys_path0: str | None = None,
         expected: Signature | None = None,
         fresh_child: bool = False,
+        confirm: bool = True,
+        ticket: Ticket | None = None,
     ) -> Verdict:
         """Run `code` as `__main__` (as `python filename argv...` from `cwd` would).
-        `fresh_child`: not in a standby child whose CUDA context is made already."""
+        `fresh_child`: not in a standby child whose CUDA context is made already. `confirm=False`:
+        the caller applies the confirm hook itself (`confirm_verdict`), in an order of its own.
+        `ticket`: lets another thread cancel this check (its verdict is then `Cancelled`)."""
         request = {
             "code": code,
             "filename": str(filename),
@@ -247,9 +185,10 @@ class Oracle:
             "fresh_child": fresh_child,
         }
         started = time.perf_counter()
+        if ticket is not None and ticket.cancelled:
+            return Cancelled(0.0)
         if self.fork:
-            with self._server_lock:
-                reply = self._run_forked(request)
+            reply = self._run_forked(request, ticket)
             self.prepare()  # the next check's child starts while this verdict is read
         else:
             reply = self._run_fresh(request)
@@ -257,11 +196,47 @@ class Oracle:
         verdict = verdict_from_reply(
             reply, expected, compare_op=self.compare_op, synchronized=self.launch_blocking
         )
-        if self.confirm is not None and isinstance(verdict, Reproduced):
-            verdict = self.confirm(code, str(filename), str(cwd), list(argv), verdict, expected)
-        self.checks += 1
-        self.seconds += time.perf_counter() - started
+        if confirm:
+            verdict = self.confirm_verdict(code, str(filename), str(cwd), list(argv), verdict,
+                                           expected)  # fmt: skip
+        with self._counts:
+            self.checks += 1
+            self.seconds += time.perf_counter() - started
         return verdict
+
+    def confirm_verdict(
+        self,
+        code: str,
+        filename: str,
+        cwd: str,
+        argv: list[str],
+        verdict: Verdict,
+        expected: Signature | None = None,
+    ) -> Verdict:
+        """The confirm hook's word on a Reproduced verdict (a plain run may disagree)."""
+        if self.confirm is None or not isinstance(verdict, Reproduced):
+            return verdict
+        return self.confirm(code, filename, cwd, argv, verdict, expected or self.expected)
+
+    def preload(
+        self, modules: list[list[Any]], *, filename: str, cwd: str, argv: list[str]
+    ) -> None:
+        """Have the fork server import these (`[module, [names]]`, see check/preload.py) once,
+        as the script at `filename` would, before its next children: now if it runs, else as
+        it starts. Checks wait for it; `preloaded` then says what it loaded and refused."""
+        self._preload = {
+            "preload": modules,
+            "filename": filename,
+            "cwd": cwd,
+            "sys_path0": str(Path(filename).resolve().parent),
+            "argv": argv,
+        }
+        if self.fork and self._server_lock.acquire(blocking=False):
+            try:
+                if self._server is not None and self._server.poll() is None:
+                    self._send_preload()
+            finally:
+                self._server_lock.release()
 
     def warm_up(self) -> None:
         """Start the fork server now (it imports torch: seconds), e.g. while a script runs or a
@@ -272,7 +247,7 @@ class Oracle:
             if self.fork and (self._server is None or self._server.poll() is not None):
                 started = time.perf_counter()
                 try:
-                    self._server = self._start_server()
+                    self._connect()
                 except ForkUnsafeError as exc:
                     self.fork = False
                     self.fork_disabled = str(exc)
@@ -286,16 +261,11 @@ class Oracle:
         if not (self.fork and self.standby_cuda):
             return None
         with self._server_lock:
-            server = self._server
-            if server is None or server.poll() is not None or server.stdin is None:
+            server, replies = self._server, self._replies
+            if server is None or server.poll() is not None or replies is None:
                 return None
-            try:
-                server.stdin.write(json.dumps({"standby": True, "cuda": True}) + "\n")
-                server.stdin.flush()
-            except (BrokenPipeError, OSError):
-                return None
-            line = self._read_line(server, SERVER_GRACE)
-        return json.loads(line).get("pid") if line else None
+            reply = replies.call({"standby": True, "cuda": True}, SERVER_GRACE)
+        return reply.get("pid") if reply else None
 
     def close(self, *, wait: bool = True) -> None:
         """Kill the fork server and its children. `wait=False` does not wait for them to die:
@@ -327,125 +297,73 @@ class Oracle:
     # --- fork server ----------------------------------------------------------------------------
 
     def _start_server(self) -> subprocess.Popen[str]:
-        log = (self.workdir / "server.log").open("a")
-        server = subprocess.Popen(
-            [sys.executable, "-m", "reprocut.check.forkserver", "--parent", str(os.getpid())],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env=child_environment(blocking=self.launch_blocking),
-            cwd=self.workdir,
-            start_new_session=True,
-        )
-        log.close()
-        lifeline.own(server.pid)
-        line = self._read_line(server, STARTUP_TIMEOUT)
-        ready = json.loads(line) if line else {}
-        if not ready.get("ready"):
-            self._kill(server)
-            log_text = read_output(self.workdir / "server.log")
-            raise RuntimeError(f"the fork server did not start:\n{log_text[-2000:]}")
-        if ready.get("cuda_initialized"):
-            self._kill(server)
-            raise ForkUnsafeError("CUDA was initialised in the fork server before forking")
-        return server
+        return start_server(self.workdir, child_environment(blocking=self.launch_blocking))
 
-    def _run_forked(self, request: dict[str, Any]) -> dict[str, Any]:
-        if self._server is None or self._server.poll() is not None:
-            try:
-                self._server = self._start_server()
-            except ForkUnsafeError as exc:  # fall back to fresh processes, slower but safe
-                self.fork = False
-                self.fork_disabled = str(exc)
-                return self._run_fresh(request)
-        server = self._server
-        assert server.stdin is not None
-        try:
-            server.stdin.write(json.dumps(request) + "\n")
-            server.stdin.flush()
-        except (BrokenPipeError, OSError):
-            self._stop_server()
+    def _connect(self) -> None:
+        """Start a server and its reply reader (the caller holds the server lock)."""
+        self._server = self._start_server()
+        self._replies = Replies(self._server)
+        if self._preload is not None:
+            self._send_preload()
+
+    def _send_preload(self) -> None:
+        assert self._replies is not None and self._preload is not None
+        self._preload_sent = self._replies.send(self._preload)
+
+    def _await_preload(self, replies: Replies) -> bool:
+        """The preload's reply, once; False when it left the server unfit to fork (then the
+        server is replaced by one without preloads)."""
+        sent, self._preload_sent = self._preload_sent, None
+        if sent is None:
+            return True
+        reply = replies.wait(sent, PRELOAD_TIMEOUT) or {"outcome": "error", "unsafe": None}
+        self.preloaded = reply
+        if not reply.get("unsafe"):
+            return True
+        self._preload = None  # never again: the next server imports torch only
+        self._stop_server()
+        return False
+
+    def _run_forked(self, request: dict[str, Any], ticket: Ticket | None = None) -> dict[str, Any]:
+        with self._server_lock:
+            for _ in range(2):
+                if self._server is None or self._server.poll() is not None:
+                    try:
+                        self._connect()
+                    except ForkUnsafeError as exc:  # fall back to fresh processes, slower but safe
+                        self.fork = False
+                        self.fork_disabled = str(exc)
+                        return self._run_fresh(request)
+                assert self._replies is not None
+                if self._await_preload(self._replies):
+                    break
+            server, replies = self._server, self._replies
+        assert replies is not None
+        rid = replies.send(request)
+        if rid is None:
+            self._stop_server(only=server)
             return {"outcome": "crashed", "message": "the fork server died"}
-        line = self._read_line(server, request["timeout"] + SERVER_GRACE)
-        if line is None:  # the server itself hung or died: replace it
-            self._stop_server()
+        if ticket is not None:
+            ticket.bind(replies, rid)
+        reply = replies.wait(rid, request["timeout"] + SERVER_GRACE)
+        if reply is None:  # the server itself hung or died: replace it
+            self._stop_server(only=server)
             return {"outcome": "timeout", "seconds": request["timeout"]}
-        return json.loads(line)
+        return reply
 
-    @staticmethod
-    def _read_line(server: subprocess.Popen[str], timeout: float) -> str | None:
-        assert server.stdout is not None
-        ready, _, _ = select.select([server.stdout], [], [], timeout)
-        if not ready:
-            return None
-        line = server.stdout.readline()
-        return line or None
-
-    def _stop_server(self, *, wait: bool = True) -> None:
+    def _stop_server(self, *, wait: bool = True, only: subprocess.Popen[str] | None = None) -> None:
+        """Kill the server (`only`: if it is still that one; from a check's thread)."""
+        if only is not None:
+            with self._server_lock:
+                if self._server is only:
+                    self._stop_server(wait=wait)
+            return
         if self._server is not None:
-            self._kill(self._server, wait=wait)
+            kill_server(self._server, wait=wait)
             self._server = None
-
-    @staticmethod
-    def _kill(process: subprocess.Popen[str], *, wait: bool = True) -> None:
-        try:
-            if process.stdin:
-                process.stdin.close()
-        except OSError:
-            pass
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        lifeline.disown(process.pid)
-        if wait:
-            process.wait()
-        if process.stdout:
-            process.stdout.close()
+            self._replies = None
 
     # --- fresh processes ------------------------------------------------------------------------
 
     def _run_fresh(self, request: dict[str, Any]) -> dict[str, Any]:
-        request_path = self.workdir / "request.json"
-        verdict_path = self.workdir / "verdict.json"
-        out_path, err_path = self.workdir / "fresh-stdout.txt", self.workdir / "fresh-stderr.txt"
-        request_path.write_text(json.dumps(request))
-        verdict_path.unlink(missing_ok=True)
-        started = time.perf_counter()
-        with out_path.open("w") as out, err_path.open("w") as err:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "reprocut.check.forkserver", "--once", str(request_path),
-                 "--verdict", str(verdict_path), "--parent", str(os.getpid())],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                env=child_environment(blocking=self.launch_blocking),
-                cwd=request["cwd"], start_new_session=True,
-            )  # fmt: skip
-            with lifeline.owned(process.pid):
-                returncode = run_with_timeout(process, request["timeout"])
-        reply: dict[str, Any] = {
-            "seconds": time.perf_counter() - started,
-            "stdout": read_output(out_path),
-            "stderr": read_output(err_path),
-            "returncode": returncode,
-        }
-        if returncode is None:
-            reply["outcome"] = "timeout"
-        elif verdict_path.exists():
-            reply["outcome"] = "done"
-            reply["verdict"] = json.loads(verdict_path.read_text())
-        else:
-            reply["outcome"] = "crashed"
-        return reply
-
-
-def run_with_timeout(process: subprocess.Popen[Any], timeout: float) -> int | None:
-    """Wait for a process started with start_new_session; kill its whole group on timeout."""
-    try:
-        return process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        return None
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)  # leftovers of the group
+        return run_fresh(request, self.workdir, child_environment(blocking=self.launch_blocking))

@@ -5,28 +5,29 @@ there is no aten op to rebuild, so the program itself is cut down: the same fixe
 the op-level shrinker, over module texts instead of ReproCases. One total order (`sort_key`)
 says which script is simpler; `consider` is the only place `best` changes, checking "strictly
 smaller" before paying for a run and "same signature" after; each accepted script goes out
-through `on_event` so the caller can save it. What reaches the failing call comes in as specs
-and a focus line (`reprocut.source.probe`); a recording is turned into those by
-`reprocut.source.recorded`.
+through `on_event` so the caller can save it. A pass's `Options` run several at a time
+(`reprocut.source.speculation`), their verdicts taken in the pass's order, so the result is the
+one-at-a-time result. What reaches the failing call comes in as specs and a focus line
+(`reprocut.source.probe`); a recording is turned into those by `reprocut.source.recorded`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import libcst as cst
-import libcst.matchers as m
 
 from reprocut.model.case import Signature, TensorSpec
 from reprocut.model.errors import NotReproducedError
+from reprocut.source.checks import OracleChecks, preload_imports
+from reprocut.source.finish import ending_with_a_sync, format_code
 from reprocut.source.passes import (
     COMPOUND,
     PASSES,
@@ -37,6 +38,15 @@ from reprocut.source.passes import (
     is_constant,
     parse,
     sibling_imports,
+)
+from reprocut.source.passes.tree import Options
+from reprocut.source.speculation import (
+    BudgetSpent,
+    CallableChecks,
+    Checks,
+    Speculation,
+    check_alone,
+    default_slots,
 )
 
 # check(code) -> a Verdict from reprocut.check.oracle (anything with `.signature` that failed), or,
@@ -126,6 +136,9 @@ class SourceResult:
     accepted: tuple[tuple[str, int], ...]  # (pass name, accepted candidates), passes in order
     stopped: str  # "fixed point", "max checks", "max time"
     original_lines: int = 0
+    parallel: int = 1  # candidates checked at once
+    discarded: int = 0  # speculative checks whose verdicts were not needed (not in `checks`)
+    preloaded: tuple[str, ...] = ()  # packages the fork server imported for every check
 
 
 def count_lines(code: str) -> int:
@@ -142,12 +155,6 @@ def count_small_statements(code: str) -> int:
 
 
 # --- the loop --------------------------------------------------------------------------------
-
-
-class _OutOfBudget(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def signature_of(verdict: Any) -> Signature | None:
@@ -186,9 +193,17 @@ class SourceReducer:
     started: float = field(default_factory=time.monotonic)
     accepted: dict[str, int] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set, repr=False)
+    parallel: int = 1  # with `check`: run it on this many threads at once (it must allow that)
+    runner: Checks | None = None  # how candidates run (default: `check`, `parallel` at a time)
+    _keys: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
+    _speculation: Speculation | None = field(default=None, repr=False)
 
     def key(self, code: str) -> tuple[int, ...]:
-        return sort_key(code, self.context.search_dirs)
+        """`sort_key`, once per text (the best is compared with every candidate)."""
+        found = self._keys.get(code)
+        if found is None:
+            found = self._keys[code] = sort_key(code, self.context.search_dirs)
+        return found
 
     def drops_focus(self, candidate: str) -> bool:
         """Would the candidate lose the failing call (the launch) the best still makes? A repro
@@ -199,18 +214,24 @@ class SourceReducer:
     def is_same_failure(self, verdict: Any) -> bool:
         return reproduces(verdict, self.expected)
 
-    def consider(self, candidate: str, pass_name: str = "") -> bool:
+    def admissible(self, candidate: str) -> bool:
+        """Worth a run: not a repeat, strictly smaller, still making the failing call."""
         if candidate in self.seen or self.key(candidate) >= self.key(self.best):
-            return False  # no run for a repeat or a non-improvement
-        if self.drops_focus(candidate):
             return False
-        if self.checks >= self.max_checks:
-            raise _OutOfBudget("max checks")
+        return not self.drops_focus(candidate)
+
+    def out_of_budget(self, in_flight: int = 0) -> str | None:
+        if self.checks + in_flight >= self.max_checks:
+            return "max checks"
         if time.monotonic() - self.started >= self.max_time:
-            raise _OutOfBudget("max time")
+            return "max time"
+        return None
+
+    def take(self, candidate: str, verdict: Any, pass_name: str) -> bool:
+        """A candidate's verdict, in the pass's order: the only place `best` changes."""
         self.seen.add(candidate)
         self.checks += 1
-        ok = self.is_same_failure(self.check(candidate))
+        ok = self.is_same_failure(verdict)
         self._emit(SourceChecked(pass_name, self.checks, ok))
         if not ok:
             return False
@@ -219,13 +240,32 @@ class SourceReducer:
         self._emit(SourceAccepted(pass_name, candidate, count_lines(candidate), self.checks))
         return True
 
+    @property
+    def discarded(self) -> int:
+        return 0 if self._speculation is None else self._speculation.discarded
+
+    def speculation(self) -> Speculation:
+        if self._speculation is None:
+            runner = self.runner or CallableChecks(self.check, self.parallel)
+            self._speculation = Speculation(runner)
+        return self._speculation
+
+    def consider(self, candidate: str, pass_name: str = "") -> bool:
+        """Run one candidate (if worth it); True when it became the best."""
+        options = [(True, candidate)]
+        return self.speculation().first_accepted(self, options, pass_name) is not None
+
     def run_pass(self, source_pass: SourcePass) -> None:
         name = source_pass.__name__
         generator = source_pass(self.best, self.context)
         try:
-            candidate = next(generator)
+            step = next(generator)
             while True:
-                candidate = generator.send(self.consider(candidate, name))
+                if isinstance(step, Options):
+                    answer: Any = self.speculation().first_accepted(self, step.items, name)
+                else:
+                    answer = self.consider(step, name)
+                step = generator.send(answer)
         except StopIteration:
             return
         finally:
@@ -240,8 +280,11 @@ class SourceReducer:
                     self.run_pass(source_pass)
                 if self.best == before:
                     return "fixed point"
-        except _OutOfBudget as exc:
+        except BudgetSpent as exc:
             return exc.reason
+        finally:
+            if self._speculation is not None:
+                self._speculation.close()
 
     def _emit(self, event: SourceEvent) -> None:
         if self.on_event is not None:
@@ -266,11 +309,16 @@ def reduce_source(
     passes: Sequence[SourcePass] = PASSES,
     timeout: float = 60.0,
     code: str | None = None,
+    parallel: int | None = None,
+    preload: bool = True,
 ) -> SourceResult:
     """Cut `script_path` down to a small standalone script failing with `expected`.
 
     `check(code)` runs a candidate; without one, `oracle.check_source` does (an Oracle with its
-    fork server is started, and stopped at the end, when none is given).
+    fork server is started, and stopped at the end, when none is given), its server having
+    imported the script's installed packages (unless `preload=False`). `parallel`: candidates checked at once (default:
+    1 with `check`, which must then be thread-safe to be given more; `default_slots()` with
+    the oracle).
     `specs` are the tensors recorded at the failing call by argument position (`focus`: that
     line's text) and `named_specs` the tensor parameters of the function making it,
     `named_values` its plain ones (see `probe_launch`): they may replace what computed them,
@@ -281,19 +329,24 @@ def reduce_source(
     cwd = Path(cwd).resolve()
     original = script_path.read_text() if code is None else code
     with contextlib.ExitStack() as stack:
+        runner: Checks
         if check is None:
             if oracle is None:
                 from reprocut.check.oracle import Oracle  # the fork server: torch imported once
 
                 oracle = stack.enter_context(Oracle(expected, timeout=timeout))
-            check = _oracle_check(oracle, script_path, cwd, list(argv), expected, timeout)
-            stack.callback(candidate_path(script_path).unlink, missing_ok=True)
-        return _reduce(
+            if preload:
+                preload_imports(oracle, script_path, cwd, argv)
+            runner = OracleChecks(oracle, script_path, cwd=cwd, argv=argv, expected=expected,
+                                  timeout=timeout, slots=parallel or default_slots())  # fmt: skip
+            stack.callback(runner.close)
+        else:
+            runner = CallableChecks(check, parallel or 1)
+        result = _reduce(
             original,
             script_path=script_path,
             cwd=cwd,
             expected=expected,
-            check=check,
             max_checks=max_checks,
             max_time=max_time,
             on_event=on_event,
@@ -302,7 +355,10 @@ def reduce_source(
             named_values=named_values,
             focus=focus,
             passes=passes,
+            runner=runner,
         )
+        loaded = (getattr(oracle, "preloaded", None) or {}).get("loaded", ())
+        return replace(result, preloaded=tuple(dict.fromkeys(loaded)))
 
 
 def _reduce(
@@ -311,7 +367,6 @@ def _reduce(
     script_path: Path,
     cwd: Path,
     expected: Signature,
-    check: Check,
     max_checks: int,
     max_time: float,
     on_event: Callable[[SourceEvent], None] | None,
@@ -320,6 +375,7 @@ def _reduce(
     named_values: Sequence[tuple[str, Any]],
     focus: str | None,
     passes: Sequence[SourcePass],
+    runner: Checks,
 ) -> SourceResult:
     started = time.monotonic()
     context = PassContext(
@@ -329,6 +385,7 @@ def _reduce(
         named_values=tuple(named_values),
         focus=focus,
     )
+    check = partial(check_alone, runner)
     if not reproduces(check(original), expected):
         raise NotReproducedError(
             f"{script_path.name} does not fail with {expected.describe()}",
@@ -345,6 +402,7 @@ def _reduce(
         on_event=on_event,
         checks=1,
         started=started,
+        runner=runner,
     )
     stopped = reducer.run()
     final = reducer.best
@@ -363,66 +421,6 @@ def _reduce(
         accepted=tuple((p.__name__, reducer.accepted.get(p.__name__, 0)) for p in passes),
         stopped=stopped,
         original_lines=count_lines(original),
+        parallel=runner.slots,
+        discarded=reducer.discarded,
     )
-
-
-def ending_with_a_sync(code: str) -> str:
-    """A GPU repro ends by waiting for the GPU: a fault still queued when `python repro.py`
-    ends surfaces only at teardown (CuPy's module unload, say) with exit status 0, or not at
-    all. The code as it is when it uses no GPU or already waits."""
-    if "cuda" not in code or "torch.cuda.synchronize()" in code:
-        return code
-    module = parse(code)
-    if module is None:
-        return code
-    wait = cst.parse_statement("torch.cuda.synchronize()\n")
-    body = [*module.body, wait]
-    if not any(m.matches(s, m.SimpleStatementLine([m.Import([m.ImportAlias(m.Name("torch"))])]))
-               for s in module.body):  # fmt: skip
-        future = sum(1 for s in module.body if m.matches(s, m.SimpleStatementLine(
-            [m.ImportFrom(module=m.Name("__future__"))])))  # fmt: skip
-        body.insert(future, cst.parse_statement("import torch\n"))
-    return module.with_changes(body=body).code
-
-
-def format_code(code: str) -> str:
-    """ruff-formatted code when ruff is installed, else the code as it is."""
-    ruff = shutil.which("ruff")
-    command = [ruff, "format", "--isolated", "-"] if ruff else None
-    if command is None:
-        return code
-    try:
-        done = subprocess.run(command, input=code, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return code
-    return done.stdout if done.returncode == 0 and done.stdout.strip() else code
-
-
-# --- checks ----------------------------------------------------------------------------------
-
-
-def candidate_path(script_path: Path) -> Path:
-    """Where candidates are written: beside the script, so `__file__`, `sys.path[0]` and
-    `inspect.getsource` (which `@triton.jit` reads) all see the candidate, not the original."""
-    return script_path.with_name(f".reprocut-candidate-{script_path.name}")
-
-
-def _oracle_check(
-    oracle: Any, script_path: Path, cwd: Path, argv: list[str], expected: Signature, timeout: float
-) -> Check:
-    """Each candidate runs as `python script.py argv...` from `cwd` would run it, in a child."""
-    path = candidate_path(script_path)
-
-    def check(code: str) -> Any:
-        path.write_text(code)
-        return oracle.check_source(
-            code,
-            filename=str(path),
-            cwd=cwd,
-            argv=argv,
-            timeout=timeout,
-            sys_path0=str(script_path.parent),
-            expected=expected,
-        )
-
-    return check

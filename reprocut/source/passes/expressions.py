@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
 
 from reprocut.source.passes.tree import (
+    Options,
     PassContext,
     count_statements,
     is_constant,
@@ -59,28 +60,27 @@ def smaller_integers(value: int) -> list[int]:
     return [v for i, v in enumerate(options) if 0 <= v < value and v not in options[:i]]
 
 
-def shrink_integers(code: str, context: PassContext) -> Generator[str, bool, None]:
+def shrink_integers(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """Make integer constants (epochs, batch and hidden sizes) small: 0, 1, halve, minus one."""
     module = parse(code)
     if module is None:
         return
     i = len(integers_of(module)) - 1
     while i >= 0:
-        module = parse(code)
-        if module is None:
+        accepted = yield Options(_smaller_integers_from(code, i))
+        if accepted is None:
             return
-        found = integers_of(module)
-        if i >= len(found):
-            i = len(found) - 1
-            continue
-        improved = False
+        i, code = accepted  # stay at that integer: the new value may shrink further
+
+
+def _smaller_integers_from(code: str, last: int) -> Iterator[tuple[int, str | None]]:
+    module = parse(code)
+    if module is None:
+        return
+    found = integers_of(module)
+    for i in range(min(last, len(found) - 1), -1, -1):
         for value in smaller_integers(integer_value(found[i])):
-            candidate = transform(code, _SetInteger(found[i], value), module)
-            if candidate is not None and (yield candidate):
-                code, improved = candidate, True
-                break
-        if not improved:
-            i -= 1  # on success, stay: the new value may shrink further
+            yield i, transform(code, _SetInteger(found[i], value), module)
 
 
 # --- drop_arguments --------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class _DropArg(cst.CSTTransformer):
         return updated_node.with_changes(args=args)
 
 
-def drop_arguments(code: str, context: PassContext) -> Generator[str, bool, None]:
+def drop_arguments(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """Leave out keyword and trailing arguments, so their defaults apply."""
 
     def apply_at(code: str, index: int) -> str | None:
@@ -175,24 +175,27 @@ class _ReplaceExpression(cst.CSTTransformer):
         return self.value if original_node is self.target else updated_node
 
 
-def simplify_expressions(code: str, context: PassContext) -> Generator[str, bool, None]:
+def simplify_expressions(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """Replace a computed value (an assignment's right side, an argument) by `0` or `None`."""
     i = 0
     while True:
-        module = parse(code)
-        if module is None:
+        accepted = yield Options(_simplifications_from(code, i))
+        if accepted is None:
             return
-        visitor = _ValueSites()
-        module.visit(visitor)
-        if i >= len(visitor.found):
-            return
+        i, code = accepted
+        i += 1
+
+
+def _simplifications_from(code: str, first: int) -> Iterator[tuple[int, str | None]]:
+    module = parse(code)
+    if module is None:
+        return
+    visitor = _ValueSites()
+    module.visit(visitor)
+    for i in range(first, len(visitor.found)):
         for text in SIMPLE_VALUES:
             replacement = cst.parse_expression(text)
-            candidate = transform(code, _ReplaceExpression(visitor.found[i], replacement), module)
-            if candidate is not None and (yield candidate):
-                code = candidate
-                break
-        i += 1
+            yield i, transform(code, _ReplaceExpression(visitor.found[i], replacement), module)
 
 
 # --- hoist_subexpressions -------------------------------------------------------------------
@@ -238,7 +241,7 @@ def _value_statement(statement: cst.BaseStatement) -> list[cst.BaseStatement] | 
     return None
 
 
-def hoist_subexpressions(code: str, context: PassContext) -> Generator[str, bool, None]:
+def hoist_subexpressions(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """Replace an expression by one of its parts (`(model(x).argmax() == y).sum()` -> `model(x)`)
     and an assignment whose name is not needed by its value."""
     code = yield from sweep(
@@ -248,19 +251,19 @@ def hoist_subexpressions(code: str, context: PassContext) -> Generator[str, bool
     )
     i = 0
     while True:
-        module = parse(code)
-        if module is None:
+        accepted = yield Options(_hoists_from(code, i))
+        if accepted is None:
             return
-        visitor = _HoistSites()
-        module.visit(visitor)
-        if i >= len(visitor.found):
-            return
+        i, code = accepted  # stay at that site: its new value may hoist further
+
+
+def _hoists_from(code: str, first: int) -> Iterator[tuple[int, str | None]]:
+    module = parse(code)
+    if module is None:
+        return
+    visitor = _HoistSites()
+    module.visit(visitor)
+    for i in range(first, len(visitor.found)):
         site = visitor.found[i]
-        accepted = False
         for child in _children(site):
-            candidate = transform(code, _ReplaceExpression(site, child), module)
-            if candidate is not None and (yield candidate):
-                code, accepted = candidate, True
-                break
-        if not accepted:
-            i += 1
+            yield i, transform(code, _ReplaceExpression(site, child), module)

@@ -95,7 +95,7 @@ def _sibling_body(path: Path) -> list[cst.BaseStatement] | None:
     ]
 
 
-def inline_sibling_imports(code: str, context: PassContext) -> Generator[str, bool, None]:
+def inline_sibling_imports(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """Paste a sibling module the script imports in place of its import line."""
     tried: set[str] = set()
     while True:
@@ -337,7 +337,7 @@ def _inline_call(
     return [*prelude, *body, *tail] or [PASS_LINE]
 
 
-def inline_calls(code: str, context: PassContext) -> Generator[str, bool, None]:
+def inline_calls(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """Replace `x = f(a)` (or `y = model(x)`, `obj.method(a)`) by the body it runs, parameters
     bound and the return assigned; the function goes with it when nothing else names it, so
     the script gets flatter."""

@@ -30,7 +30,7 @@ _MAIN_GUARD = m.If(
 )
 
 
-def jump_to_call(code: str, context: PassContext) -> Generator[str, bool, None]:
+def jump_to_call(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """The definitions, the probed tensors as the failing function's parameters, and its body up
     to the failing call; first with what nothing refers to any more dropped, then as it is."""
     if not context.named_specs:

@@ -211,7 +211,7 @@ def _replace_name(
     return new if new != code and parse(new) is not None else None
 
 
-def replace_with_specs(code: str, context: PassContext) -> Generator[str, bool, None]:
+def replace_with_specs(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """Replace what reaches the failing call by tensors built from recorded specs, so what
     computed it (model, data pipeline) can go: first the tensor parameters of the function
     making the call, then the call's arguments (the spec at the argument's position first)."""

@@ -3,13 +3,14 @@ inline names bound to literals."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
 
 from reprocut.source.passes.tree import (
+    Options,
     PassContext,
     RenameVariables,
     body_statements,
@@ -27,28 +28,32 @@ from reprocut.source.passes.tree import (
 # --- delete_statements -----------------------------------------------------------------------
 
 
-def delete_statements(code: str, context: PassContext) -> Generator[str, bool, None]:
+def delete_statements(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """ddmin over statements by post-order index: big chunks first, from the end backwards."""
     n = count_statements(code)
     size = max(n // 2, 1)
     while size >= 1:
         start = count_statements(code) - size
         while start > -size:
-            module = parse(code)
-            if module is None:
-                return
-            statements = statements_of(module)
-            lo = max(start, 0)
-            chunk = statements[lo : start + size]
-            candidate = replace_in(code, module, {id(s): [] for s in chunk}) if chunk else None
-            if candidate is not None and (yield candidate):
-                code = candidate
-                start = min(start, count_statements(code)) - size
-            else:
-                start -= size
+            fixed = code
+            starts = range(start, -size, -size)
+            accepted = yield Options((s, _without_chunk(fixed, s, size)) for s in starts)
+            if accepted is None:
+                break
+            start, code = accepted
+            start = min(start, count_statements(code)) - size
         if size == 1:
             break
         size //= 2
+
+
+def _without_chunk(code: str, start: int, size: int) -> str | None:
+    """The code without the statements start..start+size-1 (post-order), if that is valid."""
+    module = parse(code)
+    if module is None:
+        return None
+    chunk = statements_of(module)[max(start, 0) : start + size]
+    return replace_in(code, module, {id(s): [] for s in chunk}) if chunk else None
 
 
 # --- unwrap_blocks ---------------------------------------------------------------------------
@@ -123,27 +128,27 @@ def block_alternatives(statement: cst.BaseStatement) -> list[list[cst.BaseStatem
     return []
 
 
-def unwrap_blocks(code: str, context: PassContext) -> Generator[str, bool, None]:
+def unwrap_blocks(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """Replace a block by its contents: a loop by one iteration, an `if` by a branch, a `with`
     or `try` by its body."""
     i = count_statements(code) - 1
     while i >= 0:
-        module = parse(code)
-        if module is None:
+        accepted = yield Options(_unwrappings(code, i))
+        if accepted is None:
             return
-        statements = statements_of(module)
-        if i >= len(statements):
-            i = len(statements) - 1
-            continue
-        accepted = False
+        i, code = accepted
+        i = min(i, count_statements(code) - 1)  # the unwrapped body may hold more blocks
+
+
+def _unwrappings(code: str, last: int) -> Iterator[tuple[int, str | None]]:
+    """Each block's alternatives, from statement `last` back to the first."""
+    module = parse(code)
+    if module is None:
+        return
+    statements = statements_of(module)
+    for i in range(min(last, len(statements) - 1), -1, -1):
         for option in block_alternatives(statements[i]):
-            candidate = replace_in(code, module, {id(statements[i]): option})
-            if candidate is not None and (yield candidate):
-                code, accepted = candidate, True
-                break
-        i -= 1
-        if accepted:
-            i = min(i + 1, count_statements(code) - 1)  # the unwrapped body may hold more blocks
+            yield i, replace_in(code, module, {id(statements[i]): option})
 
 
 # --- remove_unused_definitions ---------------------------------------------------------------
@@ -196,7 +201,7 @@ def unused_definitions(module: cst.Module) -> list[cst.BaseStatement]:
     return unused
 
 
-def remove_unused_definitions(code: str, context: PassContext) -> Generator[str, bool, None]:
+def remove_unused_definitions(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """Drop imports, functions, classes and assignments nothing refers to: all, then one by one."""
     module = parse(code)
     if module is None:
@@ -333,7 +338,7 @@ def _inline_literal(module: cst.Module, statement: cst.BaseStatement) -> str | N
         return None
 
 
-def inline_names(code: str, context: PassContext) -> Generator[str, bool, None]:
+def inline_names(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """Drop the unused parts of tuple assignments, then put literals in place of the names
     bound to them once."""
     code = yield from sweep(
@@ -363,7 +368,7 @@ class _StripComments(cst.CSTTransformer):
         return updated_node.with_changes(comment=None, whitespace=cst.SimpleWhitespace(""))
 
 
-def strip_comments(code: str, context: PassContext) -> Generator[str, bool, None]:
+def strip_comments(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """Remove comments: in a repro they describe code that is no longer there."""
     candidate = transform(code, _StripComments())
     if candidate is not None:

@@ -3,15 +3,21 @@ pass protocol and the failing call ("focus") they must keep.
 
 A pass is a generator: given the best code so far it yields candidate texts, and the reducer
 sends back whether each was accepted (`accepted = yield candidate`). After an acceptance the pass
-continues from the accepted text, so a sweep survives the best changing mid-pass. A pass never
-judges a candidate itself: the reducer's sort key and signature check do that. Code that libcst
-cannot parse or rebuild (`ParserSyntaxError`, `CSTValidationError`) means "cannot apply".
+continues from the accepted text, so a sweep survives the best changing mid-pass. A pass may
+instead yield `Options`: the candidates it would try next, in order, were each one before
+rejected (a lazy sequence of (tag, candidate) pairs); the reducer may then run several at once,
+and sends back the first accepted pair, or None. Either way the pass sees the answers a
+one-at-a-time run would give it. A pass never judges a candidate itself: the reducer's sort key
+and signature check do that. Code that libcst cannot parse or rebuild (`ParserSyntaxError`,
+`CSTValidationError`) means "cannot apply".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +26,17 @@ import libcst.matchers as m
 
 from reprocut.model.case import TensorSpec
 
-SourcePass = Callable[[str, "PassContext"], Generator[str, bool, None]]
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """What a pass would try next, in order, each assuming the ones before it were rejected:
+    (tag, candidate) pairs, made lazily (a candidate may be None: cannot apply). The pass gets
+    back the first accepted pair, or None when none was."""
+
+    items: Iterable[tuple[Any, str | None]]
+
+
+SourcePass = Callable[[str, "PassContext"], Generator[Any, Any, None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +64,7 @@ STATEMENT = (
     | m.ClassDef()
 )
 COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef)
+STATEMENT_TYPES = (cst.SimpleStatementLine, *COMPOUND)  # what STATEMENT matches, for isinstance
 PASS_LINE = cst.SimpleStatementLine(body=[cst.Pass()])
 TENSOR_FACTORIES = frozenset(
     {"randn", "rand", "zeros", "ones", "full", "randint", "arange", "empty", "empty_strided",
@@ -58,7 +75,10 @@ TENSOR_FACTORIES = frozenset(
 # --- helpers ---------------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=256)
 def parse(code: str) -> cst.Module | None:
+    """The module of `code` (None: not Python). Cached: a pass parses the same text many times
+    over, and libcst trees are immutable, so one tree per text is safe to share."""
     try:
         return cst.parse_module(code)
     except (cst.ParserSyntaxError, RecursionError):
@@ -95,7 +115,7 @@ def compiles(code: str) -> bool:
 
 def sweep(
     code: str, count: Callable[[str], int], apply_at: Callable[[str, int], str | None]
-) -> Generator[str, bool, str]:
+) -> Generator[Any, Any, str]:
     """Try `apply_at(code, i)` for every site i, from the last to the first; returns the code
     as it stands after the sweep.
 
@@ -103,10 +123,12 @@ def sweep(
     """
     i = count(code) - 1
     while i >= 0:
-        candidate = apply_at(code, i)
-        if candidate is not None and (yield candidate):
-            code = candidate
-        i = min(i - 1, count(code) - 1)
+        fixed = code
+        accepted = yield Options((j, apply_at(fixed, j)) for j in range(i, -1, -1))
+        if accepted is None:
+            return code
+        j, code = accepted
+        i = min(j - 1, count(code) - 1)
     return code
 
 
@@ -218,15 +240,30 @@ class _StatementIndexer(cst.CSTVisitor):
         if isinstance(node.orelse, cst.If):
             self._elifs.add(id(node.orelse))
 
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.BaseExpression):
+            return False  # no statement sits in an expression
+        return super().on_visit(node)
+
     def on_leave(self, original_node: cst.CSTNode) -> None:
-        if m.matches(original_node, STATEMENT) and id(original_node) not in self._elifs:
-            self.statements.append(original_node)  # type: ignore[arg-type]
+        if isinstance(original_node, STATEMENT_TYPES) and id(original_node) not in self._elifs:
+            self.statements.append(original_node)
+
+
+_STATEMENTS: OrderedDict[int, tuple[cst.Module, tuple[cst.BaseStatement, ...]]] = OrderedDict()
 
 
 def statements_of(module: cst.Module) -> list[cst.BaseStatement]:
-    indexer = _StatementIndexer()
-    module.visit(indexer)
-    return indexer.statements
+    """The module's statements in post-order (cached per tree, as `parse` caches trees)."""
+    cached = _STATEMENTS.get(id(module))
+    if cached is None or cached[0] is not module:
+        indexer = _StatementIndexer()
+        module.visit(indexer)
+        cached = (module, tuple(indexer.statements))
+        _STATEMENTS[id(module)] = cached
+        if len(_STATEMENTS) > 256:
+            _STATEMENTS.popitem(last=False)
+    return list(cached[1])
 
 
 class _ReplaceStatements(cst.CSTTransformer):
@@ -345,9 +382,13 @@ def candidates(source_pass: SourcePass, code: str, context: PassContext) -> Iter
     """Every candidate a pass makes from `code`, none accepted (for tests and inspection)."""
     generator = source_pass(code, context)
     try:
-        candidate = next(generator)
+        step = next(generator)
         while True:
-            yield candidate
-            candidate = generator.send(False)
+            if isinstance(step, Options):
+                yield from (candidate for _, candidate in step.items if candidate is not None)
+                step = generator.send(None)
+            else:
+                yield step
+                step = generator.send(False)
     except StopIteration:
         return

@@ -1,0 +1,84 @@
+"""How the source reducer's candidates run: as the user's script, by the oracle.
+
+Each candidate is written beside the script (its `__file__`, `sys.path[0]` and the source
+`inspect.getsource` reads for `@triton.jit` are the candidate's), one file per slot so that
+candidates checked side by side do not overwrite each other, and run as `python script.py
+argv...` from `cwd` would run it, in a fork-server child. The server first imports the
+script's installed packages (`preload_imports`, reprocut.check.preload), so a check no longer
+pays for importing triton, cupy or transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from reprocut.check.connection import Ticket
+from reprocut.check.preload import PreloadChoice, choose_preloads
+from reprocut.model.case import Signature
+
+
+def candidate_path(script_path: Path, slot: int = 0) -> Path:
+    """Where slot `slot`'s candidates are written: beside the script."""
+    tag = "" if slot == 0 else f"{slot}-"
+    return script_path.with_name(f".reprocut-candidate-{tag}{script_path.name}")
+
+
+def preload_imports(
+    oracle: Any, script_path: Path, cwd: Path, argv: Sequence[str]
+) -> PreloadChoice:
+    """Have the oracle's fork server import the script's installed packages ahead."""
+    choice = choose_preloads(script_path, tuple(dict.fromkeys((script_path.parent, cwd))))
+    if choice.preloads and getattr(oracle, "fork", False):
+        oracle.preload([p.to_json() for p in choice.preloads], filename=str(script_path),
+                       cwd=str(cwd), argv=list(argv))  # fmt: skip
+    return choice
+
+
+class OracleChecks:
+    """Checks (reprocut.source.speculation) by an Oracle, `slots` candidates at a time."""
+
+    def __init__(
+        self,
+        oracle: Any,
+        script_path: Path,
+        *,
+        cwd: Path,
+        argv: Sequence[str],
+        expected: Signature,
+        timeout: float,
+        slots: int = 1,
+    ) -> None:
+        self.oracle = oracle
+        self.script_path = script_path
+        self.cwd = cwd
+        self.argv = list(argv)
+        self.expected = expected
+        self.timeout = timeout
+        self.slots = slots
+        self.paths = [candidate_path(script_path, k) for k in range(slots)]
+
+    def run(self, code: str, slot: int, ticket: Ticket | None) -> Any:
+        path = self.paths[slot]
+        path.write_text(code)
+        return self.oracle.check_source(
+            code,
+            filename=str(path),
+            cwd=self.cwd,
+            argv=self.argv,
+            timeout=self.timeout,
+            sys_path0=str(self.script_path.parent),
+            expected=self.expected,
+            confirm=False,
+            ticket=ticket,
+        )
+
+    def settle(self, code: str, slot: int, verdict: Any) -> Any:
+        return self.oracle.confirm_verdict(
+            code, str(self.paths[slot]), str(self.cwd), self.argv, verdict, self.expected
+        )
+
+    def close(self) -> None:
+        for path in self.paths:
+            path.unlink(missing_ok=True)

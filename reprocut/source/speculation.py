@@ -1,0 +1,190 @@
+"""Checking a pass's next candidates side by side, while taking the same answers in order.
+
+Most candidates are rejected, so the candidates a pass would try after a rejection are known
+ahead (`Options`: each made as if the ones before it were rejected). Up to `slots` of them run at
+once (one fork-server child each, like shrinkray's parallel search); their verdicts are taken
+strictly in the pass's order, and the first that reproduces wins: later ones still running are
+cancelled and their verdicts dropped, uncounted. So the reducer accepts exactly what a
+one-at-a-time run would, in the same order, with the same check count; only the wall time
+differs. A verdict that contention can explain (CUDA out of memory: the GPU's memory is
+shared by the checks in flight) is taken only after the candidate ran again alone; a timeout is
+taken as it is (checks take a second or so, their timeout is a minute).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from reprocut.check.connection import Ticket
+
+MAX_SLOTS = 8
+
+
+def default_slots() -> int:
+    """Candidates in flight at once: half the cores (each check's child and its kernel compiles
+    want a core, the reducer making candidates another), at most MAX_SLOTS."""
+    return max(1, min(MAX_SLOTS, (os.cpu_count() or 1) // 2))
+
+
+class Checks(Protocol):
+    """How candidates run: `run` on a worker thread, in slot `slot` (its own file), `settle` on
+    the reducer's thread in the pass's order (a plain-run confirmation may change the verdict)."""
+
+    slots: int
+
+    def run(self, code: str, slot: int, ticket: Ticket | None) -> Any: ...
+
+    def settle(self, code: str, slot: int, verdict: Any) -> Any: ...
+
+
+@dataclass
+class CallableChecks:
+    """A `check(code) -> verdict` callable as Checks (pure predicates, fresh-process checks)."""
+
+    check: Callable[[str], Any]
+    slots: int = 1
+
+    def run(self, code: str, slot: int, ticket: Ticket | None) -> Any:
+        return self.check(code)
+
+    def settle(self, code: str, slot: int, verdict: Any) -> Any:
+        return verdict
+
+
+def check_alone(checks: Checks, code: str) -> Any:
+    """One check, on the caller's thread, settled."""
+    return checks.settle(code, 0, checks.run(code, 0, None))
+
+
+def contended(verdict: Any) -> bool:
+    """Could running beside other checks have caused this verdict (and not the candidate)?"""
+    signature = getattr(verdict, "signature", None)
+    text = f"{getattr(signature, 'kind', '')} {getattr(verdict, 'message', '')}".lower()
+    return "out of memory" in text
+
+
+class Reducer(Protocol):
+    """What the speculation needs of the reducer (reprocut.source.reducer.SourceReducer)."""
+
+    def admissible(self, candidate: str) -> bool: ...
+
+    def out_of_budget(self, in_flight: int) -> str | None: ...
+
+    def take(self, candidate: str, verdict: Any, pass_name: str) -> bool: ...
+
+
+class BudgetSpent(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class _Flight:
+    tag: Any
+    candidate: str
+    slot: int
+    ticket: Ticket
+    future: Future[Any] | None = None  # None: ran inline (one slot)
+    verdict: Any = None
+
+    def result(self) -> Any:
+        return self.verdict if self.future is None else self.future.result()
+
+
+@dataclass
+class Speculation:
+    """Runs a reducer's Options `checks.slots` at a time."""
+
+    checks: Checks
+    discarded: int = 0  # runs whose verdicts a one-at-a-time run would never have asked for
+    rerun: int = 0  # verdicts taken only after running again alone
+    _pool: ThreadPoolExecutor | None = None
+    _free: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._free = list(range(self.checks.slots - 1, -1, -1))
+        if self.checks.slots > 1:
+            self._pool = ThreadPoolExecutor(self.checks.slots, thread_name_prefix="reprocut-check")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def first_accepted(
+        self, reducer: Reducer, items: Iterable[tuple[Any, str | None]], pass_name: str
+    ) -> tuple[Any, str] | None:
+        """The first (tag, candidate) the reducer takes, trying them in order; None if none."""
+        queue = iter(items)
+        flying: deque[_Flight] = deque()
+        held: tuple[Any, str] | None = None
+        try:
+            while True:
+                while len(flying) < self.checks.slots:
+                    held = held or self._next(reducer, queue, flying)
+                    if held is None:
+                        break
+                    reason = reducer.out_of_budget(len(flying))
+                    if reason is not None:
+                        if not flying:
+                            raise BudgetSpent(reason)
+                        break
+                    flying.append(self._start(*held))
+                    held = None
+                if not flying:
+                    return None
+                head = flying.popleft()
+                verdict = head.result()
+                if contended(verdict) and self.checks.slots > 1:
+                    for other in flying:  # let the others finish, then run it again alone
+                        other.result()
+                    verdict = self.checks.run(head.candidate, head.slot, None)
+                    self.rerun += 1
+                try:
+                    verdict = self.checks.settle(head.candidate, head.slot, verdict)
+                    taken = reducer.take(head.candidate, verdict, pass_name)
+                finally:
+                    self._free.append(head.slot)
+                if taken:
+                    return head.tag, head.candidate
+        finally:
+            self._drop(flying)
+
+    def _next(
+        self, reducer: Reducer, queue: Iterator[tuple[Any, str | None]], flying: deque[_Flight]
+    ) -> tuple[Any, str] | None:
+        """The next candidate worth a check (one in flight already is not: as a repeat of a
+        rejected one it would not be checked again)."""
+        for tag, candidate in queue:
+            if candidate is None or any(f.candidate == candidate for f in flying):
+                continue
+            if reducer.admissible(candidate):
+                return tag, candidate
+        return None
+
+    def _start(self, tag: Any, candidate: str) -> _Flight:
+        slot = self._free.pop()
+        flight = _Flight(tag, candidate, slot, Ticket())
+        if self._pool is None:
+            flight.verdict = self.checks.run(candidate, slot, flight.ticket)
+        else:
+            flight.future = self._pool.submit(self.checks.run, candidate, slot, flight.ticket)
+        return flight
+
+    def _drop(self, flying: deque[_Flight]) -> None:
+        """Cancel what is still in flight and wait for it (its slot's file is reused next)."""
+        for flight in flying:
+            flight.ticket.cancel()
+        for flight in flying:
+            with contextlib.suppress(Exception):  # a cancelled check's failure is of no interest
+                flight.result()
+            self._free.append(flight.slot)
+            self.discarded += 1
+        flying.clear()

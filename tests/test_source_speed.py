@@ -1,0 +1,235 @@
+"""The cost of source-reduction checks: which imports the fork server preloads, checks side by
+side giving the one-at-a-time result, and the server's concurrent children (issue #11)."""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from reprocut.check.oracle import Cancelled, Oracle, Passed, Ticket
+from reprocut.check.preload import choose_preloads
+from reprocut.model.case import Signature
+from reprocut.source.passes import PASSES, PassContext
+from reprocut.source.reducer import SourceAccepted, SourceChecked, SourceReducer, reduce_source
+
+BAD = Signature("ValueError", None, None, "bad value <n>")
+
+
+def code(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+# --- what is preloaded ---------------------------------------------------------------------------
+
+
+def test_installed_packages_are_preloaded_and_the_users_own_modules_are_not(tmp_path: Path):
+    (tmp_path / "helpers.py").write_text(
+        "import numpy as np\nfrom transformers import BertConfig\n"
+    )
+    (tmp_path / "vendor").mkdir()
+    (tmp_path / "vendor" / "fastext.py").write_text("import rich\n")
+    (tmp_path / "numpy.py").write_text("")  # never: the user's file shadows the installed one
+    script = tmp_path / "train.py"
+    script.write_text(
+        code("""
+        from __future__ import annotations
+        import json
+        import torch
+        import helpers
+        from .local import thing
+        from fastext import kernel
+        import pycuda.autoinit
+        import libcst.matchers as m
+        if True:
+            import os
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        import hypothesis
+    """)
+    )
+    choice = choose_preloads(script, (tmp_path,))
+    assert choice.modules() == ("transformers", "rich", "libcst.matchers")
+    assert [p.names for p in choice.preloads] == [("BertConfig",), (), ()]
+    why = dict(choice.skipped)
+    assert why["helpers"] == why["fastext"] == why["numpy"] == "the user's own module"
+    assert why["local"] == "the user's own package"
+    assert why["pycuda.autoinit"] == "makes a CUDA context when imported"
+    assert why["hypothesis"].startswith("imported after the environment is written at train.py:")
+    assert "json" not in why and "torch" not in why  # the standard library, torch: nothing to do
+
+
+def test_a_module_that_is_not_installed_is_not_preloaded(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text("import no_such_package_here\n")
+    choice = choose_preloads(script, (tmp_path,))
+    assert choice.preloads == ()
+    assert dict(choice.skipped) == {"no_such_package_here": "not an installed package"}
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    with Oracle(timeout=60) as shared:
+        yield shared
+
+
+def test_the_server_imports_what_is_safe_and_refuses_a_module_that_starts_a_thread(
+    oracle: Oracle, tmp_path: Path
+):
+    (tmp_path / "spinner.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+    )
+    (tmp_path / "calm.py").write_text("VALUE = 7\n")
+    script = tmp_path / "train.py"
+    oracle.preload([["spinner", []], ["calm", ["VALUE"]]], filename=str(script), cwd=str(tmp_path),
+                   argv=[])  # fmt: skip
+    probe = "import sys\nprint(sorted(m for m in ('spinner', 'calm') if m in sys.modules))\n"
+    verdict = oracle.check_source(probe, filename=str(tmp_path / "c.py"), cwd=tmp_path)
+    assert isinstance(verdict, Passed), verdict
+    assert verdict.stdout.strip() == "['calm']"  # imported once in the server, for every child
+    assert oracle.preloaded is not None
+    assert oracle.preloaded["loaded"] == ["calm"]
+    assert oracle.preloaded["refused"] == {"spinner": "started a thread"}
+
+
+def test_checks_run_side_by_side_and_one_can_be_cancelled(oracle: Oracle, tmp_path: Path):
+    verdicts: dict[int, object] = {}
+
+    def check(k: int) -> None:
+        source = f"import time\ntime.sleep(1.5)\nprint({k})\n"
+        verdicts[k] = oracle.check_source(source, filename=str(tmp_path / f"c{k}.py"), cwd=tmp_path)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=check, args=(k,)) for k in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert time.perf_counter() - started < 4.0  # not 3 x 1.5 s
+    assert {k: getattr(v, "stdout", "").strip() for k, v in verdicts.items()} == {
+        0: "0", 1: "1", 2: "2"
+    }  # fmt: skip
+    ticket, cancelled = Ticket(), []
+    hang = "import time\ntime.sleep(60)\n"
+    thread = threading.Thread(target=lambda: cancelled.append(oracle.check_source(
+        hang, filename=str(tmp_path / "h.py"), cwd=tmp_path, ticket=ticket)))  # fmt: skip
+    started = time.perf_counter()
+    thread.start()
+    time.sleep(0.5)
+    ticket.cancel()
+    thread.join()
+    assert isinstance(cancelled[0], Cancelled) and time.perf_counter() - started < 10
+
+
+# --- side by side, the same result -----------------------------------------------------------------
+
+SCRIPT = code("""
+    import math
+    import json
+
+    SCALE = 10
+
+
+    def normalize(values, scale):
+        total = sum(values)
+        if total > scale * 3:
+            raise ValueError(f"bad value {total}")
+        return [v / scale for v in values]
+
+
+    def main():
+        history = []
+        for epoch in range(4):
+            batch = [epoch * 7, SCALE, 5, epoch]
+            normalized = normalize(batch, scale=SCALE)
+            history.append(sum(normalized))
+            print(json.dumps(history[-1]), math.pi)
+
+
+    if __name__ == "__main__":
+        main()
+""")
+
+
+def slow_pure_check(source: str) -> Signature | None:
+    """The candidate's failure, run here; slower for some candidates, so verdicts of checks
+    side by side come back out of order."""
+    time.sleep(0.002 * (hash(source) % 5))
+    try:
+        exec(compile(source, "<candidate>", "exec"), {"__name__": "__main__"})
+    except Exception as exc:
+        kind = "bad value <n>" if str(exc).startswith("bad value") else str(exc)
+        return Signature(type(exc).__name__, None, None, kind)
+    return None
+
+
+def reduce_with(parallel: int, **options) -> tuple[SourceReducer, str, list[object]]:
+    events: list[object] = []
+    reducer = SourceReducer(
+        best=SCRIPT, expected=BAD, check=slow_pure_check, context=PassContext(), passes=PASSES,
+        parallel=parallel, on_event=events.append, **options,
+    )  # fmt: skip
+    stopped = reducer.run()
+    return reducer, stopped, events
+
+
+def trail(events: list[object]) -> list[tuple[str, int, bool]]:
+    return [(e.pass_name, e.checks, e.accepted) for e in events if isinstance(e, SourceChecked)]
+
+
+@pytest.mark.parametrize("options", [{}, {"max_checks": 40}])
+def test_checking_candidates_side_by_side_gives_the_one_at_a_time_result(options):
+    one, stopped_one, events_one = reduce_with(1, **options)
+    many, stopped_many, events_many = reduce_with(4, **options)
+    assert many.best == one.best and stopped_many == stopped_one
+    assert many.checks == one.checks and many.accepted == one.accepted
+    assert trail(events_many) == trail(events_one)  # the same verdicts, in the same order
+    accepted = [e.code for e in events_many if isinstance(e, SourceAccepted)]
+    assert accepted == [e.code for e in events_one if isinstance(e, SourceAccepted)]
+    if not options:
+        assert many.discarded > 0  # speculative checks really ran past accepted candidates
+
+
+def test_a_real_script_reduces_the_same_with_the_oracle_checking_side_by_side(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.replace("import json", "import json\nimport torch"))
+    results = [
+        reduce_source(script, cwd=tmp_path, argv=[], expected=BAD, parallel=n, timeout=60)
+        for n in (1, 2)
+    ]
+    assert results[0].code == results[1].code
+    assert results[0].checks == results[1].checks
+    assert results[0].accepted == results[1].accepted
+    assert (results[0].parallel, results[1].parallel) == (1, 2)
+    assert "raise ValueError" in results[1].code
+
+
+# --- on the H200 (benchmarks/gpu_batch.sh, stage `tests`) -----------------------------------------
+
+
+@pytest.mark.cuda
+def test_triton_and_cupy_preloaded_leave_the_children_free_to_use_the_gpu(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text("import triton\nimport triton.language as tl\nimport cupy\n")
+    choice = choose_preloads(script, (tmp_path,))
+    assert choice.modules() == ("triton", "triton.language", "cupy"), choice
+    with Oracle(timeout=120) as gpu_oracle:
+        gpu_oracle.preload([p.to_json() for p in choice.preloads], filename=str(script),
+                           cwd=str(tmp_path), argv=[])  # fmt: skip
+        probe = code("""
+            import sys
+            import cupy
+            import torch
+            x = torch.ones(4, device="cuda")
+            print(int(x.sum().item()), int(cupy.ones(3).sum()), "triton" in sys.modules)
+        """)
+        for _ in range(2):  # every child makes its own context, after the server preloaded
+            verdict = gpu_oracle.check_source(probe, filename=str(tmp_path / "c.py"), cwd=tmp_path)
+            assert isinstance(verdict, Passed), verdict
+            assert verdict.stdout.split() == ["4", "3", "True"]
+        assert gpu_oracle.preloaded is not None
+        assert set(gpu_oracle.preloaded["loaded"]) == {"triton", "triton.language", "cupy"}, (
+            gpu_oracle.preloaded
+        )
