@@ -106,12 +106,17 @@ def test_the_grid_of_a_subscripted_launch_is_read_from_its_text():
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def recorded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("kernel-facts")
     script = SCRIPTS / "hashed_ids_kernel.py"
     code = main(["record", "--json", "--quiet", "--root", str(root), str(script)])
     assert code == ExitCode.OK
-    return json.loads(next((root / "runs").iterdir()).joinpath("failure.json").read_text())
+    return next((root / "runs").iterdir())
+
+
+@pytest.fixture(scope="module")
+def recorded(recorded_run: Path) -> dict:
+    return json.loads(recorded_run.joinpath("failure.json").read_text())
 
 
 def test_record_reads_the_ids_reaching_a_library_launched_kernel(recorded: dict):
@@ -167,3 +172,23 @@ def test_probe_launch_reads_the_grid_keywords_and_numbers_of_a_subscripted_launc
     )
     facts = kernel_facts(probed, [("logits", probed.args[0]), ("out", probed.args[1])])
     assert list(facts) == ["logits"] and "wrap negative from program 2097152" in facts["logits"][0]
+
+
+def test_shrink_takes_the_launch_record_read_instead_of_running_the_script_twice(recorded_run):
+    from reprocut.model.recording import RunDir
+    from reprocut.source.recorded import recorded_launch, reducible_files
+
+    run = RunDir(recorded_run)
+    failure = run.read_failure()
+    script = Path(failure.script).resolve()
+    editable = reducible_files(script, (script.parent,))
+    kept = recorded_launch(run.launch_probe_path, script, list(failure.argv), editable)
+    assert kept is not None and kept.file == script
+    assert kept.focus.strip() == "_KERNEL((1,), (128,), args)"
+    assert kept.specs.kernel == "hashed_bag"
+    assert dict(kept.specs.params)["ids"].shape == (8, 4)  # step 2's ids, the new field in
+    assert recorded_launch(run.launch_probe_path, script, ["--other"], editable) is None
+    code = main(["shrink", "--json", str(recorded_run)])
+    assert code == ExitCode.OK
+    repro = (recorded_run / "repro.py").read_text()
+    assert "_KERNEL(" in repro and "for step in" not in repro

@@ -85,6 +85,7 @@ def _launch_inputs(
         line=launch.line,
         focus=focus,
         timeout=options.timeout or 600.0,
+        keep=options.run_dir.launch_probe_path,  # `shrink` reads it instead of probing again
     )
     named = [*zip(call_argument_sources(focus), probed.args, strict=False), *probed.params]
     tensors: dict[str, TensorSpec] = {}

@@ -37,6 +37,7 @@ DEFAULT_ROOT = Path(".reprocut")
 FAILURE_FILE = "failure.json"
 META_FILE = "meta.json"
 TRACE_FILE = "trace.jsonl"
+LAUNCH_PROBE_FILE = "launch_probe.json"  # what reached a custom kernel launch (source.probe)
 INPUTS_FILE = "inputs.pt"
 GITIGNORE = "# Created by reprocut: recordings hold captured tensors; keep them out of git.\n*\n"
 
@@ -238,6 +239,10 @@ class RunDir:
     @property
     def trace_path(self) -> Path:
         return self.path / TRACE_FILE
+
+    @property
+    def launch_probe_path(self) -> Path:
+        return self.path / LAUNCH_PROBE_FILE
 
     @property
     def inputs_path(self) -> Path:

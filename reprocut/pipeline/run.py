@@ -273,7 +273,8 @@ def _shrink(
         if not failure.cases and not settings.source and failure.status != "outside-dispatcher":
             print_phase(console, "no captured call to shrink: reducing the script instead")
         with phases.phase(SOURCE):
-            return shrink_source(failure, oracle, on_event=on_event, **limits)
+            kept = run_dir.launch_probe_path
+            return shrink_source(failure, oracle, on_event=on_event, kept=kept, **limits)
     return shrink_case(
         failure,
         inputs,

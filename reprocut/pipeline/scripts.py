@@ -27,6 +27,7 @@ def shrink_source(
     max_checks: int,
     max_time: float,
     on_event: Callable[[Any], None],
+    kept: Path | None = None,
 ) -> Outcome:
     """Custom kernels and --source: reduce the user's script (reprocut.source.recorded)."""
     try:
@@ -49,6 +50,7 @@ def shrink_source(
         max_checks=max_checks,
         max_time=max_time,
         on_event=on_event,
+        kept=kept,  # record's launch probe: two runs of the script fewer
     )
     return Outcome(
         code=pin_script_dir(result.code, Path(failure.script).resolve().parent),

@@ -232,6 +232,7 @@ def probe_launch(
     line: int,
     focus: str,
     timeout: float = 600.0,
+    keep: Path | None = None,
 ) -> LaunchSpecs:
     """Run the script under a line tracer and read the specs of the tensors reaching the failing
     call at `file:line` (`focus`: its text) the time it raised; the last time it ran when it
@@ -240,7 +241,8 @@ def probe_launch(
     For custom kernels the recording knows only the launch line; this finds what the kernel was
     given (an expand()ed or offset view included), at the step that faulted, not the first.
     Launches are blocking, so an asynchronous fault raises at its call. Empty when the line is
-    never reached.
+    never reached. `keep`: where to write what was read, for `kept_launch` (a run of the whole
+    script is what this costs, and `shrink` needs the same reading).
     """
     from reprocut.check.oracle import child_environment
 
@@ -267,6 +269,39 @@ def probe_launch(
             found = json.loads(result.read_text())
         except (OSError, ValueError):
             return LaunchSpecs()
+    if keep is not None:
+        kept = {"script": str(Path(script_path).resolve()), "argv": list(argv),
+                "file": str(Path(file).resolve()), "line": line, "focus": focus, "found": found}  # fmt: skip
+        keep.write_text(json.dumps(kept))
+    return _launch_specs(found)
+
+
+@dataclass(frozen=True, slots=True)
+class KeptLaunch:
+    """A launch probe written at record time: the failing call and what reached it."""
+
+    file: Path
+    line: int
+    focus: str
+    specs: LaunchSpecs
+
+
+def kept_launch(path: Path, script_path: Path, argv: Sequence[str]) -> KeptLaunch | None:
+    """The probe `probe_launch(keep=path)` wrote, if it is for this script and argv and its
+    file still has the focus at that line; else None (probe again)."""
+    try:
+        kept = json.loads(Path(path).read_text())
+        file, line, focus = Path(kept["file"]), int(kept["line"]), kept["focus"]
+        if kept["script"] != str(Path(script_path).resolve()) or kept["argv"] != list(argv):
+            return None
+        if statement_text(file, line) != focus:
+            return None  # the script changed since it was recorded
+        return KeptLaunch(file, line, focus, _launch_specs(kept["found"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _launch_specs(found: dict[str, Any]) -> LaunchSpecs:
     return LaunchSpecs(
         args=tuple(None if s is None else spec_from_json(s) for s in found["args"]),
         params=tuple((name, spec_from_json(s)) for name, s in found["params"]),

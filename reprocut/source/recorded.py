@@ -16,7 +16,14 @@ import libcst as cst
 import libcst.matchers as m
 
 from reprocut.source.passes import import_module_name, parse, sibling_file, sibling_imports
-from reprocut.source.probe import LaunchSpecs, failing_frames, probe_launch, statement_text
+from reprocut.source.probe import (
+    KeptLaunch,
+    LaunchSpecs,
+    failing_frames,
+    kept_launch,
+    probe_launch,
+    statement_text,
+)
 from reprocut.source.reducer import SourceEvent, SourceResult, reduce_source
 
 
@@ -41,27 +48,21 @@ def reduce_recorded(
     max_time: float = 300,
     on_event: Callable[[SourceEvent], None] | None = None,
     timeout: float = 60.0,
+    kept: Path | None = None,
 ) -> SourceResult:
     """`reduce_source` for a recording (`reprocut.model.recording.Failure`): the failing call is the
-    innermost frame in code the reducer edits (one fresh run finds it), and the tensors that
-    reach it are probed just before it runs."""
+    innermost frame in code the reducer edits, and the tensors that reach it are probed just
+    before it runs. `kept`: the probe `record` wrote (the run folder's launch_probe.json); when
+    it still fits, those two runs of the whole script are not made again."""
     script_path = Path(failure.script).resolve()
     cwd = Path(failure.cwd or script_path.parent).resolve()
     argv = list(failure.argv)
     editable = reducible_files(script_path, (script_path.parent, cwd))
-    frames = failing_frames(script_path, cwd=cwd, argv=argv)
-    inner = [(file, line) for file, line in frames if file.resolve() in editable]
-    crashed = failure.source if not frames and failure.signature.error_type == "Crash" else None
-    if crashed is not None and Path(crashed.file).resolve() in editable:
-        inner = [(Path(crashed.file), crashed.line)]  # no traceback: faulthandler's frame
-    focus, launch = None, LaunchSpecs()
-    if inner:
-        file, line = inner[-1]
-        focus = statement_text(file, line)
-        if focus is not None:
-            launch = probe_launch(
-                script_path, cwd=cwd, argv=argv, file=file, line=line, focus=focus
-            )
+    recorded = recorded_launch(kept, script_path, argv, editable)
+    if recorded is not None:
+        focus, launch = recorded.focus, recorded.specs
+    else:
+        focus, launch = _probe_failing_call(failure, script_path, cwd, argv, editable)
     specs = launch.args or tuple(report.spec for report in failure.tensors)
     return reduce_source(
         script_path,
@@ -78,6 +79,36 @@ def reduce_recorded(
         focus=focus,
         timeout=timeout,
     )
+
+
+def recorded_launch(
+    kept: Path | None, script_path: Path, argv: list[str], editable: set[Path]
+) -> KeptLaunch | None:
+    """The launch probe record kept, when it is for this script and a file the reducer edits."""
+    if kept is None:
+        return None
+    recorded = kept_launch(kept, script_path, argv)
+    if recorded is None or recorded.file.resolve() not in editable:
+        return None
+    return recorded
+
+
+def _probe_failing_call(
+    failure: Any, script_path: Path, cwd: Path, argv: list[str], editable: set[Path]
+) -> tuple[str | None, LaunchSpecs]:
+    """One fresh run finds the failing frame, one more reads what reaches its call."""
+    frames = failing_frames(script_path, cwd=cwd, argv=argv)
+    inner = [(file, line) for file, line in frames if file.resolve() in editable]
+    crashed = failure.source if not frames and failure.signature.error_type == "Crash" else None
+    if crashed is not None and Path(crashed.file).resolve() in editable:
+        inner = [(Path(crashed.file), crashed.line)]  # no traceback: faulthandler's frame
+    if not inner:
+        return None, LaunchSpecs()
+    file, line = inner[-1]
+    focus = statement_text(file, line)
+    if focus is None:
+        return None, LaunchSpecs()
+    return focus, probe_launch(script_path, cwd=cwd, argv=argv, file=file, line=line, focus=focus)
 
 
 class _PinScriptDir(m.MatcherDecoratableTransformer):
