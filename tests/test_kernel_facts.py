@@ -192,3 +192,5 @@ def test_shrink_takes_the_launch_record_read_instead_of_running_the_script_twice
     assert code == ExitCode.OK
     repro = (recorded_run / "repro.py").read_text()
     assert "_KERNEL(" in repro and "for step in" not in repro
+    # the ids come back across the range they had at the launch, out-of-range ones included
+    assert "torch.randint(2, 1099511627784, (8, 4))" in repro

@@ -10,13 +10,14 @@ reducer its specs and focus line, and `reprocut.localize` the launch's inputs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ import libcst.matchers as m
 import libcst.metadata
 
 from reprocut.check import lifeline
-from reprocut.model.case import TensorSpec, spec_from_json
+from reprocut.model.case import Generated, TensorSpec, spec_from_json
 from reprocut.source.passes import focus_callee, parse
 
 # --- what reaches the failing call -----------------------------------------------------------
@@ -89,6 +90,37 @@ class LaunchSpecs:
     kernel: str | None = None  # the launched kernel's own name (`cmvn_vec4`, not `_KERNEL`)
     integers: tuple[tuple[str, IntegerRange], ...] = ()  # integer tensors' values, by name
     launch: LaunchValues = field(default_factory=LaunchValues)
+
+
+INT64_MAX = 2**63 - 1
+
+
+def with_value_ranges(launch: LaunchSpecs, focus: str) -> LaunchSpecs:
+    """Integer tensors at the launch generated across the range they had (ids, offsets), not
+    as zeros: a spec alone would hand the kernel row 0 everywhere, and the out-of-range id that
+    faulted would be gone. Other specs as they are. `focus`: the call's text (arguments are
+    named by their source there)."""
+    ranges = dict(launch.integers)
+    sources = call_argument_sources(focus)
+
+    def ranged(name: str | None, spec: TensorSpec | None) -> TensorSpec | None:
+        found = ranges.get(name) if name is not None else None
+        if spec is None or found is None or not isinstance(spec.values, (Generated, type(None))):
+            return spec  # values recorded as they were: keep them
+        if spec.dtype.startswith(("float", "bfloat", "complex", "bool")):
+            return spec
+        if found.low < found.high < INT64_MAX:
+            return replace(spec, values=Generated("randint", found.low, found.high + 1))
+        return replace(spec, values=Generated("full", found.low))
+
+    return replace(
+        launch,
+        args=tuple(
+            ranged(sources[i] if i < len(sources) else None, spec)
+            for i, spec in enumerate(launch.args)
+        ),
+        params=tuple((name, ranged(name, spec) or spec) for name, spec in launch.params),
+    )
 
 
 _PROBE = r"""
@@ -272,7 +304,8 @@ def probe_launch(
     if keep is not None:
         kept = {"script": str(Path(script_path).resolve()), "argv": list(argv),
                 "file": str(Path(file).resolve()), "line": line, "focus": focus, "found": found}  # fmt: skip
-        keep.write_text(json.dumps(kept))
+        with contextlib.suppress(OSError):  # a cache: shrink probes again without it
+            keep.write_text(json.dumps(kept))
     return _launch_specs(found)
 
 

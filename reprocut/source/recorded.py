@@ -23,6 +23,7 @@ from reprocut.source.probe import (
     kept_launch,
     probe_launch,
     statement_text,
+    with_value_ranges,
 )
 from reprocut.source.reducer import SourceEvent, SourceResult, reduce_source
 
@@ -63,6 +64,8 @@ def reduce_recorded(
         focus, launch = recorded.focus, recorded.specs
     else:
         focus, launch = _probe_failing_call(failure, script_path, cwd, argv, editable)
+    if focus is not None:
+        launch = with_value_ranges(launch, focus)
     specs = launch.args or tuple(report.spec for report in failure.tensors)
     return reduce_source(
         script_path,
