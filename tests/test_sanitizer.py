@@ -200,7 +200,7 @@ def test_memcheck_on_a_real_out_of_bounds_sparse_repro(tmp_path) -> None:
     assert first is not None and first.kernel and first.address is not None
     assert any(
         "`x`" in line or "`values`" in line or "`indices`" in line for line in evidence.findings
-    )
+    ), evidence.to_json()  # the findings and the tensor map, to see why none was named
 
 
 def test_the_address_follows_from_the_nearest_allocation_when_no_address_line_was_read() -> None:
