@@ -1,12 +1,14 @@
 """Train a two-layer GCN on subgraphs sampled from a large citation graph (CPU or CUDA).
 
-Each step samples 1200 papers of a 111M-paper crawl (ogbn-papers100M scale) and relabels the
-citations among them from global paper ids to rows of the sampled feature matrix. Bug: from step
-7 on, the crawler appends citations to papers outside the sample, and `to_local` keeps an id it
-cannot find as it is ("fetched later"), so global ids up to ~1.1e8 enter a 1200 x 1200 sparse
-adjacency. The COO constructor does not check its indices: on CPU torch.sparse.mm raises at once
-("index out of column bound"); on CUDA cuSPARSE reads ~1e8 rows past the feature matrix,
-outside any allocation, and faults with an illegal memory access.
+Each step samples 1200 papers of a crawl keyed by Microsoft Academic Graph paper ids (about 2e9
+to 3.3e9) and relabels the citations among them from paper ids to rows of the sampled feature
+matrix. Bug: from step 7 on, the crawler appends citations to papers outside the sample, and
+`to_local` keeps an id it cannot find as it is ("fetched later"), so paper ids of ~3e9 enter a
+1200 x 1200 sparse adjacency. The COO constructor does not check its indices: on CPU
+torch.sparse.mm raises at once ("index out of column bound"); on CUDA cuSPARSE reads ~3e9 rows
+(hundreds of GB) past the feature matrix, outside any allocation, and faults with an illegal
+memory access. (With ids of ~1e8, 14 GB past, the H200 did not fault: the reads landed in
+mapped memory.)
 """
 
 from __future__ import annotations
@@ -18,19 +20,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 FEATURES, CLASSES, NODES = 32, 5, 1200
-TOTAL_PAPERS = 111_059_956  # papers in the whole crawl
+FIRST_ID, LAST_ID = 2_000_000_000, 3_300_000_000  # the range of the crawl's paper ids
 
 
 def sample_subgraph(
     step: int, g: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Global ids of the sampled papers (sorted) and the citations among them, as global ids."""
-    sample = torch.randint(0, TOTAL_PAPERS, (NODES,), generator=g).unique()
+    sample = torch.randint(FIRST_ID, LAST_ID, (NODES,), generator=g).unique()
     edges = 6000 + 100 * step
     src = sample[torch.randint(0, sample.numel(), (edges,), generator=g)]
     dst = sample[torch.randint(0, sample.numel(), (edges,), generator=g)]
     if step >= 7:  # newly crawled citations, to papers outside the sample
-        dst[-40:] = torch.randint(0, TOTAL_PAPERS, (40,), generator=g)
+        dst[-40:] = torch.randint(FIRST_ID, LAST_ID, (40,), generator=g)
     return sample, src, dst
 
 
