@@ -26,11 +26,22 @@ def version() -> str:
     return done.stdout.strip().split()[-1] if done.returncode == 0 else "0.0.x"
 
 
+def _help() -> str:
+    done = subprocess.run([SHRINKRAY, "--help"], capture_output=True, text=True, timeout=60)
+    return done.stdout
+
+
 def _writes_a_target() -> bool:
     """shrinkray 0.0.x writes its result to `--target`; later versions reduce the file in place
     (and need `--ui basic` without a terminal)."""
-    done = subprocess.run([SHRINKRAY, "--help"], capture_output=True, text=True, timeout=60)
-    return "--target" in done.stdout
+    return "--target" in _help()
+
+
+def _options_it_has(*options: str) -> list[str]:
+    """The options this shrinkray knows: 26.7 dropped `--no-clang-delta` and exits 2 (usage)
+    at the sight of it, which ended every H200 run in 1.5 s."""
+    known = _help()
+    return [option for option in options if option in known]
 
 
 def run_shrinkray(
@@ -49,7 +60,8 @@ def run_shrinkray(
     else:
         work = target.with_name(f".work-{target.name}")
         shutil.copyfile(source, work)
-        arguments = [*common, "--ui", "basic", "--input-type", "stdin", "--no-clang-delta",
+        arguments = [*common, "--ui", "basic", "--input-type", "stdin",
+                     *_options_it_has("--no-clang-delta"),
                      "--backup", str(work) + ".bak", str(test), str(work)]  # fmt: skip
     seconds, status = _run(arguments, cwd, time_limit, target.with_name(f"{target.name}.log"))
     if work is not None:
