@@ -15,6 +15,7 @@ Three ways to meet a failing op, by mode:
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,6 +41,7 @@ class OpRecorder(TorchDispatchMode):
         # entry, so its id cannot be reused.
         self._ops: dict[int, tuple[str, bool, Any]] = {}
         self._targets: dict[int, tuple[str, tuple[str, ...] | None, Any]] = {}
+        self._untagged: list[tuple[int, Any, tuple[Any, ...]]] = []  # see _tag_later
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -134,9 +136,32 @@ class OpRecorder(TorchDispatchMode):
             raise
         module = recorder.current_module() if snapshot is None else snapshot.module
         recorder.ops.append((name, module, phase, tuple(map(spec_tuple, args))))
-        if snapshot is not None and phase == "forward":
-            _tag_node(recorder, result, snapshot)
+        if snapshot is not None and phase == "forward" and recorder.config.tag_backward:
+            self._tag_later(result, snapshot)
         return result
+
+    def _tag_later(self, result: Any, snapshot: Snapshot) -> None:
+        """In light steps no module hook tags autograd nodes, and below autograd (the tripwire)
+        the output has no node yet: it is tagged when a backward op next asks (_tag_outputs)
+        with the snapshot's line, module and call site."""
+        if not torch.is_grad_enabled():
+            return
+        step = self.recorder.state.step
+        if self._untagged and self._untagged[0][0] != step:
+            self._untagged.clear()  # an earlier step's: their backward has run
+        tag = (snapshot.source, snapshot.module, snapshot.call_site)
+        for tensor in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(tensor, torch.Tensor):
+                self._untagged.append((step, weakref.ref(tensor), tag))
+
+    def _tag_outputs(self) -> None:
+        """Tag the nodes of the outputs _tag_later kept (they have their nodes by now)."""
+        for _, ref, tag in self._untagged:
+            tensor = ref()
+            grad_fn = None if tensor is None else tensor.grad_fn
+            if grad_fn is not None and "reprocut" not in grad_fn.metadata:
+                grad_fn.metadata["reprocut"] = tag
+        self._untagged.clear()
 
     def _raised(
         self,
@@ -192,6 +217,8 @@ class OpRecorder(TorchDispatchMode):
         call = hold_call(args, kwargs, name, recorder.store, non_blocking=True, names=names)
         view = recorder.frames.view(sys._getframe(1))
         backward = phase == "backward"
+        if backward and self._untagged:
+            self._tag_outputs()
         public_call, public = (None, None) if backward else recorder.public_context(view)
         tagged = _autograd_tag() if backward or not view.user else None
         source = view.source()
@@ -237,6 +264,8 @@ class OpRecorder(TorchDispatchMode):
 
     def _note(self, func: Any, name: str, call: dict[str, Any], *, synchronized: bool) -> None:
         recorder = self.recorder
+        if self._untagged:
+            self._tag_outputs()
         try:
             public_call, public = recorder.public_context()
         except Exception:  # after a sticky CUDA error nothing more can be copied
@@ -270,20 +299,6 @@ class OpRecorder(TorchDispatchMode):
                 loop=recorder.loops.read(sys._getframe(1)),
             )
         )
-
-
-def _tag_node(recorder: Recorder, result: Any, snapshot: Snapshot) -> None:
-    """In light steps no module hook tags nodes: the asserting op's own node learns its line,
-    module and call site from the snapshot, for its backward op (its snapshot's call site, a
-    culprit's module)."""
-    if (
-        recorder.config.tag_backward
-        and isinstance(result, torch.Tensor)
-        and result.requires_grad
-        and result.grad_fn is not None
-        and "reprocut" not in result.grad_fn.metadata
-    ):
-        result.grad_fn.metadata["reprocut"] = (snapshot.source, snapshot.module, snapshot.call_site)
 
 
 def _autograd_tag() -> tuple[SourceLocation | None, str | None] | None:
