@@ -21,6 +21,9 @@
 #            corpus cases (FAULTS_JOBS at once), each shrink beside the generic reducer with the
 #            same limit (FAULTS_MAX_TIME s); shrinkray comes from $SHRINKRAY, PATH, or the wheels
 #            carried in .whl/shrinkray (installed into a virtual environment of its own)
+#   profile  issue #14: benchmarks/profile_record.py --device cuda (plain, record, record --nan on
+#            the launch-bound loop, 3 rounds, then one profiled run of each; ~2 min, at most
+#            PROFILE_LIMIT); not in the default list: STAGES=profile
 # Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
 # (*_LIMIT, seconds); logs and result files go to $OUT (or benchmarks/results/logs).
 set -u
@@ -52,6 +55,14 @@ stage_record() {
         --repeats "${RECORD_REPEATS:-2}" --out "$OUT" >"$OUT/bench_record.log" 2>&1
     echo "bench_record exit $?" >>"$OUT/bench_record.log"
     tail -25 "$OUT/bench_record.log"
+}
+
+stage_profile() {
+    timeout -k 10 "${PROFILE_LIMIT:-300}" python3 benchmarks/profile_record.py --device cuda \
+        --rounds "${PROFILE_ROUNDS:-3}" --out "$OUT/profile-record-cuda.md" \
+        >"$OUT/profile_record.log" 2>&1
+    echo "profile_record exit $?" >>"$OUT/profile_record.log"
+    head -12 "$OUT/profile-record-cuda.md" 2>/dev/null || tail -5 "$OUT/profile_record.log"
 }
 
 stage_source() {

@@ -2,6 +2,7 @@
 
     python benchmarks/profile_record.py [--device cuda] [--steps 300] [--rounds 3] [--out FILE]
         [--base DIR]   # also time another checkout's reprocut (DIR holds its package), A/B
+        [--light-cpu]  # on a CPU machine: the GPU's light-step Python path (see below)
 
 Runs the launch-bound workload's model (benchmarks/workloads/launch_bound.py: a small MLP, Adam)
 in this process under the Recorder as the child builds it (light steps on GPU runs), plain,
@@ -9,11 +10,17 @@ recorded, and recorded with `--nan`, each in a fresh process, `rounds` times int
 best and median ms per step of each. Then one profiled run of each recorded way: reprocut's own functions by
 time spent in them and by cumulative time. The profile inflates Python's share; the per-step
 figures come from the unprofiled runs. Writes markdown (with machine and date) to --out.
+
+`--light-cpu` runs on the CPU what a GPU run does after its first steps: light steps (only the
+asserting ops seen, by the tripwire), the function mode off, foreach Adam, and snapshots taken
+as for CUDA tensors (`_touches_cuda` true, public calls captured as on a GPU; the copies are CPU
+clones). Times are process CPU seconds (`time.process_time`): the machine may be shared.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import datetime as dt
 import io
@@ -30,18 +37,32 @@ from pathlib import Path
 WAYS = ("plain", "record", "nan")
 
 
-def workload(device: str, steps: int, way: str, profile: Path | None) -> float:
+def workload(
+    device: str, steps: int, way: str, profile: Path | None, light_cpu: bool = False
+) -> float:
     """Seconds per step of the workload's loop (after 20 warm-up steps), under `way`."""
     import torch
 
     from reprocut.record.recorder import Recorder, RecorderConfig
+
+    if light_cpu:  # snapshots and public captures as for CUDA tensors
+        import importlib
+
+        import reprocut.record.ops as ops_module
+
+        ops_module._touches_cuda = lambda args, kwargs: True
+        for name in ("reprocut.record.recorder", "reprocut.record.public"):  # older checkouts
+            with contextlib.suppress(ImportError):
+                module = importlib.import_module(name)
+                if hasattr(module, "on_cpu"):
+                    module.on_cpu = lambda args, kwargs: False  # type: ignore[attr-defined]
 
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
     for _ in range(6):
         layers += [torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers, torch.nn.Linear(64, 10)).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True if light_cpu else None)
 
     def loop(count: int) -> None:
         for _ in range(count):
@@ -59,18 +80,23 @@ def workload(device: str, steps: int, way: str, profile: Path | None) -> float:
     recorder = None
     if way != "plain":
         run_dir = Path(tempfile.mkdtemp(prefix="reprocut-profile-"))
-        recorder = Recorder(RecorderConfig(run_dir=run_dir, nan=way == "nan"))
+        config = RecorderConfig(run_dir=run_dir, nan=way == "nan", light_steps=light_cpu or None)
+        recorder = Recorder(config)
         recorder.__enter__()
+        if light_cpu:  # on a GPU the function mode is off after step 0
+            recorder._function_mode.set(False)
+            recorder._function_mode.set = lambda active: None  # type: ignore[method-assign]
+    clock = time.process_time if light_cpu else time.perf_counter
     try:
         loop(20)
         synchronize()
-        start = time.perf_counter()
+        start = clock()
         if profile is not None:
             cProfile.runctx("loop(steps)", globals(), {"loop": loop, "steps": steps}, str(profile))
         else:
             loop(steps)
         synchronize()
-        return (time.perf_counter() - start) / steps
+        return (clock() - start) / steps
     finally:
         if recorder is not None:
             recorder.close()
@@ -94,13 +120,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--base", type=Path, help="a folder holding another reprocut package")
+    parser.add_argument(
+        "--light-cpu",
+        action="store_true",
+        help="on CPU, the GPU's light-step path (light steps, no function mode, snapshots)",
+    )
     parser.add_argument("--child", choices=WAYS, help=argparse.SUPPRESS)
     parser.add_argument("--profile", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(f"STEP_SECONDS {workload(args.device, args.steps, args.child, args.profile):.6f}")
+        seconds = workload(args.device, args.steps, args.child, args.profile, args.light_cpu)
+        print(f"STEP_SECONDS {seconds:.6f}")
         return
     base = [sys.executable, __file__, "--device", args.device, "--steps", str(args.steps)]
+    if args.light_cpu:
+        base.append("--light-cpu")
 
     def child(way: str, profile: Path | None = None, path: Path | None = None) -> float:
         extra = ["--profile", str(profile)] if profile else []
@@ -122,20 +156,21 @@ def main() -> None:
         for way, path in runs:
             seconds[label(way, path)].append(child(way, path=path))
     plain = min(seconds["plain"])
+    how = ", light steps emulated on CPU (--light-cpu), CPU seconds" if args.light_cpu else ""
     lines = [
         f"# Where `reprocut record` spends its time: launch-bound loop ({args.device})",
         "",
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {device_label(args.device)}, "
-        f"Python {platform.python_version()}; {args.steps} steps, {args.rounds} rounds "
-        "interleaved.",
+        f"Python {platform.python_version()}, {os.cpu_count()} CPUs; {args.steps} steps, "
+        f"{args.rounds} rounds interleaved{how}.",
         "",
-        "| way | best ms per step | vs plain | median ms per step |",
-        "|---|---|---|---|",
+        "| way | best ms per step | vs plain | reprocut's own ms per step | median ms per step |",
+        "|---|---|---|---|---|",
     ]
     for name, values in seconds.items():
         best = min(values)
         lines.append(
-            f"| {name} | {best * 1e3:.3f} | {best / plain:.2f}x | "
+            f"| {name} | {best * 1e3:.3f} | {best / plain:.2f}x | {(best - plain) * 1e3:.3f} | "
             f"{statistics.median(values) * 1e3:.3f} |"
         )
     with tempfile.TemporaryDirectory() as tmp:

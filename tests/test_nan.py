@@ -50,6 +50,37 @@ def test_flags_flip_at_the_first_nonfinite_step_and_stop_the_run_later():
     assert flags.stopped_at == 5
 
 
+def test_a_small_loss_shares_the_gradients_launch_and_keeps_its_name(monkeypatch):
+    launches = []
+    foreach_norm = torch._foreach_norm
+
+    def counted(tensors, ord):
+        launches.append(len(tensors))
+        return foreach_norm(tensors, ord)
+
+    monkeypatch.setattr(torch, "_foreach_norm", counted)
+    flags = StepFlags()
+    flags.watch_loss(torch.tensor(float("nan")))
+    assert launches == [], "waits for the gradients' check"
+    grads = [torch.tensor([1.0], dtype=torch.half), torch.tensor([float("inf")])]
+    flags.watch("gradients", grads)
+    assert sorted(launches) == [1, 2], "one launch per dtype, the loss among the float32 ones"
+    flags.end_step(0)
+    assert (flags.first_step, flags.what) == (0, "loss")  # the loss came first
+    flags = StepFlags()
+    flags.watch_loss(torch.tensor(2.0))
+    flags.watch("gradients", [torch.tensor([1.0]), torch.tensor([float("inf")], dtype=torch.half)])
+    flags.end_step(0)
+    assert flags.what == "gradients", "names follow their tensors across dtype groups"
+    flags = StepFlags()
+    flags.watch_loss(torch.tensor(float("inf")))
+    flags.end_step(0)  # no optimizer: read at the step's end
+    assert (flags.first_step, flags.what) == (0, "loss")
+    launches.clear()
+    flags.watch_loss(torch.ones(1 << 17))  # large: reduced at once, not kept alive
+    assert launches == [1]
+
+
 def test_flags_see_nan_in_gradients_of_a_real_training_step(tmp_path):
     model = torch.nn.Linear(3, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

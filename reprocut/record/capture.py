@@ -6,11 +6,15 @@ they survive CUDA's sticky error.
 
 Capturing has two halves: `hold_call` copies values and reads layouts while the tensors exist;
 `HeldCall.to_json` builds the JSON later. Snapshots of healthy steps are dropped unread, so the
-recorder pays only for the first half on every asserting op.
+recorder pays only for the first half on every asserting op. The same tensor often reaches
+several asserting ops of a step unchanged (the target of `cross_entropy`, `nll_loss_forward` and
+`nll_loss_backward`): queued copies are shared while the tensor is the same object at the same
+version (`TensorStore.add`).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,14 +85,39 @@ class TensorStore:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     pinned: set[str] = field(default_factory=set)  # tracked here: is_pinned() asks CUDA
     counter: int = 0
+    # queued copies of this step, by id(tensor): (weak reference, version, key); see add
+    queued: dict[int, tuple[Any, int, str]] = field(default_factory=dict)
 
     def add(self, tensor: torch.Tensor, *, non_blocking: bool = False) -> str:
+        """A host copy of `tensor`'s values, by key. A queued copy (`non_blocking`, the
+        snapshots' kind) is shared with the step's earlier queued copy of the same tensor object
+        at the same version: no in-place op ran on it in between, so the values are the same.
+        The step's end forgets them (`forget_queued`), so a key never spans two steps."""
+        if non_blocking:
+            earlier = self.queued.get(id(tensor))
+            if (
+                earlier is not None
+                and earlier[0]() is tensor
+                and earlier[1] == _version(tensor)
+                and earlier[2] in self.tensors
+            ):
+                return earlier[2]
         key = f"t{self.counter}"
         self.counter += 1
         self.tensors[key] = host_copy(tensor, non_blocking=non_blocking)
-        if non_blocking and tensor.device.type != "cpu":
-            self.pinned.add(key)
+        if non_blocking:
+            if not tensor.is_cpu:
+                self.pinned.add(key)
+            version = _version(tensor)
+            if version >= 0:
+                self.queued[id(tensor)] = (weakref.ref(tensor), version, key)
         return key
+
+    def forget_queued(self) -> None:
+        """A step ended: its copies are not shared with the next one's (retiring a step drops
+        its keys)."""
+        if self.queued:
+            self.queued = {}
 
     def keep_only(self, keys: set[str]) -> None:
         self.tensors = {k: v for k, v in self.tensors.items() if k in keys}
@@ -108,6 +137,15 @@ class TensorStore:
             for key, t in self.tensors.items()
         }
         torch.save(plain, path)
+
+
+def _version(tensor: torch.Tensor) -> int:
+    """The tensor's version counter (bumped by every in-place op), or -1 where there is none
+    (inference tensors): such copies are never shared."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return -1
 
 
 def host_copy(tensor: torch.Tensor, *, non_blocking: bool = False) -> torch.Tensor:
@@ -242,6 +280,11 @@ def hold_arg(
     non_blocking: bool = False,
 ) -> Any:
     """Copy a tensor argument's values into `store` if they matter, and read its layout."""
+    kind = type(value)
+    if kind in _AS_IS:  # most arguments: reductions, ignore_index, dims, None
+        return value
+    if kind is float:
+        return {"float": repr(value)}
     if isinstance(value, torch.Tensor):
         if value.layout in SPARSE_LAYOUTS:  # its parts are dense: indices captured as such
             return _hold_sparse(value, op, store, everything=everything, non_blocking=non_blocking)
@@ -271,6 +314,9 @@ def _hold_sparse(
     coalesced = tensor.is_coalesced() if tensor.layout == torch.sparse_coo else None
     layout = SPARSE_LAYOUTS[tensor.layout]
     return HeldTensor(*layout_of(tensor), None, sparse=(layout, parts, coalesced))
+
+
+_AS_IS = frozenset({int, bool, str, type(None)})  # their JSON is themselves (arg_to_json)
 
 
 def _scalar_json(value: Any) -> Any:

@@ -62,6 +62,17 @@ def is_user_file(filename: str) -> bool:
 
 
 _USER, _CALLER, _TORCH = 1, 2, 4
+MODULE_CALL = torch.nn.Module._call_impl.__code__  # a frame of it: a module being called
+
+
+def module_calls(frame: FrameType | None) -> list[FrameType]:
+    """The frames of the modules being called, innermost first (see ModuleNames.innermost)."""
+    calls = []
+    while frame is not None:
+        if frame.f_code is MODULE_CALL:
+            calls.append(frame)
+        frame = frame.f_back
+    return calls
 
 
 @dataclass(slots=True)
@@ -72,6 +83,7 @@ class StackView:
     user: list[tuple[FrameType, int]] = field(default_factory=list)  # innermost first
     caller: tuple[FrameType, int] | None = None  # innermost not torch's, reprocut's, stdlib's
     library: FrameType | None = None  # outermost torch frame inside the innermost user frame
+    modules: list[FrameType] = field(default_factory=list)  # Module calls, innermost first
 
     def source(self) -> SourceLocation | None:
         if not self.user:
@@ -110,8 +122,11 @@ class UserFrames:
                 if not view.user:
                     view.library = library
                 view.user.append((frame, frame.f_lineno))
-            elif kind & _TORCH and not view.user:
-                library = frame
+            elif kind & _TORCH:
+                if not view.user:
+                    library = frame
+                if code is MODULE_CALL:
+                    view.modules.append(frame)
             frame = frame.f_back
         return view
 

@@ -44,6 +44,19 @@ class ModuleNames:
         if self.entered:
             self.entered.pop()
 
+    def innermost(self, calls: list[FrameType]) -> str | None:
+        """The path of the module being called, from the frames of the module calls on the
+        stack (innermost first; frames.module_calls): what the module hooks' stack would hold
+        on top. Light steps find it so, without hooks on every module call."""
+        name = None
+        depth = len(self.entered)
+        for call in reversed(calls):
+            module = call.f_locals.get("self")
+            if isinstance(module, torch.nn.Module):
+                name = self.enter(module)
+        del self.entered[depth:]
+        return name
+
     def _name_inside(self, module: torch.nn.Module) -> str | None:
         """A module first seen inside another's forward: a submodule registered after its
         root was indexed gets its path; anything else its nearest real parent's name."""

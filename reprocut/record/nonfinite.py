@@ -3,11 +3,12 @@
 Checking every op's output costs a host sync per op. Instead, what a step hands on (the losses
 given to backward, the gradients before the optimizer, the parameters after it, the outputs of
 top-level modules until a loss goes to backward) is reduced on the device by one
-`_foreach_norm(ord=inf)` launch per check and dtype (no overflow, and NaN propagates); at the
-step's end the norms are stacked into one tensor per device. On the CPU it is read there; on
-CUDA it is copied to pinned memory behind an event and read once the event reports completion,
-so no step waits for the GPU. Everything else
-(isfinite, which check flipped) happens on the host: on a launch-bound loop each launch counts.
+`_foreach_norm(ord=inf)` launch per check and dtype (no overflow, and NaN propagates; a small
+loss waits for the gradients' check and shares its launch); at the step's end the norms are
+stacked into one tensor per device. On the CPU it is read there; on CUDA it is copied to pinned
+memory behind an event and read once the event reports completion, so no step waits for the
+GPU. Everything else (isfinite, which check flipped) happens on the host: on a launch-bound
+loop each launch counts.
 The first step whose norms are not all finite is what the localizer reruns op by op
 (finite_watch.py). A run that goes on after it is stopped GRACE_STEPS later with NonfiniteStop:
 a NaN loss does not end a training script by itself.
@@ -24,6 +25,11 @@ import torch
 
 GRACE_STEPS = 5  # steps a run may go on after its first non-finite step, to see where it ends
 MAX_NORMS_PER_STEP = 4096
+# A loss this small waits for the step's next check (the gradients'): one launch for both. It is
+# not changed in between (backward only reads it); a larger one (activations given to backward
+# with their gradients) is reduced at once rather than kept alive.
+DEFERRED_LOSS_ELEMENTS = 1 << 16
+MAX_DEFERRED = 64
 
 
 class NonfiniteStop(BaseException):
@@ -79,16 +85,20 @@ def watch_backward(flags: StepFlags) -> Callable[..., Any]:
     return original
 
 
-def step_norms(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    """The max-abs norm of each tensor, as 0-dim tensors on its device: one launch per device
-    and dtype, no host sync. A norm is finite exactly when its tensor is."""
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for tensor in tensors:
-        groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
-    norms: list[torch.Tensor] = []
+def step_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The max-abs norm of each tensor, in order, as 0-dim tensors on its device: one launch
+    per device and dtype, no host sync. A norm is finite exactly when its tensor is."""
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, tensor in enumerate(tensors):
+        groups.setdefault((tensor.device, tensor.dtype), []).append(i)
     with unrecorded():
-        for group in groups.values():
-            norms.extend(torch._foreach_norm(group, float("inf")))
+        if len(groups) == 1:
+            return list(torch._foreach_norm(tensors, float("inf")))
+        norms: list[Any] = [None] * len(tensors)
+        for positions in groups.values():
+            group = [tensors[i] for i in positions]
+            for i, norm in zip(positions, torch._foreach_norm(group, float("inf")), strict=True):
+                norms[i] = norm
     return norms
 
 
@@ -105,13 +115,20 @@ class StepFlags:
         self._pending: list[tuple[int, list[torch.Tensor], Any, list[str]]] = []
         self.what: str | None = None  # which check flipped first
         self.losses_seen = False  # a loss went to backward: outputs need no check of their own
+        self._deferred: list[torch.Tensor] = []  # losses reduced with the next check
 
     # --- what the recorder hands over ---------------------------------------------------------
 
     def watch(self, what: str, tensors: Iterable[torch.Tensor]) -> None:
-        norms = step_norms(t for t in tensors if t.is_floating_point() and t.numel())
-        self._norms.extend(norms)
-        self._what.extend([what] * len(norms))
+        checked = [t for t in tensors if t.is_floating_point() and t.numel()]
+        if self._deferred:  # the losses first: they came first
+            losses, self._deferred = self._deferred, []
+            norms = step_norms([*losses, *checked])
+            self._norms.extend(norms)
+            self._what.extend(["loss"] * len(losses) + [what] * len(checked))
+        elif checked:
+            self._norms.extend(step_norms(checked))
+            self._what.extend([what] * len(checked))
         if len(self._norms) > MAX_NORMS_PER_STEP:  # a loop with no step boundary: fold them
             self._fold()
 
@@ -130,7 +147,13 @@ class StepFlags:
 
     def watch_loss(self, tensors: Any) -> None:
         self.losses_seen = True
-        self.watch("loss", floating_tensors(tensors))
+        losses = list(floating_tensors(tensors))
+        if all(t.numel() <= DEFERRED_LOSS_ELEMENTS for t in losses):
+            self._deferred.extend(losses)
+            if len(self._deferred) < MAX_DEFERRED:
+                return
+            losses = []
+        self.watch("loss", losses)
 
     def watch_optimizer(self, optimizer: Any, what: str) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -180,6 +203,8 @@ class StepFlags:
             self._read(block=True)
 
     def _queue(self, step: int) -> None:
+        if self._deferred:  # no check since the last backward (no optimizer)
+            self.watch("loss", ())
         if not self._norms:
             return
         by_device: dict[torch.device, list[int]] = {}

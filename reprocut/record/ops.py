@@ -15,6 +15,7 @@ Three ways to meet a failing op, by mode:
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,6 +41,7 @@ class OpRecorder(TorchDispatchMode):
         # entry, so its id cannot be reused.
         self._ops: dict[int, tuple[str, bool, Any]] = {}
         self._targets: dict[int, tuple[str, tuple[str, ...] | None, Any]] = {}
+        self._untagged: list[tuple[int, Any, tuple[Any, ...]]] = []  # see _tag_later
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -119,9 +121,11 @@ class OpRecorder(TorchDispatchMode):
         name = entry[0]
         if recorder.localizing:
             return run()  # the mode synchronizes around every op and captures the culprit's
+        phase = recorder.state.phase()
+        snapshot = None
         if recorder.config.snapshots and _touches_cuda(args, kwargs):
             with torch._C._DisableTorchDispatch():  # the copies are not the user's ops
-                self._snapshot(func, name, args, kwargs)
+                snapshot = self._snapshot(func, name, args, kwargs, phase)
         if not recorder.light_step:
             return run()
         recorder.last_op = name
@@ -130,8 +134,34 @@ class OpRecorder(TorchDispatchMode):
         except Exception as exc:
             self._raised(func, name, args, kwargs, exc, None, synchronizing=False)
             raise
-        recorder.record_op(name, args)
+        module = recorder.current_module() if snapshot is None else snapshot.module
+        recorder.ops.append((name, module, phase, tuple(map(spec_tuple, args))))
+        if snapshot is not None and phase == "forward" and recorder.config.tag_backward:
+            self._tag_later(result, snapshot)
         return result
+
+    def _tag_later(self, result: Any, snapshot: Snapshot) -> None:
+        """In light steps no module hook tags autograd nodes, and below autograd (the tripwire)
+        the output has no node yet: it is tagged when a backward op next asks (_tag_outputs)
+        with the snapshot's line, module and call site."""
+        if not torch.is_grad_enabled():
+            return
+        step = self.recorder.state.step
+        if self._untagged and self._untagged[0][0] != step:
+            self._untagged.clear()  # an earlier step's: their backward has run
+        tag = (snapshot.source, snapshot.module, snapshot.call_site)
+        for tensor in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(tensor, torch.Tensor):
+                self._untagged.append((step, weakref.ref(tensor), tag))
+
+    def _tag_outputs(self) -> None:
+        """Tag the nodes of the outputs _tag_later kept (they have their nodes by now)."""
+        for _, ref, tag in self._untagged:
+            tensor = ref()
+            grad_fn = None if tensor is None else tensor.grad_fn
+            if grad_fn is not None and "reprocut" not in grad_fn.metadata:
+                grad_fn.metadata["reprocut"] = tag
+        self._untagged.clear()
 
     def _raised(
         self,
@@ -175,39 +205,46 @@ class OpRecorder(TorchDispatchMode):
             found = self._targets[id(func)] = (aten_path(func), names, func)
         return found[0], found[1]
 
-    def _snapshot(self, func: Any, name: str, args: Any, kwargs: Any) -> None:
+    def _snapshot(
+        self, func: Any, name: str, args: Any, kwargs: Any, phase: str | None = None
+    ) -> Snapshot:
         """Queue host copies of the evidence ahead of the op; build no JSON (see Snapshot)."""
         recorder = self.recorder
         recorder.seq += 1
+        if phase is None:
+            phase = recorder.state.phase()
         target, names = self._target(func)
         call = hold_call(args, kwargs, name, recorder.store, non_blocking=True, names=names)
         view = recorder.frames.view(sys._getframe(1))
-        public_call, public = recorder.public_context(view)
-        backward = recorder.state.phase() == "backward"
+        backward = phase == "backward"
+        if backward and self._untagged:
+            self._tag_outputs()
+        public_call, public = (None, None) if backward else recorder.public_context(view)
         tagged = _autograd_tag() if backward or not view.user else None
         source = view.source()
         if source is None and tagged is not None:
             source = tagged[0]
+        module = recorder.current_module(view)
         if backward:
             call_site = tagged[2] if tagged is not None and len(tagged) > 2 else None
         else:
             call_site = view.call_site()
-        recorder.snapshots.append(
-            Snapshot(
-                seq=recorder.seq,
-                op=name,
-                target=target,
-                call=call,
-                step=recorder.state.step,
-                phase=recorder.state.phase(),
-                module=recorder.current_module(),
-                source=source,
-                public_call=public_call,
-                public=public,
-                call_site=call_site,
-                loop=recorder.loops.from_view(view.user),
-            )
+        snapshot = Snapshot(
+            seq=recorder.seq,
+            op=name,
+            target=target,
+            call=call,
+            step=recorder.state.step,
+            phase=phase,
+            module=module,
+            source=source,
+            public_call=public_call,
+            public=public,
+            call_site=call_site,
+            loop=recorder.loops.from_view(view.user),
         )
+        recorder.snapshots.append(snapshot)
+        return snapshot
 
     def _call_site(self) -> SourceLocation | None:
         """The line outside torch that called the API running this op. In backward no such
@@ -227,6 +264,8 @@ class OpRecorder(TorchDispatchMode):
 
     def _note(self, func: Any, name: str, call: dict[str, Any], *, synchronized: bool) -> None:
         recorder = self.recorder
+        if self._untagged:
+            self._tag_outputs()
         try:
             public_call, public = recorder.public_context()
         except Exception:  # after a sticky CUDA error nothing more can be copied
@@ -274,12 +313,15 @@ def is_cuda_error(exc: BaseException) -> bool:
 
 
 def on_cpu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
-            return False
-        if isinstance(value, (list, tuple)):
+    """No tensor argument (or tensor in a list argument) is on another device than the CPU
+    (`is_cpu`: a getter; `.device.type` builds a device object)."""
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(value, torch.Tensor):
+            if not value.is_cpu:
+                return False
+        elif isinstance(value, (list, tuple)):
             for item in value:
-                if isinstance(item, torch.Tensor) and item.device.type != "cpu":
+                if isinstance(item, torch.Tensor) and not item.is_cpu:
                     return False
     return True
 

@@ -16,23 +16,22 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from types import CodeType, FrameType
 from typing import Any
 
 import torch
 from torch.overrides import _get_current_function_mode
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from reprocut.model.publicapi import public_name
 from reprocut.record.calls import CallRecorder
-from reprocut.record.capture import ASSERTING_OPS, HeldCall, TensorStore, hold_call
+from reprocut.record.capture import ASSERTING_OPS, HeldCall, TensorStore
 from reprocut.record.finite_watch import OpWatch
-from reprocut.record.frames import StackView, UserFrames
+from reprocut.record.frames import StackView, UserFrames, module_calls
 from reprocut.record.loops import LoopCounters
 from reprocut.record.modules import ModuleNames
 from reprocut.record.nonfinite import StepFlags, watch_backward
-from reprocut.record.ops import OpRecorder, on_cpu, spec_tuple
+from reprocut.record.ops import OpRecorder, spec_tuple
 from reprocut.record.outcome import report_early
+from reprocut.record.public import PublicCalls
 from reprocut.record.records import Culprit, Snapshot, StepState
 from reprocut.record.trace import TraceWriter
 from reprocut.record.tripwire import Tripwire
@@ -69,7 +68,7 @@ class Recorder:
         self.culprit: Culprit | None = None
         self.public_stack: list[tuple[Any, str | None, tuple[Any, ...], dict[str, Any]]] = []
         self.public_captured: dict[int, HeldCall] = {}
-        self._public_names: dict[CodeType, str | None] = {}  # by library code: resolving costs
+        self.public_calls = PublicCalls(self.store)  # found on the stack in light steps
         self.module_names = ModuleNames()
         self.localizing = self._in_localize_window(0)  # derived at each step boundary
         self.pending: list[tuple[int, Any, list[Snapshot]]] = []
@@ -79,6 +78,7 @@ class Recorder:
         self.last_op: str | None = None
         self._main_thread = threading.get_ident()
         self._handles: list[Any] = []
+        self._module_hooks: list[Any] = []  # none in light steps that find modules on the stack
         # The function mode costs a Python call per torch call: GPU runs keep it for the first
         # step and localized steps only (public calls are then found on the stack).
         self._function_mode = _ModeSwitch(CallRecorder(self), _get_current_function_mode)
@@ -95,12 +95,10 @@ class Recorder:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def __enter__(self) -> Recorder:
-        from torch.nn.modules import module as module_hooks
         from torch.optim import optimizer as optimizer_hooks
 
+        self._set_module_hooks(True)
         self._handles = [
-            module_hooks.register_module_forward_pre_hook(self._on_module_enter),
-            module_hooks.register_module_forward_hook(self._on_module_exit, always_call=True),
             optimizer_hooks.register_optimizer_step_pre_hook(self._on_optimizer_enter),
             optimizer_hooks.register_optimizer_step_post_hook(self._on_optimizer_exit),
         ]
@@ -149,6 +147,7 @@ class Recorder:
             self._function_mode.set(False)
         if self.tripwire is not None:
             self.tripwire.close()
+        self._set_module_hooks(False)
         for handle in self._handles:
             handle.remove()
         torch.optim.Optimizer.__init__ = self._original_optimizer_init  # type: ignore[method-assign]
@@ -195,11 +194,13 @@ class Recorder:
             self.pending.append((self.state.step, event, self.snapshots))
             self._retire_completed_steps()
         self.snapshots = []
+        self.store.forget_queued()
         ended = self.state.step
         self.state.step += 1
         self.localizing = self._in_localize_window(self.state.step)
         self._function_mode.set(not torch.cuda.is_initialized() or self.localizing)
         self._dispatch_mode.set(self.wants_every_op(self.state.step, layout_changed))
+        self._set_module_hooks(not self._finds_modules_on_stack())
         if self.flags is not None:  # --nan: may stop the run (NonfiniteStop)
             config = self.config
             if self.op_watch is None:
@@ -229,13 +230,12 @@ class Recorder:
         """The current step records only the asserting ops."""
         return not self._dispatch_mode.active
 
-    def record_op(self, name: str, args: tuple[Any, ...]) -> None:
+    def record_op(self, name: str, args: tuple[Any, ...], phase: str | None = None) -> None:
         """Add an op of the current step to the trace (the dispatch mode's hot path inlines
         this: a method call per op is measurable there)."""
         stack = self.state.module_stack
-        self.ops.append(
-            (name, stack[-1] if stack else None, self.state.phase(), tuple(map(spec_tuple, args)))
-        )
+        phase = phase or self.state.phase()
+        self.ops.append((name, stack[-1] if stack else None, phase, tuple(map(spec_tuple, args))))
 
     def _retire_completed_steps(self) -> None:
         """Drop snapshots of steps whose kernels all finished: they cannot hold the fault.
@@ -297,7 +297,37 @@ class Recorder:
         if self.flags is not None and not self.state.module_stack:
             self.flags.watch_output(output)
 
-    def current_module(self) -> str | None:
+    def _set_module_hooks(self, on: bool) -> None:
+        from torch.nn.modules import module as module_hooks
+
+        if on and not self._module_hooks:
+            self._module_hooks = [
+                module_hooks.register_module_forward_pre_hook(self._on_module_enter),
+                module_hooks.register_module_forward_hook(self._on_module_exit, always_call=True),
+            ]
+        elif not on:
+            for handle in self._module_hooks:
+                handle.remove()
+            self._module_hooks = []
+
+    def _finds_modules_on_stack(self) -> bool:
+        """Light steps of a training loop run without module hooks: global hooks cost every
+        module call ~3 us in torch and as much in ours (a launch-bound step makes dozens), while
+        only the asserting ops need their module, found then on the stack (current_module).
+        Not where the hooks mark steps (no optimizer) or --nan watches outputs (no loss yet)."""
+        state = self.state
+        return (
+            self.light_step
+            and state.optimizer_seen
+            and not state.module_stack
+            and (self.flags is None or self.flags.losses_seen)
+        )
+
+    def current_module(self, view: StackView | None = None) -> str | None:
+        """The path of the module being called (that of `view`, if given)."""
+        if not self._module_hooks:  # light steps: the module calls on the stack
+            calls = view.modules if view is not None else module_calls(sys._getframe(1))
+            return self.module_names.innermost(calls)
         return self.state.module_stack[-1] if self.state.module_stack else None
 
     # --- failures ------------------------------------------------------------------------------
@@ -343,50 +373,14 @@ class Recorder:
         if not self.public_stack:
             if view is None:
                 view = self.frames.view(sys._getframe(1))
-            return self._public_from_frames(view.library if view.user else None)
+            return self.public_calls.from_frame(view.library if view.user else None)
         _func, name, args, kwargs = self.public_stack[0]
         key = id(self.public_stack[0])
         captured = self.public_captured.get(key)
         if captured is None and name is not None:
-            captured = self._capture_public(name, args, kwargs)
+            captured = self.public_calls.capture(name, args, kwargs)
             self.public_captured[key] = captured
         return name, captured
-
-    def _public_from_frames(
-        self, library_frame: FrameType | None
-    ) -> tuple[str | None, HeldCall | None]:
-        """Without the function mode (GPU runs after step 0), find the public call on the stack:
-        the torch function that user code called (`library_frame`, the outermost torch frame
-        inside the innermost user frame), with its arguments from the frame's locals."""
-        if library_frame is None:
-            return None, None
-        code = library_frame.f_code
-        if code in self._public_names:
-            name = self._public_names[code]
-        else:
-            module = library_frame.f_globals.get("__name__", "")
-            name = self._public_names[code] = _public_path(f"{module}.{code.co_name}")
-        if name is None:
-            return None, None
-        names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
-        values = library_frame.f_locals
-        args = tuple(values[n] for n in names[: code.co_argcount] if n in values)
-        kwargs = {n: values[n] for n in names[code.co_argcount :] if n in values}
-        return name, self._capture_public(name, args, kwargs, names)
-
-    def _capture_public(
-        self,
-        name: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        names: tuple[str, ...] | None = None,
-    ) -> HeldCall:
-        """On CPU every small input is kept; on CUDA the evidence goes to pinned memory, queued
-        ahead of the kernels that may fault."""
-        cpu = on_cpu(args, kwargs)
-        return hold_call(
-            args, kwargs, name, self.store, everything=cpu, non_blocking=not cpu, names=names
-        )
 
     def _in_localize_window(self, step: int) -> bool:
         config = self.config
@@ -438,13 +432,3 @@ class _ModeSwitch:
                 return
             self.mode.__exit__(None, None, None)
         self.active = active
-
-
-def _public_path(path: str) -> str | None:
-    """`torch.nn.functional.embedding` if that dotted path names a public torch callable."""
-    from reprocut.model.tensors import resolve
-
-    try:
-        return public_name(resolve(path))
-    except (AttributeError, ValueError):
-        return None
