@@ -136,14 +136,16 @@ def test_without_compute_sanitizer_there_is_a_note_and_nothing_fails(tmp_path, m
 STAND_IN = """\
 #!{python}
 # Runs the program as compute-sanitizer would (its options dropped), then writes a memcheck
-# error whose address lies 3.5 GiB before the tensor the wrapper mapped as `table`.
+# error whose address lies 3.5 GiB before the lowest tensor the wrapper mapped (so that tensor
+# is the nearest whatever the allocator's layout), and that tensor's name to $STAND_IN_NAMED.
 import json, os, subprocess, sys
 args = sys.argv[1:]
 log = args[args.index("--log-file") + 1]
 program = args[args.index("--log-file") + 2:]
 subprocess.run(program)
-table = [t for t in json.load(open(os.environ["REPROCUT_TENSOR_MAP"])) if t["name"] == "table"][0]
-address = table["storage_ptr"] - int(3.5 * 2**30)
+lowest = min(json.load(open(os.environ["REPROCUT_TENSOR_MAP"])), key=lambda t: t["storage_ptr"])
+address = lowest["storage_ptr"] - int(3.5 * 2**30)
+open(os.environ["STAND_IN_NAMED"], "w").write(lowest["name"])
 assert os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
 open(log, "w").write(
     "========= Invalid __global__ read of size 4 bytes\\n"
@@ -155,7 +157,7 @@ open(log, "w").write(
 """
 
 
-def test_the_wrapper_maps_the_repros_tensors_and_names_the_address(tmp_path) -> None:
+def test_the_wrapper_maps_the_repros_tensors_and_names_the_address(tmp_path, monkeypatch) -> None:
     """The plumbing around memcheck, run for real except memcheck itself (absent here): a
     stand-in runs the program as the sanitizer would and reports one access."""
     tool = tmp_path / "compute-sanitizer"
@@ -167,10 +169,14 @@ def test_the_wrapper_maps_the_repros_tensors_and_names_the_address(tmp_path) -> 
         "    table = torch.zeros(8, 4)\n    ids = torch.tensor([1])\n"
         "    torch.index_select(table, 0, ids)\n\n\nmain()\n"
     )
+    monkeypatch.setenv("STAND_IN_NAMED", str(tmp_path / "named.txt"))
     evidence = run_memcheck(script, sanitizer=str(tool), timeout=120)
     assert evidence.status == "found", evidence
+    name = (tmp_path / "named.txt").read_text()
+    arg = {"table": 0, "ids": 2}[name]  # torch.index_select(table, 0, ids)
     assert evidence.findings[1] == (
-        "thread (3,0,0) in block (1,0,0): reads 4 B at 3.5 GiB before the start of `table` (arg 0)"
+        f"thread (3,0,0) in block (1,0,0): reads 4 B at 3.5 GiB before the start of `{name}` "
+        f"(arg {arg})"
     )
     assert Path(evidence.log).read_text().startswith("========= Invalid __global__ read")
     assert json.loads(json.dumps(evidence.to_json()))["errors"][0]["kernel"] == "gather_kernel"
