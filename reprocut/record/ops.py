@@ -225,10 +225,7 @@ class OpRecorder(TorchDispatchMode):
         if source is None and tagged is not None:
             source = tagged[0]
         module = recorder.current_module(view)
-        if backward:
-            call_site = tagged[2] if tagged is not None and len(tagged) > 2 else None
-        else:
-            call_site = view.call_site()
+        call_site = _tagged_call_site(tagged) if backward else view.call_site()
         snapshot = Snapshot(
             seq=recorder.seq,
             op=name,
@@ -250,17 +247,8 @@ class OpRecorder(TorchDispatchMode):
         """The line outside torch that called the API running this op. In backward no such
         frame is on the stack: the forward's, tagged on the autograd node, if any."""
         if self.recorder.state.phase() == "backward":
-            tagged = _autograd_tag()
-            return tagged[2] if tagged is not None and len(tagged) > 2 else None
+            return _tagged_call_site(_autograd_tag())
         return self.recorder.frames.call_site(sys._getframe(1))
-
-    def _source(self) -> SourceLocation | None:
-        location = self.recorder.frames.here()
-        if location is None:
-            tagged = _autograd_tag()
-            if tagged is not None:
-                location = tagged[0]
-        return location
 
     def _note(self, func: Any, name: str, call: dict[str, Any], *, synchronized: bool) -> None:
         recorder = self.recorder
@@ -306,6 +294,11 @@ def _autograd_tag() -> tuple[SourceLocation | None, str | None] | None:
     if node is None:
         return None
     return node.metadata.get("reprocut")
+
+
+def _tagged_call_site(tagged: tuple[Any, ...] | None) -> SourceLocation | None:
+    """The forward call site an autograd node was tagged with (older tags have none)."""
+    return tagged[2] if tagged is not None and len(tagged) > 2 else None
 
 
 def is_cuda_error(exc: BaseException) -> bool:
