@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -26,7 +27,9 @@ def version() -> str:
     return done.stdout.strip().split()[-1] if done.returncode == 0 else "0.0.x"
 
 
+@functools.cache
 def _help() -> str:
+    """shrinkray's --help, read once: each case asks it what it writes and knows."""
     done = subprocess.run([SHRINKRAY, "--help"], capture_output=True, text=True, timeout=60)
     return done.stdout
 
