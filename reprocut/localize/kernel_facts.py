@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from reprocut.check.memcheck import human_bytes
 from reprocut.model.case import FLOAT_DTYPES, TensorSpec
 
 if TYPE_CHECKING:  # the probe's results only: importing it here would load libcst at record
@@ -56,7 +57,7 @@ def id_facts(
             past = _bytes_past_end(spec, counted.high)
             if past is not None:
                 found.append(
-                    f"row {counted.high} starts {_size(past)} past the end of `{table_name}`"
+                    f"row {counted.high} starts {human_bytes(past)} past the end of `{table_name}`"
                 )
         if counted.low < 0:
             found.append(f"id {counted.low} < 0 at {_at(counted.low_at)}")
@@ -150,15 +151,6 @@ def _bytes_past_end(spec: TensorSpec, row: int) -> int | None:
     start = (spec.storage_offset + row * row_stride) * item
     end = spec.storage_numel * item
     return start - end if start >= end else None
-
-
-def _size(count: int) -> str:
-    size = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{count} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{count} B"
 
 
 def _at(coords: tuple[int, ...]) -> str:
