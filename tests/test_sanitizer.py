@@ -182,6 +182,26 @@ def test_the_wrapper_maps_the_repros_tensors_and_names_the_address(tmp_path, mon
     assert json.loads(json.dumps(evidence.to_json()))["errors"][0]["kernel"] == "gather_kernel"
 
 
+def test_the_tensor_map_survives_a_process_that_dies_inside_the_failing_call(tmp_path, monkeypatch):
+    """cuSPARSE's fault under memcheck ends the process inside `torch.sparse.mm` (its workspace's
+    cudaFree fails), so no script frame returns: the map is written before each call instead."""
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text(STAND_IN.format(python=sys.executable))
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    script = tmp_path / "repro.py"
+    script.write_text(
+        "import os\nimport torch\n\n\ndef main():\n"
+        "    table = torch.zeros(8, 4)\n    ids = torch.tensor([1])\n"
+        "    torch.index_select(table, 0, ids)\n    os.abort()\n\n\nmain()\n"
+    )
+    monkeypatch.setenv("STAND_IN_NAMED", str(tmp_path / "named.txt"))
+    evidence = run_memcheck(script, sanitizer=str(tool), timeout=120)
+    assert evidence.status == "found", evidence
+    name = (tmp_path / "named.txt").read_text()
+    assert name in ("table", "ids")
+    assert f"before the start of `{name}`" in evidence.findings[1]
+
+
 @pytest.mark.cuda
 def test_memcheck_on_a_real_out_of_bounds_sparse_repro(tmp_path) -> None:
     """On a GPU with compute-sanitizer: a column id 2**30 past the size sends cuSPARSE far

@@ -5,8 +5,8 @@ kernel, which thread and block, what access of what size and where, and the host
 to the launch. It costs 20-50x a plain run, so it runs on the shrunk repro only, once, with
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 (the caching allocator would hide small overruns inside its own
 blocks) and a timeout. A small wrapper runs the repro and writes down where its tensors live
-(every CUDA tensor, and anything with `__cuda_array_interface__`, held by the script's frames when
-they end), so the address can be named: "reads 4 B at 3.5 GiB before the start of `x` (arg 0)".
+(every CUDA tensor, and anything with `__cuda_array_interface__`, held by the script's frames before
+each call they make and when they end), so the address can be named: "reads 4 B at 3.5 GiB before the start of `x` (arg 0)".
 Without compute-sanitizer there is a one-line note and nothing fails.
 """
 
@@ -69,6 +69,7 @@ def entry(name, value):
     return None
 
 def note(frame):
+    changed = False
     for name, value in list(frame.f_locals.items()):
         items = [(name, value)]
         if isinstance(value, (list, tuple)):
@@ -78,14 +79,19 @@ def note(frame):
                 found = entry(key, item)
             except Exception:
                 found = None
-            if found is not None:
-                seen.setdefault(found["data_ptr"], found)
-    if target:
+            if found is not None and found["data_ptr"] not in seen:
+                seen[found["data_ptr"]] = found
+                changed = True
+    if target and changed:
         with open(target, "w") as handle:
             json.dump(list(seen.values()), handle)
 
 def profile(frame, event, arg):
-    if event == "return" and frame.f_code.co_filename == script:
+    # before each call out of the script (a library may abort the process inside it, as
+    # cuSPARSE's cudaFree of a workspace does after the fault) and when a script frame ends
+    if event == "call" and frame.f_back is not None and frame.f_back.f_code.co_filename == script:
+        note(frame.f_back)
+    elif event in ("c_call", "return") and frame.f_code.co_filename == script:
         note(frame)
 
 sys.setprofile(profile)
