@@ -516,8 +516,8 @@ def test_jump_to_call_binds_the_probed_tensors_and_keeps_the_set_up():
     context = PassContext(
         named_specs=(("x", OFFSET_VIEW),), focus="out = kernel(x, scale) - mean + eps"
     )
-    pruned, whole = candidates(jump_to_call, TRAINING, context)
-    assert pruned == code("""
+    pruned, pruned_eager, whole, whole_eager = candidates(jump_to_call, TRAINING, context)
+    assert pruned_eager == code("""
         import sys
 
         import torch
@@ -536,8 +536,28 @@ def test_jump_to_call_binds_the_probed_tensors_and_keeps_the_set_up():
         mean = x.mean()
         out = kernel(x, scale) - mean + eps
     """)
+    assert pruned == code("""
+        import sys
+
+        import torch
+
+        sys.path.insert(0, "vendor")
+        SCALE = 4
+
+
+        def kernel(x, scale=SCALE):
+            if x.storage_offset() % 4:
+                raise ValueError("bad")
+            return x * scale
+        x = torch.randn((63,), dtype=torch.float32).as_strided((60,), (1,), 3)
+        mean = x.mean()
+        eps = 1e-5
+        scale = SCALE
+        out = kernel(x, scale) - mean + eps
+    """)  # each parameter made just before its first use: the failing call's tensors come last
     assert "class Model" in whole and "def main" in whole and "\n    main()" not in whole
-    assert raises_bad(pruned) == VALUE_ERROR
+    assert whole_eager.rindex("eps = 1e-5") < whole_eager.rindex("mean = x.mean()")
+    assert raises_bad(pruned) == raises_bad(pruned_eager) == VALUE_ERROR
 
 
 def test_jump_to_call_needs_probed_tensors_and_a_call_inside_a_function():

@@ -32,7 +32,8 @@ _MAIN_GUARD = m.If(
 
 def jump_to_call(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """The definitions, the probed tensors as the failing function's parameters, and its body up
-    to the failing call; first with what nothing refers to any more dropped, then as it is."""
+    to the failing call; first with what nothing refers to any more dropped, then as it is; in
+    each, the parameters first made where they are first used, then all before the body."""
     if not context.named_specs:
         return
     module = parse(code)
@@ -47,11 +48,37 @@ def jump_to_call(code: str, context: PassContext) -> Generator[Any, Any, None]:
     defined = _defined_names(module)
     kept = [s for s in module.body if _is_set_up(s, defined)]
     bindings = _parameter_bindings(function, context)
-    pruned = _without_unused(module, kept, [*bindings, *body])
+    pruned = _without_unused(module, kept, [*(b for _, b in bindings), *body])
+    runs = [_bound_before_use(bindings, body), [*(b for _, b in bindings), *body]]
+    tried = set()
     for set_up in (pruned, kept) if len(pruned) < len(kept) else (kept,):
-        candidate = _compiled(module.with_changes(body=[*set_up, *bindings, *body]))
-        if candidate is not None and (yield candidate):
-            return
+        for run in runs:
+            candidate = _compiled(module.with_changes(body=[*set_up, *run]))
+            if candidate is None or candidate in tried:
+                continue
+            tried.add(candidate)
+            if (yield candidate):
+                return
+
+
+def _bound_before_use(
+    bindings: list[tuple[str, cst.SimpleStatementLine]], body: list[cst.BaseStatement]
+) -> list[cst.BaseStatement]:
+    """Each parameter made just before the first statement that uses it (unused ones first).
+
+    The order of allocations decides what an out-of-bounds read lands in: a 4 MB expanded
+    tensor read as 1 GB faults when it was the last thing allocated, and reads the next tensor
+    harmlessly when `out = torch.empty_like(x)` came after it, as it does when every parameter
+    is made before the body."""
+    waiting = dict(bindings)
+    used_anywhere = {n.value for s in body for n in m.findall(s, m.Name())}  # type: ignore[union-attr]
+    run: list[cst.BaseStatement] = [b for name, b in bindings if name not in used_anywhere]
+    for statement in body:
+        names = {n.value for n in m.findall(statement, m.Name())}  # type: ignore[union-attr]
+        for name in [name for name in waiting if name in names]:
+            run.append(waiting.pop(name))
+        run.append(statement)
+    return run
 
 
 def _compiled(module: cst.Module) -> str | None:
@@ -133,7 +160,7 @@ class _PlainReturns(cst.CSTTransformer):
 
 def _parameter_bindings(
     function: cst.FunctionDef, context: PassContext
-) -> list[cst.SimpleStatementLine]:
+) -> list[tuple[str, cst.SimpleStatementLine]]:
     """`name = <tensor>` for probed tensor parameters, `name = <value>` for probed plain ones,
     `name = <default>` for the others that have a default; a parameter with none of these stays
     unbound (a candidate using it fails)."""
@@ -155,5 +182,5 @@ def _parameter_bindings(
             value = param.default
         if value is not None:
             target = cst.AssignTarget(cst.Name(name))
-            bindings.append(cst.SimpleStatementLine(body=[cst.Assign([target], value)]))
+            bindings.append((name, cst.SimpleStatementLine(body=[cst.Assign([target], value)])))
     return bindings
