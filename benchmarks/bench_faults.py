@@ -199,6 +199,9 @@ def bench_case(case: CorpusCase, root: Path, options: argparse.Namespace) -> Fau
     for name in COPIED:
         if (scratch / "repro" / name).exists():
             shutil.copyfile(scratch / "repro" / name, keep / name)
+    # which passes were accepted, and shrink's last words: why a repro is as large as it is
+    (keep / "shrink.json").write_text(json.dumps(shrunk.data, indent=1, default=str))
+    (keep / "shrink.stderr").write_text(shrunk.stderr_tail)
     return row
 
 
