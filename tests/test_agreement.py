@@ -97,6 +97,78 @@ def test_fingerprint_sees_devices_layouts_and_pointers():
     assert fingerprint("torch.sparse_coo_tensor(i, v)") != fingerprint("torch.randn(4, 4)")
 
 
+def test_the_plain_run_runs_the_candidate_as_repro_py_will_be_written(tmp_path):
+    """A fork child waits for the GPU after every candidate; a script reduction's repro.py
+    ends with `torch.cuda.synchronize()` for the same reason. A candidate ending right after its
+    faulting launch fails in both, and its plain confirmation must run what repro.py will be:
+    without that, every such candidate (jump_to_call's on the H200) was refused as fork-only.
+    Here the `finish` adds the failing call itself, so only a plain run of the finished text
+    can agree."""
+    script = tmp_path / "repro.py"
+    start = "import torch\n\nids = torch.tensor([12])\n"
+    call = "torch.nn.functional.embedding(ids, torch.zeros(10, 4))\n"
+    fails = start + call
+    finishing = PlainAgreement(finish=lambda code: code + call)
+    verdict = Reproduced(EMBEDDING, "index out of range in self", "", 1.0)
+    with finishing:
+        seen = finishing(start, str(script), str(tmp_path), [], verdict, EMBEDDING)
+        assert seen is verdict and finishing.disagreements == 0
+        assert script.read_text() == fails  # what ran: the finished candidate
+    with PlainAgreement() as unfinished:
+        seen = unfinished(start, str(script), str(tmp_path), [], verdict, EMBEDDING)
+        assert isinstance(seen, ForkOnly) and unfinished.disagreements == 1
+
+
+def test_a_script_reductions_plain_runs_end_by_waiting_for_the_gpu(oracle, tmp_path):
+    from reprocut.model.recording import ErrorInfo, Failure
+    from reprocut.pipeline.recover import agree
+
+    script = tmp_path / "train.py"
+    script.write_text('import torch\nx = torch.ones(2, device="cuda")\n')
+    failure = Failure(
+        status="outside-dispatcher",
+        error=ErrorInfo("AcceleratorError", "an illegal memory access was encountered", 700),
+        signature=Signature("AcceleratorError", 700, None, "an illegal memory access"),
+        script=str(script),
+    )
+    confirm = oracle.confirm
+    try:
+        agreement, _ = agree(oracle, failure, tmp_path / "out", source=True, timeout=60)
+        with agreement:
+            assert agreement.finish is not None
+            finished = agreement.finish(script.read_text())
+        assert finished.rstrip().endswith("torch.cuda.synchronize()")
+        ops, _ = agree(oracle, failure, tmp_path / "out2", source=False, timeout=60)
+        with ops:
+            assert ops.finish is None  # an op-level repro is emitted with its own wait
+    finally:
+        oracle.confirm = confirm
+
+
+@pytest.mark.cuda
+def test_a_candidate_ending_at_its_faulting_launch_is_confirmed_on_the_gpu(tmp_path):
+    """The jump's candidates end at the faulting launch: the fork child fails at its closing
+    wait, and the plain confirmation of the finished candidate agrees."""
+    from reprocut.source.finish import ending_with_a_sync
+
+    script = tmp_path / "repro.py"
+    code = (
+        "import torch\n\n"
+        'ids = torch.tensor([12], device="cuda")\n'
+        'torch.nn.functional.embedding(ids, torch.zeros(10, 4, device="cuda"))\n'
+    )
+    script.write_text(ending_with_a_sync(code))
+    assert_sig = run_plain(script, timeout=120).signature  # what the finished repro fails with
+    assert assert_sig is not None and assert_sig.error_code == 710, assert_sig
+    with (
+        PlainAgreement(finish=ending_with_a_sync) as agreement,
+        Oracle(assert_sig, timeout=120, confirm=agreement) as agreed,
+    ):
+        verdict = check(agreed, code, script)
+        assert isinstance(verdict, Reproduced), verdict
+        assert agreement.runs == 1 and agreement.disagreements == 0
+
+
 # --- the walk-back --------------------------------------------------------------------------
 
 # The shift is 10 only in processes with CUDA_LAUNCH_BLOCKING=1 (the old oracle's): there every

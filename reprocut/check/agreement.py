@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,9 +47,17 @@ class PlainAgreement:
     """An Oracle `confirm` hook: plain runs for the candidates a fork may judge differently."""
 
     def __init__(
-        self, runner: PlainRunner | None = None, *, max_runs: int = 8, timeout: float = 120.0
+        self,
+        runner: PlainRunner | None = None,
+        *,
+        max_runs: int = 8,
+        timeout: float = 120.0,
+        finish: Callable[[str], str] | None = None,
     ) -> None:
         self.runner = runner or PlainRunner()
+        # what a candidate becomes as repro.py (a script reduction's ends by waiting for the
+        # GPU, as the fork child does after every candidate): the plain run runs that
+        self.finish = finish
         self.max_runs = max_runs
         self.timeout = timeout
         self.confirmed: tuple[tuple[str, int], ...] | None = None
@@ -81,8 +89,9 @@ class PlainAgreement:
         if mark == self.confirmed or self.runs >= self.max_runs:
             return verdict
         script = Path(filename)
-        if not script.exists() or script.read_text() != code:
-            script.write_text(code)
+        written = self.finish(code) if self.finish is not None else code
+        if not script.exists() or script.read_text() != written:
+            script.write_text(written)
         outcome = self.runner.run(script, argv=argv, cwd=Path(cwd), timeout=self.timeout)
         self.runs += 1
         self.seconds += outcome.seconds

@@ -42,10 +42,11 @@ def agree(
 ) -> tuple[PlainAgreement, AcceptedLog]:
     """Plain runs for the oracle's process-sensitive candidates, and the accepted-candidate log.
     A script reduction starts from the user's script, which failed so in their own run."""
-    agreement = PlainAgreement(timeout=timeout)
+    finish = _source_finish(failure)
+    agreement = PlainAgreement(timeout=timeout, finish=finish if source else None)
     oracle.confirm = agreement
     agreement.warm_up()
-    log = AcceptedLog(out / ACCEPTED_DIR, finish=_source_finish(failure))
+    log = AcceptedLog(out / ACCEPTED_DIR, finish=finish)
     if source and failure.script and Path(failure.script).is_file():
         original = Path(failure.script).read_text()
         log.start_source(original)
