@@ -282,7 +282,7 @@ def test_a_script_error_recording_is_refused(
 
 
 @pytest.mark.slow
-def test_source_reduction_of_a_stride_ignoring_extension_end_to_end(tmp_path, monkeypatch):
+def test_source_reduction_of_a_stride_ignoring_extension_end_to_end(tmp_path, monkeypatch, capsys):
     """record names only the extension's line; shrink --source cuts the script to a few lines
     that still fail the same way when run as `python repro.py` from another folder."""
     case = Path(__file__).parent.parent / "benchmarks" / "source_cases" / "numpy_kernel"
@@ -291,8 +291,12 @@ def test_source_reduction_of_a_stride_ignoring_extension_end_to_end(tmp_path, mo
     monkeypatch.chdir(work)
     assert main(["record", "--quiet", "train.py"]) == ExitCode.SCRIPT_ERROR
     out = tmp_path / "out"
-    code = main(["shrink", "--source", "--max-time", "150", "--out", str(out)])
+    capsys.readouterr()
+    code = main(["shrink", "--source", "--json", "--max-time", "150", "--out", str(out)])
     assert code == ExitCode.OK
+    passes = json.loads(capsys.readouterr().out)["passes"]  # which passes cut it, by count
+    assert passes and all(count > 0 for count in passes.values())
+    assert passes.get("delete_statements", 0) + passes.get("jump_to_call", 0) > 0
     repro = (out / "repro.py").read_text()
     assert len([line for line in repro.splitlines() if line.strip()]) <= 12
     elsewhere = tmp_path / "elsewhere"

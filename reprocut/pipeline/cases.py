@@ -44,6 +44,7 @@ class Outcome:
     reproduced_from_capture: bool = True
     cpu_reproduces: bool | None = None
     cpu_message: str = ""
+    passes: tuple[tuple[str, int], ...] = ()  # a script reduction's: accepted candidates by pass
 
 
 def _expected(case: ReproCase, failure: Failure) -> Signature:

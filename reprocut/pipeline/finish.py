@@ -50,6 +50,7 @@ def result_json(
         "cpu_reproduces": outcome.cpu_reproduces,
         "cpu_message": outcome.cpu_message,
         "verified": {"runs": verification.runs, "reproduced": verification.reproduced},
+        **({"passes": dict(outcome.passes)} if outcome.passes else {}),
     }
 
 

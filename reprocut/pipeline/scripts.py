@@ -58,4 +58,5 @@ def shrink_source(
         tensor_elements=None,
         checks=result.checks,
         sidecar=False,
+        passes=tuple((name, count) for name, count in result.accepted if count),
     )
