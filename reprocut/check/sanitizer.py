@@ -221,15 +221,24 @@ def run_memcheck(repro: Path, *, timeout: float = 180.0, sanitizer: str | None =
     return Evidence("found", "", report, findings, seconds, str(saved))
 
 
+def wants_evidence(repro: Path, signature: Signature) -> bool:
+    """A shrunk repro whose fault is a memory error on the GPU: memcheck can say more."""
+    return is_memory_error(signature) and "cuda" in repro.read_text()
+
+
+def attach(repro: Path, evidence: Evidence) -> None:
+    """Found errors go into the repro's docstring."""
+    if evidence.status == "found":
+        repro.write_text(annotate(repro.read_text(), evidence.header_lines()))
+
+
 def evidence_for(repro: Path, signature: Signature, *, timeout: float = 180.0) -> Evidence | None:
-    """memcheck on a shrunk repro whose fault is a memory error on the GPU (None otherwise);
-    found errors are written into the repro's docstring."""
-    code = repro.read_text()
-    if not is_memory_error(signature) or "cuda" not in code:
+    """memcheck on a shrunk repro whose fault is a memory error on the GPU (None otherwise),
+    its findings written into the repro's docstring."""
+    if not wants_evidence(repro, signature):
         return None
     evidence = run_memcheck(repro, timeout=timeout)
-    if evidence.status == "found":
-        repro.write_text(annotate(code, evidence.header_lines()))
+    attach(repro, evidence)
     return evidence
 
 

@@ -10,6 +10,7 @@ under compute-sanitizer when the fault is a memory error (check/sanitizer.py).
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from rich.console import Console
 
 from reprocut.check.agreement import PlainAgreement
 from reprocut.check.oracle import Oracle
-from reprocut.check.sanitizer import Evidence, evidence_for
+from reprocut.check.sanitizer import Evidence, attach, evidence_for, run_memcheck, wants_evidence
 from reprocut.check.verify import Verification, run_plain, verify
 from reprocut.model.errors import ExitCode
 from reprocut.model.recording import Failure
@@ -111,11 +112,33 @@ def walk_back_outcome(
     return chosen, seen[walked.chosen.path], walked
 
 
+def start_memcheck(
+    pool: ThreadPoolExecutor, repro: Path, failure: Failure, *, timeout: float
+) -> Future[Evidence] | None:
+    """memcheck on repro.py as written, beside its plain verification runs (it changes nothing
+    they read; its findings are attached once they are done): 10-50 s saved on the H200."""
+    if not wants_evidence(repro, failure.signature):
+        return None
+    return pool.submit(run_memcheck, repro, timeout=timeout)
+
+
 def memcheck_evidence(
-    repro: Path, failure: Failure, outcome: Outcome, *, timeout: float, console: Console
+    repro: Path,
+    failure: Failure,
+    outcome: Outcome,
+    *,
+    timeout: float,
+    console: Console,
+    started: Future[Evidence] | None = None,
 ) -> tuple[Outcome, Evidence | None]:
-    """A memory fault: memcheck names the access, thread and tensor (written into repro.py)."""
-    evidence = evidence_for(repro, failure.signature, timeout=timeout)
+    """A memory fault: memcheck names the access, thread and tensor (written into repro.py).
+    `started`: memcheck already run on this very repro.py (start_memcheck); None: run it now."""
+    if started is not None:
+        evidence: Evidence | None = started.result()
+        if evidence is not None:
+            attach(repro, evidence)
+    else:
+        evidence = evidence_for(repro, failure.signature, timeout=timeout)
     if evidence is None:
         return outcome, None
     print_evidence(console, evidence.to_json())

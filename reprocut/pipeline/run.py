@@ -5,7 +5,8 @@ Reads the recording, shrinks its captured call (or, for custom kernels and --sou
 script), writes repro.py, verifies it with plain `python repro.py` runs and writes report.md.
 What does not depend on each other runs at once: the fork server starts (it imports torch) while
 the recording is read (which imports torch too), the environment is gathered beside both, and
-the plain verification runs go side by side. Each phase's seconds go to meta.json and `--json`.
+the plain verification runs go side by side, with compute-sanitizer beside them for a memory
+fault. Each phase's seconds go to meta.json and `--json`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ from reprocut.model.recording import Failure, RunDir, atomic_write
 from reprocut.pipeline.cases import Outcome, shrink_case
 from reprocut.pipeline.finish import report_inputs, result_json
 from reprocut.pipeline.phases import FORK_SERVER, READ, REPORT, SOURCE, VERIFY, Phases
-from reprocut.pipeline.recover import agree, memcheck_evidence, walk_back_outcome
+from reprocut.pipeline.recover import (
+    agree,
+    memcheck_evidence,
+    start_memcheck,
+    walk_back_outcome,
+)
 from reprocut.pipeline.scripts import shrink_source
 from reprocut.report.display.console import print_line
 from reprocut.report.display.shrink import print_phase, shrink_display
@@ -147,17 +153,20 @@ def shrink_recording(
         repro = out / "repro.py"
         atomic_write(repro, outcome.code)
         print_phase(console, f"verifying: {settings.runs} plain runs of python {repro.name}")
-        with phases.phase(VERIFY):
-            verification = verify(
-                repro, failure.signature, runs=settings.runs, timeout=settings.timeout * 2
-            )
-        outcome, verification, walked = walk_back_outcome(
-            log, outcome, verification, failure, inputs, environment, runs=settings.runs,
-            timeout=settings.timeout * 2, out=out, console=console,
-        )  # fmt: skip
-        outcome, evidence = memcheck_evidence(
-            repro, failure, outcome, timeout=settings.timeout * 3, console=console
-        )
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            memcheck = start_memcheck(pool, repro, failure, timeout=settings.timeout * 3)
+            with phases.phase(VERIFY):
+                verification = verify(
+                    repro, failure.signature, runs=settings.runs, timeout=settings.timeout * 2
+                )
+            outcome, verification, walked = walk_back_outcome(
+                log, outcome, verification, failure, inputs, environment, runs=settings.runs,
+                timeout=settings.timeout * 2, out=out, console=console,
+            )  # fmt: skip
+            outcome, evidence = memcheck_evidence(
+                repro, failure, outcome, timeout=settings.timeout * 3, console=console,
+                started=memcheck if walked is None else None,  # walked back: another repro.py
+            )  # fmt: skip
         seconds = time.monotonic() - started
         report = out / "report.md"
         with phases.phase(REPORT):
