@@ -16,7 +16,7 @@
 #   speed    issue #11: what each source-reduction check costs on the GPU cases (one at a time,
 #            torch-only server vs preloaded imports + candidates side by side); not in the
 #            default list: STAGES=speed, about 7 minutes (SPEED_CONFIGS=parallel: about 4)
-#   faults   issue #11 (~5 min, at most FAULTS_LIMIT): the memcheck cuda tests beside
+#   faults   issue #11 (~5 min, at most FAULTS_LIMIT): the memcheck and agreement cuda tests beside
 #            benchmarks/bench_faults.py: record + shrink of the 8 custom-kernel / library-error
 #            corpus cases (FAULTS_JOBS at once), each shrink beside the generic reducer with the
 #            same limit (FAULTS_MAX_TIME s); shrinkray comes from $SHRINKRAY, PATH, or the wheels
@@ -164,7 +164,7 @@ stage_faults() {
     # not in the default STAGES: run it with STAGES=faults, alone (~5 minutes; at most 7)
     install_shrinkray
     timeout -k 10 "${FAULTS_TESTS_LIMIT:-120}" python3 -m pytest -v -p no:cacheprovider -m cuda \
-        --timeout 110 tests/test_sanitizer.py >"$OUT/gpu_faults_tests.log" 2>&1 &
+        --timeout 110 tests/test_sanitizer.py tests/test_agreement.py >"$OUT/gpu_faults_tests.log" 2>&1 &
     local tests=$!
     timeout -k 10 "${FAULTS_LIMIT:-420}" python3 benchmarks/bench_faults.py --device cuda \
         --jobs "${FAULTS_JOBS:-8}" --max-time "${FAULTS_MAX_TIME:-60}" --check-timeout 30 \

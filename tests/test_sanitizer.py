@@ -202,6 +202,54 @@ def test_the_tensor_map_survives_a_process_that_dies_inside_the_failing_call(tmp
     assert f"before the start of `{name}`" in evidence.findings[1]
 
 
+FILTER_STAND_IN = """\
+#!{python}
+# memcheck's stand-in for the kernel filter: it logs its options; given --kernel-name it reports
+# what memcheck reports when the faulting kernel is not among those instrumented (the program
+# hits the error on an API call, no access is attributed), else one access error.
+import os, subprocess, sys
+args = sys.argv[1:]
+open(os.environ["STAND_IN_CALLS"], "a").write(" ".join(args[:args.index("--log-file")]) + "\\n")
+log = args[args.index("--log-file") + 1]
+subprocess.run(args[args.index("--log-file") + 2:])
+filtered = "--kernel-name" in args and os.environ.get("STAND_IN_MISS") == "1"
+open(log, "w").write(
+    "========= Program hit cudaErrorIllegalAddress (error 700) due to \\"an illegal memory "
+    "access was encountered\\" on CUDA API call to cudaStreamSynchronize.\\n"
+    if filtered else
+    "========= Invalid __global__ read of size 4 bytes\\n"
+    "=========     at gather_kernel+0x40\\n"
+    "=========     by thread (3,0,0) in block (1,0,0)\\n"
+    "=========     Access at 0x10 is out of bounds\\n"
+)
+"""
+
+
+@pytest.mark.parametrize("miss", [False, True])
+def test_a_known_kernel_is_checked_alone_and_everything_when_that_finds_no_access(
+    tmp_path, monkeypatch, miss
+):
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text(FILTER_STAND_IN.format(python=sys.executable))
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    script = tmp_path / "repro.py"
+    script.write_text("import torch\n\nx = torch.zeros(4)\n")
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("STAND_IN_CALLS", str(calls))
+    monkeypatch.setenv("STAND_IN_MISS", "1" if miss else "0")
+    evidence = run_memcheck(script, sanitizer=str(tool), timeout=120, kernel="gather_kernel")
+    runs = calls.read_text().splitlines()
+    assert "--kernel-name kns=gather_kernel" in runs[0]
+    assert evidence.report.first_access is not None and "gather_kernel" in evidence.findings[0]
+    if miss:  # the filtered run attributed nothing: every kernel is checked once more
+        assert len(runs) == 2 and "--kernel-name" not in runs[1]
+        assert evidence.kernel_filter is None
+    else:
+        assert len(runs) == 1 and evidence.kernel_filter == "gather_kernel"
+        assert "kernels named like `gather_kernel`" in evidence.markdown()
+    assert evidence.to_json()["kernel_filter"] == evidence.kernel_filter
+
+
 @pytest.mark.cuda
 def test_memcheck_on_a_real_out_of_bounds_sparse_repro(tmp_path) -> None:
     """On a GPU with compute-sanitizer: a column id 2**30 past the size sends cuSPARSE far

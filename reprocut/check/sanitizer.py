@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,7 @@ class Evidence:
     findings: tuple[str, ...] = ()  # the first access error, in words
     seconds: float = 0.0
     log: str | None = None  # the raw report, saved beside the repro
+    kernel_filter: str | None = None  # only kernels named like this were checked
 
     def header_lines(self) -> list[str]:
         """Lines for repro.py's docstring."""
@@ -137,7 +138,8 @@ class Evidence:
         if self.status != "found":
             return self.note
         body = "\n".join(self.findings)
-        return f"memcheck, run on repro.py with `PYTORCH_NO_CUDA_MEMORY_CACHING=1`:\n\n```\n{body}\n```"
+        only = f", checking kernels named like `{self.kernel_filter}`" if self.kernel_filter else ""
+        return f"memcheck, run on repro.py with `PYTORCH_NO_CUDA_MEMORY_CACHING=1`{only}:\n\n```\n{body}\n```"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -148,6 +150,7 @@ class Evidence:
             "error_count": self.report.summary,
             "seconds": round(self.seconds, 3),
             "log": self.log,
+            "kernel_filter": self.kernel_filter,
         }
 
 
@@ -179,14 +182,30 @@ def _where(error: MemcheckError) -> str:
     return f"thread ({thread}) in block ({block}): "
 
 
-def run_memcheck(repro: Path, *, timeout: float = 180.0, sanitizer: str | None = None) -> Evidence:
-    """Run `python repro` under `compute-sanitizer --tool memcheck`; never raises for its outcome."""
+def run_memcheck(
+    repro: Path, *, timeout: float = 180.0, sanitizer: str | None = None, kernel: str | None = None
+) -> Evidence:
+    """Run `python repro` under `compute-sanitizer --tool memcheck`; never raises for its outcome.
+
+    `kernel`: the faulting kernel's name, when known (a custom kernel's). Only kernels whose
+    name contains it are instrumented then (`--kernel-name kns=`): the repro's other kernels (a
+    1 GB `randn` or two) run at full speed. If that finds no access error (another kernel
+    faulted, or the filter is not understood), memcheck runs again over every kernel."""
     exe = sanitizer or find_sanitizer()
     if exe is None:
         return Evidence(
             "unavailable", "compute-sanitizer is not on PATH: no memory-checker evidence"
         )
-    repro = repro.resolve()
+    if kernel:
+        focused = _memcheck(repro.resolve(), exe, timeout, ["--kernel-name", f"kns={kernel}"])
+        if focused.status == "found" and focused.report.first_access is not None:
+            return replace(focused, kernel_filter=kernel)
+        every = _memcheck(repro.resolve(), exe, timeout, [])
+        return replace(every, seconds=every.seconds + focused.seconds)
+    return _memcheck(repro.resolve(), exe, timeout, [])
+
+
+def _memcheck(repro: Path, exe: str, timeout: float, options: list[str]) -> Evidence:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="reprocut-sanitizer-") as tmp:
         log, tensor_map, output = (
@@ -194,8 +213,8 @@ def run_memcheck(repro: Path, *, timeout: float = 180.0, sanitizer: str | None =
             Path(tmp) / "tensors.json",
             Path(tmp) / "out",
         )
-        command = [exe, "--tool", "memcheck", "--print-limit", "20", "--log-file", str(log),
-                   sys.executable, "-c", _WRAPPER, str(repro)]  # fmt: skip
+        command = [exe, "--tool", "memcheck", "--print-limit", "20", *options, "--log-file",
+                   str(log), sys.executable, "-c", _WRAPPER, str(repro)]  # fmt: skip
         env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", MAP_ENV: str(tensor_map)}
         with output.open("w") as sink:
             try:
@@ -232,12 +251,14 @@ def attach(repro: Path, evidence: Evidence) -> None:
         repro.write_text(annotate(repro.read_text(), evidence.header_lines()))
 
 
-def evidence_for(repro: Path, signature: Signature, *, timeout: float = 180.0) -> Evidence | None:
+def evidence_for(
+    repro: Path, signature: Signature, *, timeout: float = 180.0, kernel: str | None = None
+) -> Evidence | None:
     """memcheck on a shrunk repro whose fault is a memory error on the GPU (None otherwise),
     its findings written into the repro's docstring."""
     if not wants_evidence(repro, signature):
         return None
-    evidence = run_memcheck(repro, timeout=timeout)
+    evidence = run_memcheck(repro, timeout=timeout, kernel=kernel)
     attach(repro, evidence)
     return evidence
 

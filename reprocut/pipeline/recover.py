@@ -119,7 +119,7 @@ def start_memcheck(
     they read; its findings are attached once they are done): 10-50 s saved on the H200."""
     if not wants_evidence(repro, failure.signature):
         return None
-    return pool.submit(run_memcheck, repro, timeout=timeout)
+    return pool.submit(run_memcheck, repro, timeout=timeout, kernel=failure.kernel)
 
 
 def memcheck_evidence(
@@ -138,7 +138,7 @@ def memcheck_evidence(
         if evidence is not None:
             attach(repro, evidence)
     else:
-        evidence = evidence_for(repro, failure.signature, timeout=timeout)
+        evidence = evidence_for(repro, failure.signature, timeout=timeout, kernel=failure.kernel)
     if evidence is None:
         return outcome, None
     print_evidence(console, evidence.to_json())
