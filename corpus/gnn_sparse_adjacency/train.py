@@ -4,11 +4,12 @@ Each step samples 1200 papers of a crawl keyed by Microsoft Academic Graph paper
 to 3.3e9) and relabels the citations among them from paper ids to rows of the sampled feature
 matrix. Bug: from step 7 on, the crawler appends citations to papers outside the sample, and
 `to_local` keeps an id it cannot find as it is ("fetched later"), so paper ids of ~3e9 enter a
-1200 x 1200 sparse adjacency. The COO constructor does not check its indices: on CPU
-torch.sparse.mm raises at once ("index out of column bound"); on CUDA cuSPARSE reads ~3e9 rows
-(hundreds of GB) past the feature matrix, outside any allocation, and faults with an illegal
-memory access. (With ids of ~1e8, 14 GB past, the H200 did not fault: the reads landed in
-mapped memory.)
+1200 x 1200 sparse adjacency, built coalesced (sorted unique edges, `is_coalesced=True`). The
+COO constructor does not check its indices: on CPU torch.sparse.mm raises at once ("index out
+of column bound"); on CUDA the column ids go to cuSPARSE as 32-bit ints, and it reads ~1e9 rows
+(over 100 GB) away from the feature matrix, outside any allocation: an illegal memory access.
+(Built without `is_coalesced=True`, nothing faulted on the H200: torch's CUDA coalesce likely
+folds the column overflow into row ids past the end, which the CSR conversion drops.)
 """
 
 from __future__ import annotations
@@ -51,9 +52,13 @@ def graph_batch(step: int, device: str):
     loops = torch.arange(nodes)
     rows = torch.cat([to_local(sample, src), loops])
     cols = torch.cat([to_local(sample, dst), loops])
+    # unique (row, col) pairs, sorted by row then column: the adjacency is coalesced already,
+    # and saying so spares torch a sort of every step's edges
+    edges = torch.unique(torch.stack([rows, cols]), dim=1)
+    rows = edges[0]
     degree = torch.bincount(rows, minlength=nodes).clamp(min=1).float()
     weights = 1.0 / degree[rows]
-    adj = torch.sparse_coo_tensor(torch.stack([rows, cols]), weights, (nodes, nodes))
+    adj = torch.sparse_coo_tensor(edges, weights, (nodes, nodes), is_coalesced=True)
     x = torch.randn(nodes, FEATURES, generator=g)
     y = torch.randint(0, CLASSES, (nodes,), generator=g)
     return x.to(device), adj.to(device), y.to(device)
