@@ -119,6 +119,20 @@ def test_the_plain_run_runs_the_candidate_as_repro_py_will_be_written(tmp_path):
         assert isinstance(seen, ForkOnly) and unfinished.disagreements == 1
 
 
+def test_plain_runs_stop_once_their_share_of_the_time_is_spent(tmp_path):
+    """After `max_seconds` of plain runs the oracle's verdict stands (the final verification
+    and the walk-back answer for later candidates); the first run is always made."""
+    script = tmp_path / "repro.py"
+    verdict = Reproduced(EMBEDDING, "index out of range in self", "", 1.0)
+    passes = "import torch\n\nx = torch.zeros(1)\n"
+    with PlainAgreement(max_seconds=0.0) as limited:
+        first = limited(passes, str(script), str(tmp_path), [], verdict, EMBEDDING)
+        assert isinstance(first, ForkOnly) and limited.runs == 1  # ran, and disagreed
+        moved = passes.replace("zeros(1)", 'zeros(1, device="cpu")')  # a new fingerprint
+        assert limited(moved, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
+        assert limited.runs == 1
+
+
 def test_a_script_reductions_plain_runs_end_by_waiting_for_the_gpu(oracle, tmp_path):
     from reprocut.model.recording import ErrorInfo, Failure
     from reprocut.pipeline.recover import agree

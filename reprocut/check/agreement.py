@@ -7,8 +7,10 @@ kernel can fail there and not in a fresh process (CuPy kernels given CPU tensors
 did on the H200). So `PlainAgreement` confirms a Reproduced verdict with a plain run whenever
 the candidate's process-sensitive parts (devices, layouts, pointers, environment) differ from
 the last candidate a plain run confirmed, and turns a disagreement into `ForkOnly`, which no
-predicate accepts. The first candidate is always confirmed. Runs are bounded (`max_runs`);
-beyond that the final verification and the walk-back (`reprocut.shrink.walkback`) decide.
+predicate accepts. The first candidate is always confirmed. Runs are bounded (`max_runs`, and
+`max_seconds` of plain runs in all: on the H200 seven runs of a custom-kernel candidate took
+half of a 60 s reduction); beyond that the final verification and the walk-back
+(`reprocut.shrink.walkback`) decide.
 
 `reproducing_form` settles the one case where blocking launches are truly needed: a CUDA case
 that reproduces only with CUDA_LAUNCH_BLOCKING=1 gets it in its `env`, which the emitter writes
@@ -51,6 +53,7 @@ class PlainAgreement:
         runner: PlainRunner | None = None,
         *,
         max_runs: int = 8,
+        max_seconds: float | None = None,
         timeout: float = 120.0,
         finish: Callable[[str], str] | None = None,
     ) -> None:
@@ -59,6 +62,7 @@ class PlainAgreement:
         # GPU, as the fork child does after every candidate): the plain run runs that
         self.finish = finish
         self.max_runs = max_runs
+        self.max_seconds = max_seconds
         self.timeout = timeout
         self.confirmed: tuple[tuple[str, int], ...] | None = None
         self.runs = 0
@@ -88,6 +92,8 @@ class PlainAgreement:
         mark = fingerprint(code)
         if mark == self.confirmed or self.runs >= self.max_runs:
             return verdict
+        if self.max_seconds is not None and self.runs and self.seconds >= self.max_seconds:
+            return verdict  # the first run is always made: the biggest change comes first
         script = Path(filename)
         written = self.finish(code) if self.finish is not None else code
         if not script.exists() or script.read_text() != written:

@@ -39,12 +39,21 @@ from reprocut.shrink.walkback import (
 
 
 def agree(
-    oracle: Oracle, failure: Failure, out: Path, *, source: bool, timeout: float
+    oracle: Oracle,
+    failure: Failure,
+    out: Path,
+    *,
+    source: bool,
+    timeout: float,
+    max_seconds: float | None = None,
 ) -> tuple[PlainAgreement, AcceptedLog]:
-    """Plain runs for the oracle's process-sensitive candidates, and the accepted-candidate log.
-    A script reduction starts from the user's script, which failed so in their own run."""
+    """Plain runs for the oracle's process-sensitive candidates (`max_seconds` of them at
+    most), and the accepted-candidate log. A script reduction starts from the user's script,
+    which failed so in their own run."""
     finish = _source_finish(failure)
-    agreement = PlainAgreement(timeout=timeout, finish=finish if source else None)
+    agreement = PlainAgreement(
+        timeout=timeout, finish=finish if source else None, max_seconds=max_seconds
+    )
     oracle.confirm = agreement
     agreement.warm_up()
     log = AcceptedLog(out / ACCEPTED_DIR, finish=finish)

@@ -47,6 +47,11 @@ class NothingToShrinkError(ReprocutError):
     exit_code = ExitCode.SCRIPT_ERROR
 
 
+# the share of --max-time that plain-run confirmations may take; the final verification and
+# the walk-back answer for the candidates accepted after that
+PLAIN_SHARE = 0.2
+
+
 @dataclass(frozen=True, slots=True)
 class ShrinkSettings:
     """What a shrink may do (the `reprocut shrink` options)."""
@@ -131,7 +136,8 @@ def shrink_recording(
             _start_server(oracle, phases, started)  # while the inputs are read
             agreement, log = agree(oracle, failure, _out(run_dir, settings),
                                    source=_is_source(failure, settings),
-                                   timeout=settings.timeout * 2)  # fmt: skip
+                                   timeout=settings.timeout * 2,
+                                   max_seconds=settings.max_time * PLAIN_SHARE)  # fmt: skip
             on_event = log.watch(shown)
             try:
                 inputs, environment = _read(run_dir, failure, settings)
