@@ -493,6 +493,19 @@ def test_replace_with_specs_replaces_tensor_parameters_of_the_launching_function
     """)
 
 
+def test_replace_with_specs_leaves_a_name_the_jump_bound_to_its_spec_already():
+    """After jump_to_call, `x = <its spec>` is there: another tensor for its reads (on the H200:
+    a second 1 GB `randn` in every candidate and a dead `x = ...` for later passes) is no
+    candidate; a name bound to something else still is."""
+    spec = TensorSpec((4,), storage_offset=3)
+    built = "torch.randn((7,), dtype=torch.float32).as_strided((4,), (1,), 3)"
+    context = PassContext(specs=(spec,), named_specs=(("x", spec),), focus="launch(x)")
+    jumped = f"x = {built}\nlaunch(x)\n"
+    assert list(candidates(replace_with_specs, jumped, context)) == []
+    computed = "x = feats[3:7]\nlaunch(x)\n"
+    assert f"launch({built})" in next(candidates(replace_with_specs, computed, context))
+
+
 # --- jump_to_call ----------------------------------------------------------------------------
 
 TRAINING = code("""

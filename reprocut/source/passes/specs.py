@@ -220,6 +220,8 @@ def replace_with_specs(code: str, context: PassContext) -> Generator[Any, Any, N
         scope = None if module is None else focus_scope(module, context.focus)
         if module is None or scope is None:
             break
+        if _bound_to(module, name, spec_expression(spec)):
+            continue  # jump_to_call made it so already: a second tensor would be all it adds
         candidate = _replace_name(code, module, scope, name, spec_expression(spec))
         if candidate is not None and (yield candidate):
             code = candidate
@@ -242,9 +244,24 @@ def replace_with_specs(code: str, context: PassContext) -> Generator[Any, Any, N
             order = tensors
         accepted = False
         for spec in order:
+            if isinstance(arg.value, cst.Name) and _bound_to(
+                module, arg.value.value, spec_expression(spec)
+            ):
+                continue
             candidate = _spec_candidate(code, module, arg, spec_expression(spec))
             if candidate is not None and (yield candidate):
                 code, accepted = candidate, True
                 break
         if not accepted:
             i += 1  # an accepted site became a constant: it is no longer in the list
+
+
+def _bound_to(module: cst.Module, name: str, value: cst.BaseExpression) -> bool:
+    """`name = value` is a statement of the module (at any depth)."""
+    wanted = module.code_for_node(value)
+    return any(
+        len(node.targets) == 1
+        and m.matches(node.targets[0].target, m.Name(name))
+        and module.code_for_node(node.value) == wanted
+        for node in m.findall(module, m.Assign())
+    )
