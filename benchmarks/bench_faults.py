@@ -2,16 +2,17 @@
 
     python benchmarks/bench_faults.py --device cuda --jobs 8 --max-time 60 --out $OUT
 
-Each case: `reprocut record` (scored against case.toml as run_corpus scores it), then, side by
-side and with the same time limit, `reprocut shrink` of that recording and the generic reducer
+Each case: `reprocut record` (scored against case.toml as run_corpus scores it), then, one after
+the other and with the same time limit, `reprocut shrink` of that recording and the generic reducer
 (shrinkray, as bench_source.py runs it: a fresh `python` per check, blocking launches) on the
-script. Both results are then run once more as plain `python repro.py` (no
-CUDA_LAUNCH_BLOCKING, from the folder it was written to) and must fail with the case's CUDA
-signature. The table gives: localized right, verified, shrink seconds, checks, repro lines and
-the compute-sanitizer finding shrink attached (memory errors), then the generic reducer's
-columns; the median shrink time is printed. Each case's repro.py, report.md and sanitizer.log
-are copied under OUT/faults/<case>/. Results are rewritten after every case, so a run stopped by
-a time limit still leaves a table. This process never touches CUDA.
+script; one after the other so that neither's checks compete with the other's for the GPU and the
+cores (`--beside`: both at once, as session 5 and 6's first runs did). Both results are then run
+once more as plain `python repro.py` (no CUDA_LAUNCH_BLOCKING, from the folder it was written to)
+and must fail with the case's CUDA signature. The table gives: localized right, verified, shrink
+seconds, checks, repro lines and the compute-sanitizer finding shrink attached (memory errors),
+then the generic reducer's columns; the median shrink time is printed. Each case's repro.py,
+report.md and sanitizer.log are copied under OUT/faults/<case>/. Results are rewritten after every
+case, so a run stopped by a time limit still leaves a table. This process never touches CUDA.
 """
 
 from __future__ import annotations
@@ -184,15 +185,15 @@ def bench_case(case: CorpusCase, root: Path, options: argparse.Namespace) -> Fau
     if not (run_dir and record.returncode == 0):
         return FaultRow(case.name, case.family, score_case(case, options.device, record))
     run_dir = str((scratch / run_dir).resolve())
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        generic = pool.submit(run_generic, source, scratch, options)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        generic = pool.submit(run_generic, source, scratch, options) if options.beside else None
         shrunk, reduced = run_reprocut_shrink(run_dir, scratch, source, options)
         row = FaultRow(
             case.name,
             case.family,
             score_case(case, options.device, record, shrunk),
             reduced,
-            generic.result(),
+            generic.result() if generic else run_generic(source, scratch, options),
         )
     keep = options.out / "faults" / case.name
     keep.mkdir(parents=True, exist_ok=True)
@@ -313,6 +314,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-time", type=float, default=60, help="seconds per case per reducer")
     parser.add_argument("--check-timeout", type=float, default=30, help="seconds per check")
     parser.add_argument("--record-timeout", type=float, default=180)
+    parser.add_argument(
+        "--beside", action="store_true", help="run the generic reducer beside reprocut's shrink"
+    )
     parser.add_argument(
         "--tail", type=float, default=240, help="seconds shrink may take past --max-time"
     )
