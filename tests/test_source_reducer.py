@@ -395,3 +395,28 @@ def test_a_gpu_repro_ends_by_waiting_for_the_gpu():
     assert ending_with_a_sync(on_gpu) == on_gpu + "torch.cuda.synchronize()\n"
     for unchanged in ("import torch\nx = torch.ones(2)\n", on_gpu + "torch.cuda.synchronize()\n"):
         assert ending_with_a_sync(unchanged) == unchanged
+
+
+def test_the_wait_and_the_format_cost_one_check_together_and_each_alone_only_if_needed():
+    from reprocut.source.reducer import SourceReducer, _finished
+
+    sig = Signature("ValueError", None, None, "bad")
+    best = 'import torch\nx = torch.ones(2, device="cuda")\n'
+    seen: list[str] = []
+
+    def check(needs: str):
+        def run(candidate: str):
+            seen.append(candidate)
+            return sig if needs not in candidate else None  # fails unless `needs` is there
+
+        return run
+
+    reducer = SourceReducer(
+        best=best, expected=sig, check=check("never"), context=PassContext(), passes=()
+    )
+    both = _finished(best, check("never"), sig, reducer)
+    assert both.endswith("torch.cuda.synchronize()\n") and len(seen) == 1
+    seen.clear()
+    alone = _finished(best, check("synchronize"), sig, reducer)  # the wait spoils it
+    assert "synchronize" not in alone and len(seen) >= 1
+    assert all("synchronize" in c or c == format_code(best) for c in seen)

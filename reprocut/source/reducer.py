@@ -361,6 +361,27 @@ def reduce_source(
         return replace(result, preloaded=tuple(dict.fromkeys(loaded)))
 
 
+def _finished(
+    best: str, check: Callable[[str], Any], expected: Signature, reducer: SourceReducer
+) -> str:
+    """The result waiting for the GPU at its end and formatted: both in one check (a GPU
+    check is seconds); each alone only if together they do not fail the same way."""
+    both = format_code(ending_with_a_sync(best))
+    if both == best:
+        return best
+    reducer.checks += 1
+    if reproduces(check(both), expected):
+        return both
+    final = best
+    for finish in (ending_with_a_sync, format_code):
+        finished = finish(final)
+        if finished != final and finished != both:
+            reducer.checks += 1
+            if reproduces(check(finished), expected):
+                final = finished
+    return final
+
+
 def _reduce(
     original: str,
     *,
@@ -405,13 +426,7 @@ def _reduce(
         runner=runner,
     )
     stopped = reducer.run()
-    final = reducer.best
-    for finish in (ending_with_a_sync, format_code):
-        finished = finish(final)
-        if finished != final:
-            reducer.checks += 1
-            if reproduces(check(finished), expected):
-                final = finished
+    final = _finished(reducer.best, check, expected, reducer)
     return SourceResult(
         code=final,
         statements=count_small_statements(final),
