@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,35 @@ def test_reduce_source_refuses_a_script_that_does_not_fail(tmp_path: Path):
         reduce_source(
             script, cwd=tmp_path, argv=[], expected=BAD, check=run_in_process, passes=PASSES
         )
+
+
+def test_with_several_slots_the_script_is_checked_beside_the_first_candidates(tmp_path: Path):
+    """Its check no longer holds up the first candidates: one that fails is refused all the
+    same (the reduction stops as soon as that is known), one that fails reduces as before."""
+    script = tmp_path / "ok.py"
+    script.write_text("print('fine')\n")
+    seen: list[str] = []
+
+    def slow_check(source: str) -> Signature | None:
+        seen.append(source)
+        if source == "print('fine')\n":
+            time.sleep(0.5)  # the user's script: its candidates start meanwhile
+        return run_in_process(source)
+
+    with pytest.raises(NotReproducedError):
+        reduce_source(script, cwd=tmp_path, argv=[], expected=BAD, check=slow_check,
+                      passes=PASSES, parallel=2)  # fmt: skip
+    assert len(seen) > 1  # candidates ran beside it, and the reduction stopped once it was known
+    failing = (
+        "import os\nx = [1, 2]\nprint(x)\nif x:\n    raise ValueError('bad value %d' % x[0])\n"
+    )
+    script.write_text(failing)
+    seen.clear()
+    result = reduce_source(script, cwd=tmp_path, argv=[], expected=BAD, check=slow_check,
+                           passes=PASSES, parallel=2)  # fmt: skip
+    alone = reduce_source(script, cwd=tmp_path, argv=[], expected=BAD, check=run_in_process,
+                          passes=PASSES)  # fmt: skip
+    assert result.code == alone.code and failing in seen and len(result.code) < len(failing)
 
 
 def test_reduce_source_formats_the_result(tmp_path: Path):

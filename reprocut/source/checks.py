@@ -57,7 +57,8 @@ class OracleChecks:
         self.expected = expected
         self.timeout = timeout
         self.slots = slots
-        self.paths = [candidate_path(script_path, k) for k in range(slots)]
+        # one file per slot, and one past them for the user's script, checked aside
+        self.paths = [candidate_path(script_path, k) for k in range(slots + 1)]
 
     def run(self, code: str, slot: int, ticket: Ticket | None) -> Any:
         path = self.paths[slot]

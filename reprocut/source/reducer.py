@@ -17,6 +17,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -195,6 +196,7 @@ class SourceReducer:
     seen: set[str] = field(default_factory=set, repr=False)
     parallel: int = 1  # with `check`: run it on this many threads at once (it must allow that)
     runner: Checks | None = None  # how candidates run (default: `check`, `parallel` at a time)
+    stop: Callable[[], str | None] | None = None  # a reason to stop now, asked with the budget
     _keys: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
     _speculation: Speculation | None = field(default=None, repr=False)
 
@@ -225,7 +227,7 @@ class SourceReducer:
             return "max checks"
         if time.monotonic() - self.started >= self.max_time:
             return "max time"
-        return None
+        return self.stop() if self.stop is not None else None
 
     def take(self, candidate: str, verdict: Any, pass_name: str) -> bool:
         """A candidate's verdict, in the pass's order: the only place `best` changes."""
@@ -407,25 +409,28 @@ def _reduce(
         focus=focus,
     )
     check = partial(check_alone, runner)
-    if not reproduces(check(original), expected):
-        raise NotReproducedError(
-            f"{script_path.name} does not fail with {expected.describe()}",
-            hint="record it again: the failure may depend on the environment or be flaky",
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprocut-original") as aside:
+        first = _check_original(aside, runner, original)
+        if first is None and not reproduces(check(original), expected):
+            raise _not_reproduced(script_path, expected)
+        reducer = SourceReducer(
+            best=original,
+            expected=expected,
+            check=check,
+            context=context,
+            passes=passes,
+            max_checks=max_checks,
+            max_time=max_time,
+            on_event=on_event,
+            checks=1,
+            started=started,
+            runner=runner,
+            stop=None if first is None else partial(_stop_unless_reproduced, first, expected),
         )
-    reducer = SourceReducer(
-        best=original,
-        expected=expected,
-        check=check,
-        context=context,
-        passes=passes,
-        max_checks=max_checks,
-        max_time=max_time,
-        on_event=on_event,
-        checks=1,
-        started=started,
-        runner=runner,
-    )
-    stopped = reducer.run()
+        stopped = reducer.run()
+        unreduced = first is not None and reducer.best == original
+        if unreduced and not reproduces(first.result(), expected):  # type: ignore[union-attr]
+            raise _not_reproduced(script_path, expected)
     final = _finished(reducer.best, check, expected, reducer)
     return SourceResult(
         code=final,
@@ -439,3 +444,28 @@ def _reduce(
         parallel=runner.slots,
         discarded=reducer.discarded,
     )
+
+
+def _check_original(aside: ThreadPoolExecutor, runner: Checks, original: str) -> Future[Any] | None:
+    """With several slots, the user's script is checked beside the first candidates, in a file
+    of its own (on the H200 a run of the whole training script is seconds the jump to the call
+    need not wait for); with one, before them (None)."""
+    if runner.slots < 2:
+        return None
+    slot = runner.slots  # the slot past the speculation's
+    return aside.submit(lambda: runner.settle(original, slot, runner.run(original, slot, None)))
+
+
+def _not_reproduced(script_path: Path, expected: Signature) -> NotReproducedError:
+    return NotReproducedError(
+        f"{script_path.name} does not fail with {expected.describe()}",
+        hint="record it again: the failure may depend on the environment or be flaky",
+    )
+
+
+def _stop_unless_reproduced(first: Future[Any], expected: Signature) -> str | None:
+    """A candidate accepted meanwhile reproduces by itself; without one there is no use going
+    on once the user's script did not fail that way."""
+    if first.done() and not reproduces(first.result(), expected):
+        return "the original does not reproduce"
+    return None
