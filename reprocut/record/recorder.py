@@ -265,13 +265,13 @@ class Recorder:
         self.state.optimizer_seen = True
         self.state.in_optimizer += 1
         if self.flags is not None and self.state.in_optimizer == 1:
-            self.flags.watch_optimizer(optimizer, "gradients")
+            self.flags.enter_optimizer(optimizer)
         return _closure_outside_optimizer(self.state, args, kwargs)
 
     def _on_optimizer_exit(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.state.in_optimizer -= 1
         if self.flags is not None and self.state.in_optimizer == 0:
-            self.flags.watch_optimizer(optimizer, "parameters")
+            self.flags.watch_optimizer(optimizer)
         if self.state.in_optimizer == 0:
             self._end_step()
 
