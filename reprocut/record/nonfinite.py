@@ -34,6 +34,7 @@ DEFERRED_LOSS_ELEMENTS = 1 << 16
 MAX_DEFERRED = 64
 _INF = float("inf")
 _STRIDED = torch.strided
+_Key = tuple[torch.dtype, int]  # a dtype and a device index (get_device: -1 for the CPU)
 # a CUDA copy of a step's norms: (device index, its event, the pinned buffer it fills)
 _Copy = tuple[int, Any, torch.Tensor]
 # a step's norms on their way to the host: (step, host tensors, CUDA copies, what each is for)
@@ -97,16 +98,18 @@ def step_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """The max-abs norm of each tensor, in order, as 0-dim tensors on its device: one launch
     per device and dtype, no host sync. A norm is finite exactly when its tensor is."""
     with unrecorded():
-        return _norms(tensors)
+        return _norms(tensors)[0]
 
 
-def _norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """step_norms inside an `unrecorded` block. One device and dtype, the usual case, is found
-    with two cheap getters per tensor (`get_device` is an int; `.device` builds an object)."""
-    first = tensors[0]
-    dtype, index = first.dtype, first.get_device()
-    if all(t.dtype is dtype and t.get_device() == index for t in tensors):
-        return list(torch._foreach_norm(tensors, _INF))
+def _norms(tensors: list[torch.Tensor], key: _Key | None = None) -> tuple[list[torch.Tensor], bool]:
+    """step_norms inside an `unrecorded` block, and whether the norms are all on one device.
+    `key` is the one dtype and device all the tensors are known to share; else one device and
+    dtype, the usual case, is found with two cheap getters per tensor (`get_device` is an int;
+    `.device` builds an object)."""
+    if key is None:
+        key = _uniform_key(tensors)
+    if key is not None:
+        return list(torch._foreach_norm(tensors, _INF)), True
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for i, tensor in enumerate(tensors):
         groups.setdefault((tensor.device, tensor.dtype), []).append(i)
@@ -115,7 +118,16 @@ def _norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         group = [tensors[i] for i in positions]
         for i, norm in zip(positions, torch._foreach_norm(group, _INF), strict=True):
             norms[i] = norm
-    return norms
+    return norms, len({device for device, _ in groups}) == 1
+
+
+def _uniform_key(tensors: list[torch.Tensor]) -> _Key | None:
+    """The (dtype, device index) every tensor has, or None."""
+    first = tensors[0]
+    dtype, index = first.dtype, first.get_device()
+    if all(t.dtype is dtype and t.get_device() == index for t in tensors):
+        return dtype, index
+    return None
 
 
 class StepFlags:
@@ -132,9 +144,10 @@ class StepFlags:
         self.what: str | None = None  # which check flipped first
         self.losses_seen = False  # a loss went to backward: outputs need no check of their own
         self._deferred: list[torch.Tensor] = []  # losses reduced with the next check
-        self._at_end: list[tuple[str, list[torch.Tensor]]] = []  # reduced at the step's end
+        # reduced at the step's end: (what, tensors, the dtype and device they share)
+        self._at_end: list[tuple[str, list[torch.Tensor], _Key | None]] = []
         self._optimizer: Any = None  # entered, not yet left (it may raise)
-        self._params: tuple[Any, int, list[torch.Tensor]] | None = None  # see _parameters
+        self._params: tuple[Any, int, list[torch.Tensor], _Key | None] | None = None
         self._buffers = PinnedBuffers()
         self._events = EventPool()
 
@@ -192,31 +205,31 @@ class StepFlags:
         the gradients when they held the first non-finite value. An optimizer that made a
         parameter non-finite from finite gradients is named as `parameters`."""
         self._optimizer = None
-        params = self._parameters(optimizer)
-        grads = []
-        for p in params:
-            grad = p.grad
-            if grad is not None and grad.layout is _STRIDED and grad.is_floating_point():
-                grads.append(grad)
-        self._at_end.append(("gradients", grads))
-        self._at_end.append(("parameters", params))
+        params, key = self._parameters(optimizer)
+        # a dense gradient has its parameter's dtype and device (torch checks): the same key
+        grads = [g for p in params if (g := p.grad) is not None and g.layout is _STRIDED]
+        if grads:
+            self._at_end.append(("gradients", grads, key))
+        if params:
+            self._at_end.append(("parameters", params, key))
 
-    def _parameters(self, optimizer: Any) -> list[torch.Tensor]:
-        """The optimizer's dense floating parameters, kept while its groups stay the same
-        lists of the same lengths (`add_param_group` appends a group)."""
+    def _parameters(self, optimizer: Any) -> tuple[list[torch.Tensor], _Key | None]:
+        """The optimizer's dense floating parameters and the dtype and device they share (if
+        they do), kept while its groups hold as many parameters (`add_param_group` adds)."""
         groups = optimizer.param_groups
         size = sum(len(group["params"]) for group in groups)
         cached = self._params
         if cached is not None and cached[0] is optimizer and cached[1] == size:
-            return cached[2]
+            return cached[2], cached[3]
         params = [
             p
             for group in groups
             for p in group["params"]
             if p.layout is _STRIDED and p.is_floating_point() and p.numel()
         ]
-        self._params = (optimizer, size, params)
-        return params
+        key = _uniform_key(params) if params else None
+        self._params = (optimizer, size, params, key)
+        return params, key
 
     def watch_output(self, output: Any) -> None:
         """Top-level modules' outputs: an evaluation loop's only check. Once losses go to
@@ -264,23 +277,27 @@ class StepFlags:
         """Reduce what waited for the step's end (losses, the optimizer's tensors) and copy all
         the step's norms to the host: stacked per device, on CUDA into a pinned buffer behind
         an event. One `unrecorded` block for all of it."""
-        tensors, what = self._deferred, ["loss"] * len(self._deferred)
-        if self._at_end:
-            tensors = list(tensors)
-            for name, group in self._at_end:
-                tensors += group
-                what += [name] * len(group)
+        losses = self._deferred
+        tensors, what = list(losses), ["loss"] * len(losses)
+        key = self._at_end[0][2] if self._at_end else None
+        for name, group, group_key in self._at_end:
+            tensors += group
+            what += [name] * len(group)
+            if group_key != key:
+                key = None
+        if key is not None and not all((t.dtype, t.get_device()) == key for t in losses):
+            key = None
         self._deferred, self._at_end = [], []
         if not tensors and not self._norms:
             return
         with unrecorded():
-            norms = _norms(tensors) if tensors else []
-            if self._norms:
+            norms, one_device = _norms(tensors, key) if tensors else ([], True)
+            if self._norms:  # checked earlier in the step (outputs, a large loss)
                 norms, what = self._norms + norms, self._what + what
-            first = norms[0]
-            index = first.get_device()
-            if all(norm.get_device() == index for norm in norms):
-                queued = self._copy(torch.stack(norms), first.device, what)
+                index = norms[0].get_device()
+                one_device = all(norm.get_device() == index for norm in norms)
+            if one_device:
+                queued = self._copy(torch.stack(norms), norms[0].device, what)
             else:
                 queued = self._copy_by_device(norms, what)
         self._pending.append((step, *queued))
