@@ -7,6 +7,10 @@ first non-finite value was born, and in the loops that have no optimizer step to
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -162,3 +166,74 @@ def test_an_evaluation_loop_is_checked_by_its_model_outputs(tmp_path: Path):
         recorder.flags.flush(recorder.state.step)
     assert (recorder.flags.first_step, recorder.flags.what) == (2, "model outputs")
     assert recorder.flags.checked_through == 4
+
+
+_CUDA_LOOP = """
+import json, sys
+from pathlib import Path
+import torch
+import torch.nn.functional as F
+from reprocut.record.recorder import Recorder, RecorderConfig
+
+torch.manual_seed(0)
+flag_buffers, snapshot_buffers, targets, matches = {}, {}, {}, []
+
+
+def check_snapshots(recorder):  # every snapshot not yet retired holds its own step's target
+    torch.cuda.synchronize()
+    for snapshot in recorder.all_snapshots():
+        if snapshot.op == "aten::nll_loss_forward":
+            copy = recorder.store.tensors[snapshot.call.args[1].key]
+            matches.append((snapshot.step, bool(torch.equal(copy, targets[snapshot.step]))))
+
+
+with Recorder(RecorderConfig(run_dir=Path(sys.argv[1]), nan=True)) as recorder:
+    recorder.flags.stop_after = None
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    model = model.cuda()
+    optimizer = torch.optim.Adam(model.parameters())
+    for step in range(40):
+        x = torch.randn(16, 8, device="cuda")
+        if step == 30:
+            x[3, 2] = float("inf")
+        y = torch.randint(0, 4, (16,), device="cuda")
+        targets[step] = y.cpu()
+        loss = F.cross_entropy(model(x), y)
+        check_snapshots(recorder)  # the step's own copy, just made
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        for _, hosts, _, _ in recorder.flags._pending:
+            flag_buffers.update((id(h), h) for h in hosts)  # kept alive: ids stay unique
+        store = recorder.store
+        snapshot_buffers.update((id(t), t) for k, t in store.tensors.items() if k in store.pinned)
+        check_snapshots(recorder)  # the steps still pending, after later copies
+    recorder.flags.flush(recorder.state.step)
+print(json.dumps({
+    "flags": recorder.flags.to_json(),
+    "flag_buffers": len(flag_buffers),
+    "snapshot_buffers": len(snapshot_buffers),
+    "matches": matches,
+}))
+"""
+
+
+@pytest.mark.cuda
+def test_on_cuda_steps_reuse_pinned_buffers_and_events_and_the_copies_hold_their_step(tmp_path):
+    """40 steps of a real CUDA loop (in a child: the pytest process keeps CUDA uninitialized):
+    the flags' and the snapshots' pinned buffers come back for later steps, every snapshot
+    still holds its own step's target, and the inf born at step 30 is flagged there."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", _CUDA_LOOP, str(tmp_path)],
+        capture_output=True, text=True, timeout=200,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert (result["flags"]["first_step"], result["flags"]["flagged_by"]) == (30, "loss")
+    assert result["flags"]["checked_through"] == 39
+    assert {step for step, _ in result["matches"]} == set(range(40))
+    assert all(ok for _, ok in result["matches"]), result["matches"]
+    assert result["flag_buffers"] <= 6, "one pinned buffer per step, not reused"
+    assert result["snapshot_buffers"] <= 12, "one pinned copy per step, not reused"

@@ -1,19 +1,21 @@
 """Pinned host buffers and CUDA events, reused from step to step instead of made per step.
 
-Each step of a `--nan` run copies its few norms to pinned memory behind an event, and each step
-of a CUDA run records an event for its snapshots (recorder.py). A fresh pinned tensor goes
-through the CachingHostAllocator (a lock, its own event bookkeeping) and a fresh Event costs a
-create and a destroy: on a launch-bound loop that is measurable. A buffer or event comes back
-here only once the step that used it has been read (its event reported completion), so the
-next step's copy cannot overwrite values still unread.
+Each step of a CUDA run copies its asserting ops' evidence to pinned memory (capture.py) and
+records an event after its kernels (recorder.py); with `--nan` it also copies its few norms to
+pinned memory behind an event (nonfinite.py). A fresh pinned tensor goes through the
+CachingHostAllocator (a lock, its own event bookkeeping, a free that waits for events) and a
+fresh Event costs a create and a destroy: on a launch-bound loop that is measurable. A buffer or
+event comes back here only once the step that used it is known complete and read, so the next
+step's copy cannot overwrite values still unread.
 """
 
 from __future__ import annotations
 
 import torch
 
-MAX_FREE = 4  # free buffers kept per (dtype, length), and events per device
-MAX_SHAPES = 32  # distinct (dtype, length) keys kept before the free lists are dropped
+MAX_FREE = 4  # free buffers kept per (dtype, shape), and events per device
+MAX_SHAPES = 32  # distinct (dtype, shape) keys kept before the free lists are dropped
+MAX_POOLED_BYTES = 256 << 10  # a larger buffer goes back to the allocator: the pool stays small
 
 
 class EventPool:
@@ -36,22 +38,26 @@ class EventPool:
 
 
 class PinnedBuffers:
-    """One-dimensional pinned host tensors by dtype and length."""
+    """Contiguous pinned host tensors by dtype and shape."""
 
     __slots__ = ("_free",)
 
     def __init__(self) -> None:
-        self._free: dict[tuple[torch.dtype, int], list[torch.Tensor]] = {}
+        self._free: dict[tuple[torch.dtype, tuple[int, ...]], list[torch.Tensor]] = {}
 
-    def take(self, dtype: torch.dtype, length: int) -> torch.Tensor:
-        free = self._free.get((dtype, length))
+    def take(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """A pinned tensor of that dtype and shape; its values are stale: copy into it."""
+        free = self._free.get((dtype, shape))
         if free:
             return free.pop()
-        return torch.empty(length, dtype=dtype, pin_memory=True)
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
 
     def give_back(self, buffer: torch.Tensor) -> None:
-        """`buffer` has been read: the copy into it completed and nobody holds its values."""
-        key = (buffer.dtype, buffer.shape[0])
+        """`buffer` (from `take`) is done with: the copy into it completed and nobody will
+        read it again."""
+        if buffer.nbytes > MAX_POOLED_BYTES:
+            return
+        key = (buffer.dtype, buffer.shape)
         free = self._free.get(key)
         if free is None:
             if len(self._free) >= MAX_SHAPES:  # lengths that keep changing: start over

@@ -312,7 +312,7 @@ class StepFlags:
             return [stacked], [], what
         if device.type != "cuda":
             return [stacked.to("cpu", non_blocking=True)], [], what
-        host = self._buffers.take(stacked.dtype, stacked.shape[0])
+        host = self._buffers.take(stacked.dtype, stacked.shape)
         host.copy_(stacked, non_blocking=True)  # behind the step's kernels
         event = self._events.take(device.index)
         event.record(torch.cuda.current_stream(device))
