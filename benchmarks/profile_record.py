@@ -102,12 +102,28 @@ def workload(
             recorder.close()
 
 
+# reprocut's functions and the torch calls they make per step (CUDA's Python wrappers too)
+SHOWN = r"reprocut|_foreach_norm|cudaHost|Event|copy_|\bto\b|torch\._C\.|stack|cuda/streams|pin"
+
+
 def top(profile: Path, key: str, count: int = 18) -> str:
     out = io.StringIO()
     stats = pstats.Stats(str(profile), stream=out)
-    stats.sort_stats(key).print_stats(r"reprocut|_foreach_norm|cudaHost|Event|copy_|\bto\b", count)
-    lines = out.getvalue().splitlines()
-    start = next((i for i, line in enumerate(lines) if line.strip().startswith("ncalls")), 0)
+    stats.sort_stats(key).print_stats(SHOWN, count)
+    return _trimmed(out.getvalue(), "ncalls")
+
+
+def callees(profile: Path, pattern: str) -> str:
+    """What the functions matching `pattern` called, and the time each took (an `unrecorded`
+    block's exit cost 0.15 s over 900 calls in a GPU profile, with nothing slow inside it)."""
+    out = io.StringIO()
+    pstats.Stats(str(profile), stream=out).print_callees(pattern)
+    return _trimmed(out.getvalue(), "Function")
+
+
+def _trimmed(text: str, header: str) -> str:
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip().startswith(header)), 0)
     return "\n".join(
         line.replace(str(Path(__file__).resolve().parents[1]), "") for line in lines[start:]
     )
@@ -179,6 +195,10 @@ def main() -> None:
             child(way, profile)
             for key in ("tottime", "cumulative"):
                 lines += ["", f"## `{way}`: by {key}", "", "```", top(profile, key), "```"]
+            if way == "nan":
+                pattern = r"nonfinite.py.*(__enter__|__exit__|_queue)"
+                lines += ["", "## `nan`: what `unrecorded` and `_queue` call", ""]
+                lines += ["```", callees(profile, pattern), "```"]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
