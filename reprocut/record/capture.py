@@ -308,8 +308,10 @@ def hold_arg(
     if isinstance(value, (list, tuple)):
         return HeldList(
             tuple(
-                hold_arg(v, op, store, everything=everything, non_blocking=non_blocking)
-                for v in value
+                [
+                    hold_arg(v, op, store, everything=everything, non_blocking=non_blocking)
+                    for v in value
+                ]
             )
         )
     return _scalar_json(value)
@@ -356,15 +358,20 @@ def hold_call(
     non_blocking: bool = False,
     names: tuple[str, ...] | None = None,
 ) -> HeldCall:
-    """The first half of capturing a call: what must happen before the op runs."""
+    """The first half of capturing a call: what must happen before the op runs (lists, not
+    generators, inside: this runs for every asserting op of every step)."""
     return HeldCall(
         tuple(
-            hold_arg(a, op, store, everything=everything, non_blocking=non_blocking) for a in args
+            [hold_arg(a, op, store, everything=everything, non_blocking=non_blocking) for a in args]
         ),
         tuple(
-            (k, hold_arg(v, op, store, everything=everything, non_blocking=non_blocking))
-            for k, v in kwargs.items()
-        ),
+            [
+                (k, hold_arg(v, op, store, everything=everything, non_blocking=non_blocking))
+                for k, v in kwargs.items()
+            ]
+        )
+        if kwargs
+        else (),
         names,
     )
 
