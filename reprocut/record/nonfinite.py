@@ -1,14 +1,15 @@
 """Inside the user's process, with `--nan`: did this step make a NaN or inf? One read per step.
 
 Checking every op's output costs a host sync per op. Instead, what a step hands on (the losses
-given to backward, the gradients before the optimizer, the parameters after it, the outputs of
-top-level modules until a loss goes to backward) is reduced on the device by one
-`_foreach_norm(ord=inf)` launch per check and dtype (no overflow, and NaN propagates; a small
-loss waits for the gradients' check and shares its launch); at the step's end the norms are
-stacked into one tensor per device. On the CPU it is read there; on CUDA it is copied to pinned
-memory behind an event and read once the event reports completion, so no step waits for the
-GPU. Everything else (isfinite, which check flipped) happens on the host: on a launch-bound
-loop each launch counts.
+given to backward, the gradients and parameters once the optimizer's step is done, the outputs
+of top-level modules until a loss goes to backward) is reduced on the device by
+`_foreach_norm(ord=inf)` (no overflow, and NaN propagates). A training step makes one check, at
+its end: small losses, gradients and parameters together, one launch per dtype, in one
+`unrecorded` block with the stacking of the norms and their copy to the host. On the CPU they
+are read there; on CUDA they go to a reused pinned buffer behind a reused event (host_ring.py)
+and are read once the event reports completion, so no step waits for the GPU. Everything else
+(isfinite, which check flipped) happens on the host: on a launch-bound loop each launch and
+each Python call counts.
 The first step whose norms are not all finite is what the localizer reruns op by op
 (finite_watch.py). A run that goes on after it is stopped GRACE_STEPS later with NonfiniteStop:
 a NaN loss does not end a training script by itself.
