@@ -19,6 +19,8 @@ import torch
 from reprocut.record.nonfinite import StepFlags
 from reprocut.record.recorder import Recorder, RecorderConfig
 
+_INF = float("inf")
+
 
 @pytest.fixture
 def launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -55,6 +57,19 @@ def test_the_loss_gradients_and_parameters_share_one_launch_per_dtype_at_the_ste
     flags.watch_optimizer(optimizer)
     flags.end_step(3)
     assert (flags.first_step, flags.what) == (3, "parameters")
+
+
+def test_a_parameter_swapped_into_the_optimizer_is_the_one_checked():
+    """The optimizer's tensors are cached between steps, but only while they are the same."""
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    flags = StepFlags()
+    for step in range(3):
+        if step == 2:  # a resized embedding put in the old one's place: as many parameters
+            optimizer.param_groups[0]["params"][0] = torch.nn.Parameter(torch.full((3,), -_INF))
+        flags.watch_optimizer(optimizer)
+        flags.end_step(step)
+    assert (flags.first_step, flags.what) == (2, "parameters")
 
 
 def test_an_optimizer_that_raises_still_has_its_gradients_checked_at_the_flush(tmp_path: Path):

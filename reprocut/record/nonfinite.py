@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator
+from operator import is_
 from typing import Any
 
 import torch
@@ -148,7 +149,8 @@ class StepFlags:
         # reduced at the step's end: (what, tensors, the dtype and device they share)
         self._at_end: list[tuple[str, list[torch.Tensor], _Key | None]] = []
         self._optimizer: Any = None  # entered, not yet left (it may raise)
-        self._params: tuple[Any, int, list[torch.Tensor], _Key | None] | None = None
+        # the optimizer's tensors as last seen, its dense floating ones, their shared key
+        self._params: tuple[list[Any], list[torch.Tensor], _Key | None] | None = None
         self._buffers = PinnedBuffers()
         self._events = EventPool()
 
@@ -216,20 +218,15 @@ class StepFlags:
 
     def _parameters(self, optimizer: Any) -> tuple[list[torch.Tensor], _Key | None]:
         """The optimizer's dense floating parameters and the dtype and device they share (if
-        they do), kept while its groups hold as many parameters (`add_param_group` adds)."""
-        groups = optimizer.param_groups
-        size = sum(len(group["params"]) for group in groups)
+        they do): worked out again only when its groups no longer hold the very same tensors
+        (`add_param_group`, a parameter swapped for a resized one)."""
+        held = [p for group in optimizer.param_groups for p in group["params"]]
         cached = self._params
-        if cached is not None and cached[0] is optimizer and cached[1] == size:
-            return cached[2], cached[3]
-        params = [
-            p
-            for group in groups
-            for p in group["params"]
-            if p.layout is _STRIDED and p.is_floating_point() and p.numel()
-        ]
+        if cached is not None and len(cached[0]) == len(held) and all(map(is_, held, cached[0])):
+            return cached[1], cached[2]
+        params = [p for p in held if p.layout is _STRIDED and p.is_floating_point() and p.numel()]
         key = _uniform_key(params) if params else None
-        self._params = (optimizer, size, params, key)
+        self._params = (held, params, key)
         return params, key
 
     def watch_output(self, output: Any) -> None:
