@@ -241,7 +241,7 @@ def test_on_cuda_steps_reuse_pinned_buffers_and_events_and_the_copies_hold_their
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run(
         [sys.executable, "-c", _CUDA_LOOP, str(tmp_path)],
-        capture_output=True, text=True, timeout=200,
+        capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(root)},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
