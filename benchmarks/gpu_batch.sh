@@ -8,7 +8,8 @@
 #   shrink   benchmarks/bench_shrink.py --device cuda
 #   pipeline benchmarks/bench_pipeline.py --device cuda (crash to verified repro, per phase;
 #            not in the default list: it wants the machine to itself, run it alone, ~6 min)
-#   nan      the NaN/inf origin cuda tests (nan_tests: tests/test_nan.py -m cuda), then
+#   nan      the NaN/inf origin cuda tests (nan_tests: tests/test_nan.py and
+#            tests/test_nan_flags.py -m cuda), then
 #            benchmarks/bench_nan.py (nan_bench)
 #   ranks    torchrun jobs: tests/test_ranks_cuda.py (2 ranks sharing the GPU over gloo, the two
 #            jobs side by side, each maybe run twice: a rank that dies before reporting has the
@@ -38,6 +39,7 @@ export PYTHONUNBUFFERED=1
 stage_tests() {
     timeout -k 10 "${TESTS_LIMIT:-330}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 4 \
         --timeout 240 --ignore tests/test_source_reducer.py --ignore tests/test_nan.py \
+        --ignore tests/test_nan_flags.py \
         --ignore tests/test_ranks_cuda.py ${TESTS:-tests/} >"$OUT/gpu_tests.log" 2>&1
     echo "pytest exit $?" >>"$OUT/gpu_tests.log"
     grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_tests.log"
@@ -103,9 +105,10 @@ stage_pipeline() {
 }
 
 stage_nan_tests() {
-    # the NaN/inf origin cuda tests (9 corpus cases, 3 at a time)
+    # the NaN/inf origin cuda tests (9 corpus cases, 3 at a time) and the per-step check's
+    # reuse of pinned buffers and events (one 40-step loop)
     timeout -k 10 "${NAN_TESTS_LIMIT:-150}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 3 \
-        --timeout 140 tests/test_nan.py >"$OUT/gpu_nan_tests.log" 2>&1
+        --timeout 140 tests/test_nan.py tests/test_nan_flags.py >"$OUT/gpu_nan_tests.log" 2>&1
     echo "pytest exit $?" >>"$OUT/gpu_nan_tests.log"
     grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_nan_tests.log"
 }

@@ -3,6 +3,7 @@
     python benchmarks/profile_record.py [--device cuda] [--steps 300] [--rounds 3] [--out FILE]
         [--base DIR]   # also time another checkout's reprocut (DIR holds its package), A/B
         [--light-cpu]  # on a CPU machine: the GPU's light-step Python path (see below)
+        [--free-norms]  # with --light-cpu: --nan's norms cost the host nothing (see below)
 
 Runs the launch-bound workload's model (benchmarks/workloads/launch_bound.py: a small MLP, Adam)
 in this process under the Recorder as the child builds it (light steps on GPU runs), plain,
@@ -15,6 +16,9 @@ figures come from the unprofiled runs. Writes markdown (with machine and date) t
 asserting ops seen, by the tripwire), the function mode off, foreach Adam, and snapshots taken
 as for CUDA tensors (`_touches_cuda` true, public calls captured as on a GPU; the copies are CPU
 clones). Times are process CPU seconds (`time.process_time`): the machine may be shared.
+On CPU, `--nan`'s cost is mostly the CPU computing the norms (one `linalg_vector_norm` per
+tensor), which on a GPU is a launch; `--free-norms` makes `torch._foreach_norm` answer zeros
+without computing, so what is left is the host work the GPU shares (the calls, stacking, copies).
 """
 
 from __future__ import annotations
@@ -38,10 +42,19 @@ WAYS = ("plain", "record", "nan")
 
 
 def workload(
-    device: str, steps: int, way: str, profile: Path | None, light_cpu: bool = False
+    device: str,
+    steps: int,
+    way: str,
+    profile: Path | None,
+    light_cpu: bool = False,
+    free_norms: bool = False,
 ) -> float:
     """Seconds per step of the workload's loop (after 20 warm-up steps), under `way`."""
     import torch
+
+    if free_norms:  # the norms' values are never non-finite here: zeros, without the arithmetic
+        zero = torch.zeros(())
+        torch._foreach_norm = lambda tensors, ord=2, **kwargs: [zero] * len(tensors)
 
     from reprocut.record.recorder import Recorder, RecorderConfig
 
@@ -102,12 +115,28 @@ def workload(
             recorder.close()
 
 
+# reprocut's functions and the torch calls they make per step (CUDA's Python wrappers too)
+SHOWN = r"reprocut|_foreach_norm|cudaHost|Event|copy_|\bto\b|torch\._C\.|stack|cuda/streams|pin"
+
+
 def top(profile: Path, key: str, count: int = 18) -> str:
     out = io.StringIO()
     stats = pstats.Stats(str(profile), stream=out)
-    stats.sort_stats(key).print_stats(r"reprocut|_foreach_norm|cudaHost|Event|copy_|\bto\b", count)
-    lines = out.getvalue().splitlines()
-    start = next((i for i, line in enumerate(lines) if line.strip().startswith("ncalls")), 0)
+    stats.sort_stats(key).print_stats(SHOWN, count)
+    return _trimmed(out.getvalue(), "ncalls")
+
+
+def callees(profile: Path, pattern: str) -> str:
+    """What the functions matching `pattern` called, and the time each took (an `unrecorded`
+    block's exit cost 0.15 s over 900 calls in a GPU profile, with nothing slow inside it)."""
+    out = io.StringIO()
+    pstats.Stats(str(profile), stream=out).print_callees(pattern)
+    return _trimmed(out.getvalue(), "Function")
+
+
+def _trimmed(text: str, header: str) -> str:
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip().startswith(header)), 0)
     return "\n".join(
         line.replace(str(Path(__file__).resolve().parents[1]), "") for line in lines[start:]
     )
@@ -125,16 +154,25 @@ def main() -> None:
         action="store_true",
         help="on CPU, the GPU's light-step path (light steps, no function mode, snapshots)",
     )
+    parser.add_argument(
+        "--free-norms",
+        action="store_true",
+        help="with --light-cpu: torch._foreach_norm answers zeros (a launch on a GPU, not work)",
+    )
     parser.add_argument("--child", choices=WAYS, help=argparse.SUPPRESS)
     parser.add_argument("--profile", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        seconds = workload(args.device, args.steps, args.child, args.profile, args.light_cpu)
+        seconds = workload(
+            args.device, args.steps, args.child, args.profile, args.light_cpu, args.free_norms
+        )
         print(f"STEP_SECONDS {seconds:.6f}")
         return
     base = [sys.executable, __file__, "--device", args.device, "--steps", str(args.steps)]
     if args.light_cpu:
         base.append("--light-cpu")
+    if args.free_norms:
+        base.append("--free-norms")
 
     def child(way: str, profile: Path | None = None, path: Path | None = None) -> float:
         extra = ["--profile", str(profile)] if profile else []
@@ -157,6 +195,8 @@ def main() -> None:
             seconds[label(way, path)].append(child(way, path=path))
     plain = min(seconds["plain"])
     how = ", light steps emulated on CPU (--light-cpu), CPU seconds" if args.light_cpu else ""
+    if args.free_norms:
+        how += ", --nan's norms free (--free-norms)"
     lines = [
         f"# Where `reprocut record` spends its time: launch-bound loop ({args.device})",
         "",
@@ -179,6 +219,10 @@ def main() -> None:
             child(way, profile)
             for key in ("tottime", "cumulative"):
                 lines += ["", f"## `{way}`: by {key}", "", "```", top(profile, key), "```"]
+            if way == "nan":
+                pattern = r"nonfinite.py.*(__enter__|__exit__|_queue)"
+                lines += ["", "## `nan`: what `unrecorded` and `_queue` call", ""]
+                lines += ["```", callees(profile, pattern), "```"]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

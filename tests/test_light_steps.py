@@ -6,6 +6,8 @@ true, public calls captured as for CUDA tensors) and check the evidence it leave
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +15,7 @@ from torch.nn.modules import module as module_hooks
 
 import reprocut.record.ops as ops_module
 import reprocut.record.public as public_module
+from reprocut.record.capture import ASSERTING_OPS
 from reprocut.record.recorder import Recorder, RecorderConfig
 
 
@@ -171,3 +174,28 @@ def test_without_an_optimizer_the_hooks_stay_they_mark_the_steps(tmp_path, gpu_l
         assert recorder.light_step and recorder._module_hooks
     finally:
         recorder.close()
+
+
+def test_a_light_step_records_its_asserting_ops_layouts_as_a_full_step_does(tmp_path, gpu_like):
+    """Light steps take the specs from the snapshot's held layouts (no second read): the same
+    tuples, so unchanged layouts keep the next steps light."""
+    model = Tagger()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ids = torch.randint(0, 10, (2, 5))
+    labels = torch.randint(0, 3, (10,))
+    recorder = gpu_like(tmp_path)
+    try:
+        for _ in range(6):  # 0-2 and 4 record every op, 3 and 5 are light
+            train_step(model, optimizer, ids, labels)
+    finally:
+        recorder.close()
+    records = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+
+    def ops_of(step: int) -> list[list]:
+        record = records[step]
+        return records[record["same_as"]]["ops"] if "same_as" in record else record["ops"]
+
+    full = [(op[0], op[3]) for op in ops_of(4) if op[0] in ASSERTING_OPS]
+    light = [(op[0], op[3]) for op in ops_of(5)]
+    assert light == full and len(full) >= 4  # embedding, nll_loss and their backward ops
+    assert records[5].get("every_op") is False

@@ -157,6 +157,7 @@ def test_snapshots_live_until_their_step_completes_then_release_their_copies(tmp
     monkeypatch.setattr(recorder_module, "_touches_cuda", lambda args, kwargs: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # events are kept per device
     monkeypatch.setattr(FakeEvent, "done", False)
     model = Encoder()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

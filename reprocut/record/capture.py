@@ -28,6 +28,7 @@ from reprocut.model.tensors import (
     sparse_parts,
     spec_from_layout,
 )
+from reprocut.record.host_ring import PinnedBuffers
 
 # aten ops whose CUDA kernels can raise a device-side assert (bug-patterns.md §4).
 ASSERTING_OPS = frozenset(
@@ -87,6 +88,7 @@ class TensorStore:
     counter: int = 0
     # queued copies of this step, by id(tensor): (weak reference, version, key); see add
     queued: dict[int, tuple[Any, int, str]] = field(default_factory=dict)
+    buffers: PinnedBuffers = field(default_factory=PinnedBuffers)  # reused once dropped
 
     def add(self, tensor: torch.Tensor, *, non_blocking: bool = False) -> str:
         """A host copy of `tensor`'s values, by key. A queued copy (`non_blocking`, the
@@ -104,7 +106,7 @@ class TensorStore:
                 return earlier[2]
         key = f"t{self.counter}"
         self.counter += 1
-        self.tensors[key] = host_copy(tensor, non_blocking=non_blocking)
+        self.tensors[key] = host_copy(tensor, non_blocking=non_blocking, buffers=self.buffers)
         if non_blocking:
             if not tensor.is_cpu:
                 self.pinned.add(key)
@@ -123,11 +125,16 @@ class TensorStore:
         self.tensors = {k: v for k, v in self.tensors.items() if k in keys}
 
     def drop(self, keys: Iterable[str]) -> None:
-        """Release copies nobody will read (a retired step's snapshots): else the store, and
-        pinned memory with it, grows with every step of a long run."""
+        """Release copies nobody will read (a retired step's snapshots: their copies have
+        completed): else the store, and pinned memory with it, grows with every step of a long
+        run. Pinned buffers go back to `buffers` for the next steps' copies."""
+        tensors, pinned = self.tensors, self.pinned
         for key in keys:
-            self.tensors.pop(key, None)
-            self.pinned.discard(key)
+            tensor = tensors.pop(key, None)
+            if key in pinned:
+                pinned.discard(key)
+                if tensor is not None:
+                    self.buffers.give_back(tensor)
 
     def save(self, path: Any) -> None:
         """Save plain host copies: pinned buffers are copied out without any CUDA call, so this
@@ -148,17 +155,23 @@ def _version(tensor: torch.Tensor) -> int:
         return -1
 
 
-def host_copy(tensor: torch.Tensor, *, non_blocking: bool = False) -> torch.Tensor:
+def host_copy(
+    tensor: torch.Tensor, *, non_blocking: bool = False, buffers: PinnedBuffers | None = None
+) -> torch.Tensor:
     """A contiguous host copy of the tensor's logical values (layout is kept in the spec).
 
-    On CUDA with `non_blocking`, the copy goes to pinned memory and is queued on the stream: it
-    completes before any later kernel runs, so it is intact even if the next kernel faults.
+    On CUDA with `non_blocking`, the copy goes to pinned memory (from `buffers` if given) and is
+    queued on the stream: it completes before any later kernel runs, so it is intact even if
+    the next kernel faults.
     """
     data = tensor.detach()
-    if data.device.type == "cpu":
+    if data.is_cpu:
         return data.clone().contiguous()
     if non_blocking:
-        buffer = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
+        if buffers is None:
+            buffer = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
+        else:
+            buffer = buffers.take(data.dtype, data.shape)
         buffer.copy_(data, non_blocking=True)
         return buffer
     return data.to("cpu")
@@ -295,8 +308,10 @@ def hold_arg(
     if isinstance(value, (list, tuple)):
         return HeldList(
             tuple(
-                hold_arg(v, op, store, everything=everything, non_blocking=non_blocking)
-                for v in value
+                [
+                    hold_arg(v, op, store, everything=everything, non_blocking=non_blocking)
+                    for v in value
+                ]
             )
         )
     return _scalar_json(value)
@@ -343,15 +358,20 @@ def hold_call(
     non_blocking: bool = False,
     names: tuple[str, ...] | None = None,
 ) -> HeldCall:
-    """The first half of capturing a call: what must happen before the op runs."""
+    """The first half of capturing a call: what must happen before the op runs (lists, not
+    generators, inside: this runs for every asserting op of every step)."""
     return HeldCall(
         tuple(
-            hold_arg(a, op, store, everything=everything, non_blocking=non_blocking) for a in args
+            [hold_arg(a, op, store, everything=everything, non_blocking=non_blocking) for a in args]
         ),
         tuple(
-            (k, hold_arg(v, op, store, everything=everything, non_blocking=non_blocking))
-            for k, v in kwargs.items()
-        ),
+            [
+                (k, hold_arg(v, op, store, everything=everything, non_blocking=non_blocking))
+                for k, v in kwargs.items()
+            ]
+        )
+        if kwargs
+        else (),
         names,
     )
 

@@ -89,13 +89,29 @@ class StackView:
         if not self.user:
             return None
         frame, line = self.user[0]
-        return SourceLocation(frame.f_code.co_filename, line, function=frame.f_code.co_name)
+        return location(frame.f_code, line)
 
     def call_site(self) -> SourceLocation | None:
         if self.caller is None:
             return None
         frame, line = self.caller
-        return SourceLocation(frame.f_code.co_filename, line, function=frame.f_code.co_name)
+        return location(frame.f_code, line)
+
+
+_LOCATIONS: dict[tuple[CodeType, int], SourceLocation] = {}
+MAX_LOCATIONS = 10_000
+
+
+def location(code: CodeType, line: int) -> SourceLocation:
+    """The SourceLocation of a line of `code`, made once: every asserting op of every step
+    asks for its line and call site, and the same few lines come back step after step."""
+    key = (code, line)
+    found = _LOCATIONS.get(key)
+    if found is None:
+        if len(_LOCATIONS) >= MAX_LOCATIONS:  # code made on the fly, say: start over
+            _LOCATIONS.clear()
+        found = _LOCATIONS[key] = SourceLocation(code.co_filename, line, function=code.co_name)
+    return found
 
 
 class UserFrames:

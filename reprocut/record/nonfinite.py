@@ -1,14 +1,15 @@
 """Inside the user's process, with `--nan`: did this step make a NaN or inf? One read per step.
 
 Checking every op's output costs a host sync per op. Instead, what a step hands on (the losses
-given to backward, the gradients before the optimizer, the parameters after it, the outputs of
-top-level modules until a loss goes to backward) is reduced on the device by one
-`_foreach_norm(ord=inf)` launch per check and dtype (no overflow, and NaN propagates; a small
-loss waits for the gradients' check and shares its launch); at the step's end the norms are
-stacked into one tensor per device. On the CPU it is read there; on CUDA it is copied to pinned
-memory behind an event and read once the event reports completion, so no step waits for the
-GPU. Everything else (isfinite, which check flipped) happens on the host: on a launch-bound
-loop each launch counts.
+given to backward, the gradients and parameters once the optimizer's step is done, the outputs
+of top-level modules until a loss goes to backward) is reduced on the device by
+`_foreach_norm(ord=inf)` (no overflow, and NaN propagates). A training step makes one check, at
+its end: small losses, gradients and parameters together, one launch per dtype, in one
+`unrecorded` block with the stacking of the norms and their copy to the host. On the CPU they
+are read there; on CUDA they go to a reused pinned buffer behind a reused event (host_ring.py)
+and are read once the event reports completion, so no step waits for the GPU. Everything else
+(isfinite, which check flipped) happens on the host: on a launch-bound loop each launch and
+each Python call counts.
 The first step whose norms are not all finite is what the localizer reruns op by op
 (finite_watch.py). A run that goes on after it is stopped GRACE_STEPS later with NonfiniteStop:
 a NaN loss does not end a training script by itself.
@@ -19,9 +20,12 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator
+from operator import is_
 from typing import Any
 
 import torch
+
+from reprocut.record.host_ring import EventPool, PinnedBuffers
 
 GRACE_STEPS = 5  # steps a run may go on after its first non-finite step, to see where it ends
 MAX_NORMS_PER_STEP = 4096
@@ -30,6 +34,13 @@ MAX_NORMS_PER_STEP = 4096
 # with their gradients) is reduced at once rather than kept alive.
 DEFERRED_LOSS_ELEMENTS = 1 << 16
 MAX_DEFERRED = 64
+_INF = float("inf")
+_STRIDED = torch.strided
+_Key = tuple[torch.dtype, int]  # a dtype and a device index (get_device: -1 for the CPU)
+# a CUDA copy of a step's norms: (device index, its event, the pinned buffer it fills)
+_Copy = tuple[int, Any, torch.Tensor]
+# a step's norms on their way to the host: (step, host tensors, CUDA copies, what each is for)
+_Queued = tuple[int, list[torch.Tensor], list[_Copy], list[str]]
 
 
 class NonfiniteStop(BaseException):
@@ -88,18 +99,37 @@ def watch_backward(flags: StepFlags) -> Callable[..., Any]:
 def step_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """The max-abs norm of each tensor, in order, as 0-dim tensors on its device: one launch
     per device and dtype, no host sync. A norm is finite exactly when its tensor is."""
+    with unrecorded():
+        return _norms(tensors)[0]
+
+
+def _norms(tensors: list[torch.Tensor], key: _Key | None = None) -> tuple[list[torch.Tensor], bool]:
+    """step_norms inside an `unrecorded` block, and whether the norms are all on one device.
+    `key` is the one dtype and device all the tensors are known to share; else one device and
+    dtype, the usual case, is found with two cheap getters per tensor (`get_device` is an int;
+    `.device` builds an object)."""
+    if key is None:
+        key = _uniform_key(tensors)
+    if key is not None:
+        return list(torch._foreach_norm(tensors, _INF)), True
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for i, tensor in enumerate(tensors):
         groups.setdefault((tensor.device, tensor.dtype), []).append(i)
-    with unrecorded():
-        if len(groups) == 1:
-            return list(torch._foreach_norm(tensors, float("inf")))
-        norms: list[Any] = [None] * len(tensors)
-        for positions in groups.values():
-            group = [tensors[i] for i in positions]
-            for i, norm in zip(positions, torch._foreach_norm(group, float("inf")), strict=True):
-                norms[i] = norm
-    return norms
+    norms: list[Any] = [None] * len(tensors)
+    for positions in groups.values():
+        group = [tensors[i] for i in positions]
+        for i, norm in zip(positions, torch._foreach_norm(group, _INF), strict=True):
+            norms[i] = norm
+    return norms, len({device for device, _ in groups}) == 1
+
+
+def _uniform_key(tensors: list[torch.Tensor]) -> _Key | None:
+    """The (dtype, device index) every tensor has, or None."""
+    first = tensors[0]
+    dtype, index = first.dtype, first.get_device()
+    if all(t.dtype is dtype and t.get_device() == index for t in tensors):
+        return dtype, index
+    return None
 
 
 class StepFlags:
@@ -112,14 +142,22 @@ class StepFlags:
         self.stopped_at: int | None = None
         self._norms: list[torch.Tensor] = []  # the current step's, 0-dim, on their devices
         self._what: list[str] = []  # which check each norm is for ("gradients", ...)
-        self._pending: list[tuple[int, list[torch.Tensor], Any, list[str]]] = []
+        self._pending: list[_Queued] = []
         self.what: str | None = None  # which check flipped first
         self.losses_seen = False  # a loss went to backward: outputs need no check of their own
         self._deferred: list[torch.Tensor] = []  # losses reduced with the next check
+        # reduced at the step's end: (what, tensors, the dtype and device they share)
+        self._at_end: list[tuple[str, list[torch.Tensor], _Key | None]] = []
+        self._optimizer: Any = None  # entered, not yet left (it may raise)
+        # the optimizer's tensors as last seen, its dense floating ones, their shared key
+        self._params: tuple[list[Any], list[torch.Tensor], _Key | None] | None = None
+        self._buffers = PinnedBuffers()
+        self._events = EventPool()
 
     # --- what the recorder hands over ---------------------------------------------------------
 
     def watch(self, what: str, tensors: Iterable[torch.Tensor]) -> None:
+        """Reduce `tensors` now (with the losses waiting, which came first)."""
         checked = [t for t in tensors if t.is_floating_point() and t.numel()]
         if self._deferred:  # the losses first: they came first
             losses, self._deferred = self._deferred, []
@@ -155,12 +193,41 @@ class StepFlags:
             losses = []
         self.watch("loss", losses)
 
-    def watch_optimizer(self, optimizer: Any, what: str) -> None:
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if what == "gradients":
-            self.watch(what, (p.grad for p in params if p.grad is not None))
-        else:
-            self.watch(what, params)
+    def enter_optimizer(self, optimizer: Any) -> None:
+        """The optimizer's step began: nothing is reduced yet (see watch_optimizer), but if it
+        raises, `flush` still checks its gradients and parameters."""
+        self._optimizer = optimizer
+
+    def watch_optimizer(self, optimizer: Any) -> None:
+        """The optimizer's step is done: its gradients and parameters are reduced at the step's
+        end, with the losses waiting, in one launch per dtype: the step's only check.
+
+        Checking the gradients here rather than before the step loses nothing: the optimizer
+        reads them and does not change them, a non-finite one would have made its parameter
+        non-finite by now anyway, and the norms are per tensor, so `flagged_by` still names
+        the gradients when they held the first non-finite value. An optimizer that made a
+        parameter non-finite from finite gradients is named as `parameters`."""
+        self._optimizer = None
+        params, key = self._parameters(optimizer)
+        # a dense gradient has its parameter's dtype and device (torch checks): the same key
+        grads = [g for p in params if (g := p.grad) is not None and g.layout is _STRIDED]
+        if grads:
+            self._at_end.append(("gradients", grads, key))
+        if params:
+            self._at_end.append(("parameters", params, key))
+
+    def _parameters(self, optimizer: Any) -> tuple[list[torch.Tensor], _Key | None]:
+        """The optimizer's dense floating parameters and the dtype and device they share (if
+        they do): worked out again only when its groups no longer hold the very same tensors
+        (`add_param_group`, a parameter swapped for a resized one)."""
+        held = [p for group in optimizer.param_groups for p in group["params"]]
+        cached = self._params
+        if cached is not None and len(cached[0]) == len(held) and all(map(is_, held, cached[0])):
+            return cached[1], cached[2]
+        params = [p for p in held if p.layout is _STRIDED and p.is_floating_point() and p.numel()]
+        key = _uniform_key(params) if params else None
+        self._params = (held, params, key)
+        return params, key
 
     def watch_output(self, output: Any) -> None:
         """Top-level modules' outputs: an evaluation loop's only check. Once losses go to
@@ -196,48 +263,93 @@ class StepFlags:
             raise NonfiniteStop("the localized step is done")
 
     def flush(self, in_flight_step: int) -> None:
-        """Read every flag still pending, the step in flight's too (the run is over); after a
-        sticky CUDA error they stay unread."""
+        """Read every flag still pending, the step in flight's too (the run is over, maybe
+        inside an optimizer that raised); after a sticky CUDA error they stay unread."""
         with contextlib.suppress(Exception):
+            if self._optimizer is not None:
+                self.watch_optimizer(self._optimizer)
             self._queue(in_flight_step)
             self._read(block=True)
 
     def _queue(self, step: int) -> None:
-        if self._deferred:  # no check since the last backward (no optimizer)
-            self.watch("loss", ())
-        if not self._norms:
+        """Reduce what waited for the step's end (losses, the optimizer's tensors) and copy all
+        the step's norms to the host: stacked per device, on CUDA into a pinned buffer behind
+        an event. One `unrecorded` block for all of it."""
+        losses = self._deferred
+        tensors, what = list(losses), ["loss"] * len(losses)
+        key = self._at_end[0][2] if self._at_end else None
+        for name, group, group_key in self._at_end:
+            tensors += group
+            what += [name] * len(group)
+            if group_key != key:
+                key = None
+        if key is not None and not all((t.dtype, t.get_device()) == key for t in losses):
+            key = None
+        self._deferred, self._at_end = [], []
+        if not tensors and not self._norms:
             return
-        by_device: dict[torch.device, list[int]] = {}
-        for i, norm in enumerate(self._norms):
-            by_device.setdefault(norm.device, []).append(i)
-        parts, order, event = [], [], None
         with unrecorded():
-            for device, positions in by_device.items():
-                stacked = torch.stack([self._norms[i] for i in positions])
-                if device.type != "cpu":  # pinned, behind the step's kernels
-                    stacked = stacked.to("cpu", non_blocking=True)
-                parts.append(stacked)
-                order.extend(positions)
-            if any(device.type == "cuda" for device in by_device):
-                event = torch.cuda.Event()
-                event.record()
-        what = [self._what[i] for i in order]
-        self._pending.append((step, parts, event, what))
+            norms, one_device = _norms(tensors, key) if tensors else ([], True)
+            if self._norms:  # checked earlier in the step (outputs, a large loss)
+                norms, what = self._norms + norms, self._what + what
+                index = norms[0].get_device()
+                one_device = all(norm.get_device() == index for norm in norms)
+            if one_device:
+                queued = self._copy(torch.stack(norms), norms[0].device, what)
+            else:
+                queued = self._copy_by_device(norms, what)
+        self._pending.append((step, *queued))
         self._norms, self._what = [], []
+
+    def _copy(
+        self, stacked: torch.Tensor, device: torch.device, what: list[str]
+    ) -> tuple[list[torch.Tensor], list[_Copy], list[str]]:
+        """Start copying one device's stacked norms to the host: (host tensors, the CUDA
+        copies' events, what each value is for)."""
+        if device.type == "cpu":
+            return [stacked], [], what
+        if device.type != "cuda":
+            return [stacked.to("cpu", non_blocking=True)], [], what
+        host = self._buffers.take(stacked.dtype, stacked.shape)
+        host.copy_(stacked, non_blocking=True)  # behind the step's kernels
+        event = self._events.take(device.index)
+        event.record(torch.cuda.current_stream(device))
+        return [host], [(device.index, event, host)], what
+
+    def _copy_by_device(
+        self, norms: list[torch.Tensor], what: list[str]
+    ) -> tuple[list[torch.Tensor], list[_Copy], list[str]]:
+        by_device: dict[torch.device, list[int]] = {}
+        for i, norm in enumerate(norms):
+            by_device.setdefault(norm.device, []).append(i)
+        parts, events, order = [], [], []
+        for device, positions in by_device.items():
+            stacked = torch.stack([norms[i] for i in positions])
+            host, device_events, _ = self._copy(stacked, device, what)
+            parts += host
+            events += device_events
+            order += [what[i] for i in positions]
+        return parts, events, order
 
     def _read(self, *, block: bool) -> None:
         while self._pending:
-            step, host, event, what = self._pending[0]
-            if event is not None:
-                if not block and not event.query():
+            step, host, events, what = self._pending[0]
+            if events:
+                if not block and not all(event.query() for _, event, _ in events):
                     return
-                event.synchronize()
+                for _, event, _ in events:
+                    event.synchronize()
             self._pending.pop(0)
-            bad = [not math.isfinite(v) for part in host for v in part.tolist()]
+            values = host[0].tolist() if len(host) == 1 else [v for h in host for v in h.tolist()]
+            for device, event, buffer in events:  # read: to be used again
+                self._events.give_back(device, event)
+                self._buffers.give_back(buffer)
             self.checked_through = max(self.checked_through, step)
-            if any(bad) and self.first_step is None:
-                self.first_step = step
-                self.what = what[bad.index(True)]
+            if self.first_step is None and not math.isfinite(sum(values)):
+                bad = [i for i, value in enumerate(values) if not math.isfinite(value)]
+                if bad:  # else a sum of large finite values overflowed
+                    self.first_step = step
+                    self.what = what[bad[0]]
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -24,7 +24,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from reprocut.model.case import SourceLocation
 from reprocut.model.publicapi import aten_name, aten_path
 from reprocut.model.signature import is_cuda_failure
-from reprocut.record.capture import ASSERTING_OPS, capture_call, hold_call
+from reprocut.record.capture import (
+    ASSERTING_OPS,
+    HeldList,
+    HeldTensor,
+    capture_call,
+    hold_call,
+)
 from reprocut.record.records import Culprit, Snapshot
 
 if TYPE_CHECKING:
@@ -134,8 +140,13 @@ class OpRecorder(TorchDispatchMode):
         except Exception as exc:
             self._raised(func, name, args, kwargs, exc, None, synchronizing=False)
             raise
-        module = recorder.current_module() if snapshot is None else snapshot.module
-        recorder.ops.append((name, module, phase, tuple(map(spec_tuple, args))))
+        if snapshot is None:
+            specs = tuple(map(spec_tuple, args))
+            module = recorder.current_module()
+        else:  # the layouts the snapshot read already
+            specs = tuple(map(held_spec, snapshot.call.args))
+            module = snapshot.module
+        recorder.ops.append((name, module, phase, specs))
         if snapshot is not None and phase == "forward" and recorder.config.tag_backward:
             self._tag_later(result, snapshot)
         return result
@@ -338,4 +349,15 @@ def spec_tuple(value: Any) -> Any:
         return (value.shape, value.dtype, value.stride(), value.storage_offset(), value.device)
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], _Tensor):
         return tuple(map(spec_tuple, value))
+    return None
+
+
+def held_spec(value: Any) -> Any:
+    """spec_tuple of an argument as `hold_arg` held it: the same tuple, from the layout read
+    then (a snapshot's tensors have been read once; their getters are not asked again)."""
+    kind = type(value)
+    if kind is HeldTensor:
+        return (value.shape, value.dtype, value.stride, value.storage_offset, value.device)
+    if kind is HeldList and value.items and type(value.items[0]) is HeldTensor:
+        return tuple(map(held_spec, value.items))
     return None

@@ -26,6 +26,7 @@ from reprocut.record.calls import CallRecorder
 from reprocut.record.capture import ASSERTING_OPS, HeldCall, TensorStore
 from reprocut.record.finite_watch import OpWatch
 from reprocut.record.frames import StackView, UserFrames, module_calls
+from reprocut.record.host_ring import EventPool
 from reprocut.record.loops import LoopCounters
 from reprocut.record.modules import ModuleNames
 from reprocut.record.nonfinite import StepFlags, watch_backward
@@ -71,7 +72,9 @@ class Recorder:
         self.public_calls = PublicCalls(self.store)  # found on the stack in light steps
         self.module_names = ModuleNames()
         self.localizing = self._in_localize_window(0)  # derived at each step boundary
-        self.pending: list[tuple[int, Any, list[Snapshot]]] = []
+        # steps not yet known complete: (step, (device, its event), its snapshots)
+        self.pending: list[tuple[int, tuple[int, Any], list[Snapshot]]] = []
+        self._events = EventPool()  # events of completed steps, recorded again
         self.healthy_through = -1  # last step whose kernels are known to have completed
         self._pid = os.getpid()
         self.seq = 0
@@ -189,9 +192,10 @@ class Recorder:
         self._asserting_key = asserting_key
         self.ops = []
         if torch.cuda.is_initialized():
-            event = torch.cuda.Event()
+            device = torch.cuda.current_device()
+            event = self._events.take(device)
             event.record()
-            self.pending.append((self.state.step, event, self.snapshots))
+            self.pending.append((self.state.step, (device, event), self.snapshots))
             self._retire_completed_steps()
         self.snapshots = []
         self.store.forget_queued()
@@ -244,7 +248,7 @@ class Recorder:
         live until an event recorded after their step reports completion.
         """
         while self.pending:
-            step, event, _ = self.pending[0]
+            step, (device, event), snapshots = self.pending[0]
             try:
                 done = event.query()
             except Exception:
@@ -252,7 +256,8 @@ class Recorder:
             if not done:
                 return
             self.healthy_through = step
-            _, _, snapshots = self.pending.pop(0)
+            self.pending.pop(0)
+            self._events.give_back(device, event)
             if self.culprit is None:  # else a public call's copies may be the culprit's too
                 for snapshot in snapshots:
                     self.store.drop(snapshot.captured_keys())
@@ -265,13 +270,13 @@ class Recorder:
         self.state.optimizer_seen = True
         self.state.in_optimizer += 1
         if self.flags is not None and self.state.in_optimizer == 1:
-            self.flags.watch_optimizer(optimizer, "gradients")
+            self.flags.enter_optimizer(optimizer)
         return _closure_outside_optimizer(self.state, args, kwargs)
 
     def _on_optimizer_exit(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.state.in_optimizer -= 1
         if self.flags is not None and self.state.in_optimizer == 0:
-            self.flags.watch_optimizer(optimizer, "parameters")
+            self.flags.watch_optimizer(optimizer)
         if self.state.in_optimizer == 0:
             self._end_step()
 
