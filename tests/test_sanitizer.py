@@ -157,12 +157,18 @@ open(log, "w").write(
 """
 
 
+def stand_in(folder: Path, text: str) -> Path:
+    """An executable `compute-sanitizer` in `folder` that runs `text` with this python."""
+    tool = folder / "compute-sanitizer"
+    tool.write_text(text.format(python=sys.executable))
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    return tool
+
+
 def test_the_wrapper_maps_the_repros_tensors_and_names_the_address(tmp_path, monkeypatch) -> None:
     """The plumbing around memcheck, run for real except memcheck itself (absent here): a
     stand-in runs the program as the sanitizer would and reports one access."""
-    tool = tmp_path / "compute-sanitizer"
-    tool.write_text(STAND_IN.format(python=sys.executable))
-    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    tool = stand_in(tmp_path, STAND_IN)
     script = tmp_path / "repro.py"
     script.write_text(
         '"""Minimal reproduction."""\nimport torch\n\n\ndef main():\n'
@@ -185,9 +191,7 @@ def test_the_wrapper_maps_the_repros_tensors_and_names_the_address(tmp_path, mon
 def test_the_tensor_map_survives_a_process_that_dies_inside_the_failing_call(tmp_path, monkeypatch):
     """cuSPARSE's fault under memcheck ends the process inside `torch.sparse.mm` (its workspace's
     cudaFree fails), so no script frame returns: the map is written before each call instead."""
-    tool = tmp_path / "compute-sanitizer"
-    tool.write_text(STAND_IN.format(python=sys.executable))
-    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    tool = stand_in(tmp_path, STAND_IN)
     script = tmp_path / "repro.py"
     script.write_text(
         "import os\nimport torch\n\n\ndef main():\n"
@@ -229,9 +233,7 @@ open(log, "w").write(
 def test_a_known_kernel_is_checked_alone_and_everything_when_that_finds_no_access(
     tmp_path, monkeypatch, miss
 ):
-    tool = tmp_path / "compute-sanitizer"
-    tool.write_text(FILTER_STAND_IN.format(python=sys.executable))
-    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    tool = stand_in(tmp_path, FILTER_STAND_IN)
     script = tmp_path / "repro.py"
     script.write_text("import torch\n\nx = torch.zeros(4)\n")
     calls = tmp_path / "calls.txt"
