@@ -5,8 +5,9 @@ kernel, which thread and block, what access of what size and where, and the host
 to the launch. It costs 20-50x a plain run, so it runs on the shrunk repro only, once, with
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 (the caching allocator would hide small overruns inside its own
 blocks) and a timeout. A small wrapper runs the repro and writes down where its tensors live
-(every CUDA tensor, and anything with `__cuda_array_interface__`, held by the script's frames before
-each call they make and when they end), so the address can be named: "reads 4 B at 3.5 GiB before the start of `x` (arg 0)".
+(every CUDA tensor, and anything with `__cuda_array_interface__`, held by the script's frames
+before each call they make and when they end), so the address can be named: "reads 4 B at
+3.5 GiB before the start of `x` (arg 0)".
 Without compute-sanitizer there is a one-line note and nothing fails.
 """
 
@@ -196,13 +197,14 @@ def run_memcheck(
         return Evidence(
             "unavailable", "compute-sanitizer is not on PATH: no memory-checker evidence"
         )
+    repro = repro.resolve()
     if kernel:
-        focused = _memcheck(repro.resolve(), exe, timeout, ["--kernel-name", f"kns={kernel}"])
+        focused = _memcheck(repro, exe, timeout, ["--kernel-name", f"kns={kernel}"])
         if focused.status == "found" and focused.report.first_access is not None:
             return replace(focused, kernel_filter=kernel)
-        every = _memcheck(repro.resolve(), exe, timeout, [])
+        every = _memcheck(repro, exe, timeout, [])
         return replace(every, seconds=every.seconds + focused.seconds)
-    return _memcheck(repro.resolve(), exe, timeout, [])
+    return _memcheck(repro, exe, timeout, [])
 
 
 def _memcheck(repro: Path, exe: str, timeout: float, options: list[str]) -> Evidence:

@@ -428,8 +428,11 @@ def _reduce(
             stop=None if first is None else partial(_stop_unless_reproduced, first, expected),
         )
         stopped = reducer.run()
-        unreduced = first is not None and reducer.best == original
-        if unreduced and not reproduces(first.result(), expected):  # type: ignore[union-attr]
+        if (
+            first is not None
+            and reducer.best == original
+            and not reproduces(first.result(), expected)
+        ):
             raise _not_reproduced(script_path, expected)
     final = _finished(reducer.best, check, expected, reducer)
     return SourceResult(

@@ -48,8 +48,9 @@ def jump_to_call(code: str, context: PassContext) -> Generator[Any, Any, None]:
     defined = _defined_names(module)
     kept = [s for s in module.body if _is_set_up(s, defined)]
     bindings = _parameter_bindings(function, context)
-    pruned = _without_unused(module, kept, [*(b for _, b in bindings), *body])
-    runs = [_bound_before_use(bindings, body), [*(b for _, b in bindings), *body]]
+    eager = [*(b for _, b in bindings), *body]
+    pruned = _without_unused(module, kept, eager)
+    runs = [_bound_before_use(bindings, body), eager]
     tried = set()
     for set_up in (pruned, kept) if len(pruned) < len(kept) else (kept,):
         for run in runs:
@@ -71,14 +72,13 @@ def _bound_before_use(
     harmlessly when `out = torch.empty_like(x)` came after it, as it does when every parameter
     is made before the body."""
     waiting = dict(bindings)
-    used_anywhere = {n.value for s in body for n in m.findall(s, m.Name())}  # type: ignore[union-attr]
-    run: list[cst.BaseStatement] = [b for name, b in bindings if name not in used_anywhere]
+    run: list[cst.BaseStatement] = []
     for statement in body:
         names = {n.value for n in m.findall(statement, m.Name())}  # type: ignore[union-attr]
         for name in [name for name in waiting if name in names]:
             run.append(waiting.pop(name))
         run.append(statement)
-    return run
+    return [*waiting.values(), *run]  # what no statement uses, first
 
 
 def _compiled(module: cst.Module) -> str | None:

@@ -220,9 +220,10 @@ def replace_with_specs(code: str, context: PassContext) -> Generator[Any, Any, N
         scope = None if module is None else focus_scope(module, context.focus)
         if module is None or scope is None:
             break
-        if _bound_to(module, name, spec_expression(spec)):
+        value = spec_expression(spec)
+        if _bound_to(module, name, value):
             continue  # jump_to_call made it so already: a second tensor would be all it adds
-        candidate = _replace_name(code, module, scope, name, spec_expression(spec))
+        candidate = _replace_name(code, module, scope, name, value)
         if candidate is not None and (yield candidate):
             code = candidate
     specs = context.specs
@@ -244,11 +245,10 @@ def replace_with_specs(code: str, context: PassContext) -> Generator[Any, Any, N
             order = tensors
         accepted = False
         for spec in order:
-            if isinstance(arg.value, cst.Name) and _bound_to(
-                module, arg.value.value, spec_expression(spec)
-            ):
+            value = spec_expression(spec)
+            if isinstance(arg.value, cst.Name) and _bound_to(module, arg.value.value, value):
                 continue
-            candidate = _spec_candidate(code, module, arg, spec_expression(spec))
+            candidate = _spec_candidate(code, module, arg, value)
             if candidate is not None and (yield candidate):
                 code, accepted = candidate, True
                 break
