@@ -355,6 +355,32 @@ def test_strip_comments():
     ]
 
 
+def test_strip_comments_drops_docstrings_but_keeps_a_body():
+    source = textwrap.dedent('''\
+        """What the script was for."""
+
+        def f():
+            """Doc."""
+            return 1
+
+        def g():
+            """The whole body."""
+
+        raise ValueError(f())
+    ''')
+    assert list(candidates(strip_comments, source, PassContext())) == [
+        textwrap.dedent('''\
+            def f():
+                return 1
+
+            def g():
+                """The whole body."""
+
+            raise ValueError(f())
+        ''')
+    ]
+
+
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [

@@ -3,7 +3,7 @@ inline names bound to literals."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 import libcst as cst
@@ -359,6 +359,16 @@ def inline_names(code: str, context: PassContext) -> Generator[Any, Any, None]:
 
 
 class _StripComments(cst.CSTTransformer):
+    """Drops comments, and docstrings where a statement is left to hold the body."""
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> Any:
+        return updated_node.with_changes(body=_without_docstring(updated_node.body))
+
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> Any:
+        return updated_node.with_changes(body=_without_docstring(updated_node.body))
+
     def leave_EmptyLine(self, original_node: cst.EmptyLine, updated_node: cst.EmptyLine) -> Any:
         return cst.RemoveFromParent() if updated_node.comment is not None else updated_node
 
@@ -368,8 +378,24 @@ class _StripComments(cst.CSTTransformer):
         return updated_node.with_changes(comment=None, whitespace=cst.SimpleWhitespace(""))
 
 
+def _without_docstring(body: Sequence[Any]) -> Sequence[Any]:
+    """`body` less a leading string statement, unless that is all it holds."""
+    first = body[0] if body else None
+    if (
+        len(body) > 1
+        and isinstance(first, cst.SimpleStatementLine)
+        and len(first.body) == 1
+        and isinstance(first.body[0], cst.Expr)
+        and isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    ):
+        rest = list(body[1:])
+        rest[0] = rest[0].with_changes(leading_lines=first.leading_lines)
+        return rest
+    return body
+
+
 def strip_comments(code: str, context: PassContext) -> Generator[Any, Any, None]:
-    """Remove comments: in a repro they describe code that is no longer there."""
+    """Remove comments and docstrings: in a repro they describe code that is no longer there."""
     candidate = transform(code, _StripComments())
     if candidate is not None:
         yield candidate
