@@ -18,6 +18,7 @@ case, so a run stopped by a time limit still leaves a table. This process never 
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime as dt
 import json
 import shutil
@@ -63,6 +64,7 @@ class Reduced:
     reduce_seconds: float | None = None  # reprocut: the reduction alone (its `phases`)
     checks: int | None = None
     lines: int | None = None
+    code_lines: int | None = None  # without the module docstring (reprocut's header)
     verified: bool | None = None  # a plain `python repro.py` failed with the case's signature
     status: str = ""
     runs: str = ""  # reprocut: its own plain verification runs, "3/3"
@@ -94,6 +96,24 @@ class FaultRow:
 
 def count_lines(code: str) -> int:
     return sum(1 for line in code.splitlines() if line.strip())
+
+
+def count_code_lines(code: str) -> int | None:
+    """Non-blank lines less the module docstring: the repro's header (what failed, where it
+    was seen, compute-sanitizer's finding) is reprocut's report, not code a reader must follow."""
+    try:
+        body = ast.parse(code).body
+    except SyntaxError:
+        return None
+    lines = code.splitlines()
+    first = body[0] if body else None
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
+        del lines[first.lineno - 1 : first.end_lineno]
+    return count_lines("\n".join(lines))
 
 
 def source_case(case: CorpusCase, device: str) -> SourceCase | None:
@@ -140,6 +160,7 @@ def run_reprocut_shrink(
         reduce_seconds=None if reduce is None else round(reduce, 1),
         checks=data.get("checks"),
         lines=count_lines(repro.read_text()) if repro.exists() else None,
+        code_lines=count_code_lines(repro.read_text()) if repro.exists() else None,
         verified=verified,
         status=status,
         runs=runs_text,
@@ -166,6 +187,7 @@ def run_generic(source: SourceCase | None, scratch: Path, options: argparse.Name
         seconds=round(outcome.seconds, 1),
         checks=outcome.checks,
         lines=outcome.lines or None,
+        code_lines=count_code_lines(outcome.code) if outcome.code else None,
         verified=verified,
         status=outcome.status,
     )
@@ -253,12 +275,13 @@ def render(rows: list[FaultRow], meta: dict[str, Any]) -> str:
         "in brackets shrink's own plain runs. `shrink s`: wall time of `reprocut shrink` (fork "
         "server, the script's probe runs, reduction, verification, compute-sanitizer, report); "
         "`reduce s`: the reduction alone. `lines`: non-blank lines of "
-        "repro.py, its header included (statements in brackets).",
+        "repro.py, its header included (statements in brackets); `code`: the same less the "
+        "module docstring (reprocut's header: what failed, where, compute-sanitizer's finding).",
         "",
-        "| case | localized | facts | verified | shrink s | reduce s | checks | lines "
+        "| case | localized | facts | verified | shrink s | reduce s | checks | lines | code "
         "| compute-sanitizer | generic verified | generic s | generic checks | generic lines "
         "| notes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         r, g = row.reprocut, row.generic
@@ -271,7 +294,8 @@ def render(rows: list[FaultRow], meta: dict[str, Any]) -> str:
             f"{MARK[r.verified]}{runs} | {MARK[None] if r.seconds is None else r.seconds} | "
             f"{MARK[None] if r.reduce_seconds is None else r.reduce_seconds} | "
             f"{MARK[None] if r.checks is None else r.checks} | "
-            f"{MARK[None] if r.lines is None else r.lines}{statements} | {sanitizer_cell(row)} | "
+            f"{MARK[None] if r.lines is None else r.lines}{statements} | "
+            f"{MARK[None] if r.code_lines is None else r.code_lines} | {sanitizer_cell(row)} | "
             f"{MARK[g.verified]} | {MARK[None] if g.seconds is None else g.seconds} | "
             f"{MARK[None] if g.checks is None else g.checks} | "
             f"{MARK[None] if g.lines is None else g.lines} | {notes.replace('|', '/')} |"

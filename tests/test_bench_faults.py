@@ -9,7 +9,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_faults import CASES, FaultRow, Reduced, render, source_case  # noqa: E402
+from benchmarks.bench_faults import (  # noqa: E402
+    CASES,
+    FaultRow,
+    Reduced,
+    count_code_lines,
+    render,
+    source_case,
+)
 from benchmarks.corpus_cases import CORPUS, load_case  # noqa: E402
 from benchmarks.corpus_score import CaseScore  # noqa: E402
 
@@ -37,21 +44,21 @@ def test_the_table_shows_the_sanitizer_finding_and_the_median_shrink_time():
             "cuda_cupy_hashed_ids",
             "ids",
             score("cuda_cupy_hashed_ids", statements=9),
-            Reduced(40.0, 9.5, 12, 21, True, "verified", "3/3", found),
-            Reduced(60.0, None, 3, None, None, "stopped at the time limit"),
+            Reduced(40.0, 9.5, 12, 21, 14, True, "verified", "3/3", found),
+            Reduced(60.0, None, 3, None, None, None, "stopped at the time limit"),
         ),
         FaultRow(
             "cuda_cublas_lda_stride0",
             "status",
             score("cuda_cublas_lda_stride0", line=False),
-            Reduced(20.0, 4.0, 5, 15, False, "not-reproduced", "0/3"),
+            Reduced(20.0, 4.0, 5, 15, 9, False, "not-reproduced", "0/3"),
         ),
     ]
     meta = {"device": "cuda", "date": "2026-12-01", "command": "bench", "max_time": 60,
             "check_timeout": 30, "device_name": "H200"}  # fmt: skip
     table = render(rows, meta)
     (hashed,) = [line for line in table.splitlines() if line.startswith("| cuda_cupy")]
-    assert "| ✓ | ✓ | ✓ (3/3) | 40.0 | 9.5 | 12 | 21 (9) | ✓ Invalid __global__ read" in hashed
+    assert "| ✓ | ✓ | ✓ (3/3) | 40.0 | 9.5 | 12 | 21 (9) | 14 | ✓ Invalid __global__ read" in hashed
     (blas,) = [line for line in table.splitlines() if line.startswith("| cuda_cublas")]
     assert "| ✗ | ✓ | ✗ (0/3) |" in blas and "· (not a memory error)" in blas
     assert (
@@ -59,3 +66,10 @@ def test_the_table_shows_the_sanitizer_finding_and_the_median_shrink_time():
         in table
     )
     assert "### cuda_cupy_hashed_ids" in table and "128.0 TiB past `table`" in table
+
+
+def test_code_lines_leave_out_the_header_only():
+    code = '"""Minimal reproduction.\n\nExpected: ...\n"""\n\nimport torch\n\n\nx = "a"\n"""not a docstring"""\n'
+    assert count_code_lines(code) == 3
+    assert count_code_lines("import torch\ntorch.ones(1)\n") == 2
+    assert count_code_lines("def (:\n") is None
