@@ -112,7 +112,7 @@ def test_annotate_writes_into_the_docstring_and_replaces_an_old_section() -> Non
     assert "reads 4 B" not in twice and "writes 8 B" in twice and twice.count("memcheck") == 1
     assert "import torch" in twice
     compile(twice, "repro.py", "exec")
-    bare = annotate("import torch\n", ["compute-sanitizer (memcheck): clean"])
+    bare = annotate("\nimport torch\n", ["compute-sanitizer (memcheck): clean"])
     assert bare.startswith('"""compute-sanitizer') and bare.endswith("import torch\n")
 
 
@@ -296,3 +296,56 @@ def test_the_address_follows_from_the_nearest_allocation_when_no_address_line_wa
         )
         assert report.first_access is not None
         assert report.first_access.address == int(address, 16)
+
+
+LINGERING_STAND_IN = """\
+#!{python}
+# memcheck's stand-in for a kernel with more errors than it prints: the printed ones are in the
+# log at once, then it goes on counting (here: sleeping) and leaves $STAND_IN_DONE at the end.
+import os, sys, time
+args = sys.argv[1:]
+limit = int(args[args.index("--print-limit") + 1])
+log = open(args[args.index("--log-file") + 1], "w")
+for thread in range(limit):
+    log.write(
+        "========= Invalid __global__ read of size 4 bytes\\n"
+        "=========     at gather_kernel+0x40\\n"
+        f"=========     by thread ({{thread}},0,0) in block (1,0,0)\\n"
+        "=========     Access at 0x10 is out of bounds\\n"
+        "=========\\n"
+    )
+log.flush()
+time.sleep(float(os.environ["STAND_IN_LINGER"]))
+open(os.environ["STAND_IN_DONE"], "w").write("counted them all")
+log.write("========= ERROR SUMMARY: 237795 errors\\n")
+"""
+
+
+def test_memcheck_is_stopped_once_it_has_printed_all_it_will(tmp_path, monkeypatch) -> None:
+    """After `--print-limit` errors memcheck prints nothing more, however long it goes on
+    counting (most of its time on a 1 GB kernel): reprocut stops it there."""
+    tool = stand_in(tmp_path, LINGERING_STAND_IN)
+    script = tmp_path / "repro.py"
+    script.write_text("import torch\n")
+    done = tmp_path / "done.txt"
+    monkeypatch.setenv("STAND_IN_DONE", str(done))
+    monkeypatch.setenv("STAND_IN_LINGER", "300")
+    evidence = run_memcheck(script, sanitizer=str(tool), timeout=240)
+    assert not done.exists()  # stopped, not waited for (nor killed at the timeout)
+    assert evidence.status == "found" and evidence.stopped_early
+    assert len(evidence.report.errors) == sanitizer.PRINT_LIMIT
+    assert evidence.findings[-1] == (
+        f"at least {sanitizer.PRINT_LIMIT} errors (memcheck stopped after printing them)"
+    )
+    assert evidence.to_json()["stopped_early"] is True
+
+
+def test_memcheck_that_ends_on_its_own_keeps_its_total(tmp_path, monkeypatch) -> None:
+    tool = stand_in(tmp_path, LINGERING_STAND_IN)
+    script = tmp_path / "repro.py"
+    script.write_text("import torch\n")
+    monkeypatch.setenv("STAND_IN_DONE", str(tmp_path / "done.txt"))
+    monkeypatch.setenv("STAND_IN_LINGER", "0")
+    evidence = run_memcheck(script, sanitizer=str(tool), timeout=240)
+    assert evidence.status == "found" and not evidence.stopped_early
+    assert evidence.findings[-1] == "237795 error(s) in all"
