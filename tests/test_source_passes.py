@@ -24,6 +24,7 @@ from reprocut.source.passes import (
     inline_sibling_imports,
     is_constant,
     jump_to_call,
+    remove_all_unused,
     remove_unused_definitions,
     replace_with_specs,
     shrink_integers,
@@ -193,6 +194,30 @@ def test_inline_sibling_imports_pastes_the_module(tmp_path: Path):
     assert "import" not in candidate
 
 
+def test_inline_sibling_imports_leaves_the_docstring_and_imports_already_made(tmp_path: Path):
+    (tmp_path / "kernels.py").write_text(
+        code('''
+            """A kernel module."""
+            import math
+            import torch
+
+            def scale(x):
+                return torch.full((1,), math.pi) * x
+        ''')
+    )
+    context = PassContext(search_dirs=(tmp_path,))
+    source = "import torch\nfrom kernels import scale\nscale(torch.ones(2))\n"
+    [candidate] = candidates(inline_sibling_imports, source, context)
+    assert candidate == code("""
+        import torch
+        import math
+
+        def scale(x):
+            return torch.full((1,), math.pi) * x
+        scale(torch.ones(2))
+    """)
+
+
 def test_inline_sibling_imports_leaves_installed_modules_alone(tmp_path: Path):
     context = PassContext(search_dirs=(tmp_path,))
     assert list(candidates(inline_sibling_imports, "import json\n", context)) == []
@@ -311,6 +336,19 @@ def test_remove_unused_definitions():
             pass
         raise ValueError(Used.__name__ and "bad" if sys else tau)
     """)
+
+
+def test_remove_all_unused_is_one_candidate_or_none():
+    source = code("""
+        import os
+        B, T, D = 256, 256, 4096
+        x = 1
+        raise ValueError(x)
+    """)
+    assert list(candidates(remove_all_unused, source, PassContext())) == [
+        "x = 1\nraise ValueError(x)\n"
+    ]
+    assert list(candidates(remove_all_unused, "x = 1\nraise ValueError(x)\n", PassContext())) == []
 
 
 def test_inline_names_splits_tuple_assignments_and_inlines_literals():

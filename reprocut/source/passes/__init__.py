@@ -25,6 +25,7 @@ from reprocut.source.passes.specs import literal, replace_with_specs, spec_expre
 from reprocut.source.passes.statements import (
     delete_statements,
     inline_names,
+    remove_all_unused,
     remove_unused_definitions,
     strip_comments,
     unwrap_blocks,
@@ -44,6 +45,7 @@ PASSES: tuple[SourcePass, ...] = (
     inline_sibling_imports,
     strip_comments,
     jump_to_call,
+    remove_all_unused,
     replace_with_specs,
     delete_statements,
     unwrap_blocks,
@@ -76,6 +78,7 @@ __all__ = [
     "jump_to_call",
     "literal",
     "parse",
+    "remove_all_unused",
     "remove_unused_definitions",
     "replace_with_specs",
     "shrink_integers",

@@ -85,13 +85,27 @@ class _UnqualifyModule(cst.CSTTransformer):
         return updated_node
 
 
-def _sibling_body(path: Path) -> list[cst.BaseStatement] | None:
+_IMPORT = m.SimpleStatementLine([m.Import() | m.ImportFrom()])
+_DOCSTRING = m.SimpleStatementLine([m.Expr(m.SimpleString() | m.ConcatenatedString())])
+
+
+def _sibling_body(path: Path, into: cst.Module) -> list[cst.BaseStatement] | None:
+    """The sibling's statements to paste into `into`: less its docstring (mid-module it would
+    be a stray string), its main guard, and the imports `into` already makes."""
     try:
         module = cst.parse_module(path.read_text())
     except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
         return None
+    present = {into.code_for_node(s).strip() for s in into.body if m.matches(s, _IMPORT)}
+    body = list(
+        module.body[1:] if module.body and m.matches(module.body[0], _DOCSTRING) else module.body
+    )
     return [
-        s for s in module.body if not m.matches(s, MAIN_GUARD) and not m.matches(s, FUTURE_IMPORT)
+        s
+        for s in body
+        if not m.matches(s, MAIN_GUARD)
+        and not m.matches(s, FUTURE_IMPORT)
+        and not (m.matches(s, _IMPORT) and module.code_for_node(s).strip() in present)
     ]
 
 
@@ -123,7 +137,7 @@ def _inline_import(
     name = import_module_name(statement)
     assert name is not None
     path = sibling_file(name, search_dirs)
-    body = None if path is None else _sibling_body(path)
+    body = None if path is None else _sibling_body(path, module)
     if body is None:
         return None
     if isinstance(statement, cst.ImportFrom):

@@ -182,8 +182,10 @@ def _bound_names(statement: cst.BaseStatement) -> list[str] | None:
         targets = (
             [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
         )
-        if all(isinstance(t, cst.Name) for t in targets):
-            return [t.value for t in targets]  # type: ignore[attr-defined]
+        flat = [e.value for t in targets if isinstance(t, cst.Tuple | cst.List) for e in t.elements]
+        names = [t for t in targets if not isinstance(t, cst.Tuple | cst.List)] + flat
+        if all(isinstance(t, cst.Name) for t in names):  # `x = ...`, `B, T, D = ...`
+            return [t.value for t in names]  # type: ignore[attr-defined]
     return None
 
 
@@ -201,15 +203,26 @@ def unused_definitions(module: cst.Module) -> list[cst.BaseStatement]:
     return unused
 
 
+def _without_unused(code: str) -> str | None:
+    """The code less every import, function, class and assignment nothing refers to."""
+    module = parse(code)
+    unused = [] if module is None else unused_definitions(module)
+    if module is None or not unused:
+        return None
+    return replace_in(code, module, {id(s): [] for s in unused})
+
+
+def remove_all_unused(code: str, context: PassContext) -> Generator[Any, Any, None]:
+    """Everything nothing refers to, in one candidate: run early, one check spares
+    delete_statements its search for them (the constants a jump to the failing call leaves)."""
+    candidate = _without_unused(code)
+    if candidate is not None:
+        yield candidate
+
+
 def remove_unused_definitions(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """Drop imports, functions, classes and assignments nothing refers to: all, then one by one."""
-    module = parse(code)
-    if module is None:
-        return
-    unused = unused_definitions(module)
-    if not unused:
-        return
-    candidate = replace_in(code, module, {id(s): [] for s in unused})
+    candidate = _without_unused(code)
     if candidate is not None and (yield candidate):
         code = candidate
     tried: set[str] = set()
