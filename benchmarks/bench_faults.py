@@ -387,9 +387,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
         done = list(pool.map(one, cases))
-    shutil.rmtree(
-        root, ignore_errors=True
-    )  # what matters was copied to OUT/faults/    meta["wall_seconds"] = round(time.perf_counter() - started, 1)
+    shutil.rmtree(root, ignore_errors=True)  # what matters was copied to OUT/faults/
+    meta["wall_seconds"] = round(time.perf_counter() - started, 1)
     markdown = write(sorted(done, key=lambda r: r.case), meta, options.out)
     print(markdown.read_text())
     print(f"wrote {markdown}")
