@@ -1,0 +1,37 @@
+
+"""compute-sanitizer (memcheck):
+  Invalid __global__ write of size 16 bytes in scale_logits_kernel
+  thread (64,0,0) in block (2097343,0,0): writes 16 B at 8.7 GiB before the start of `out`
+  host: launch < [libc.so.6] < __libc_start_main < __call__ in driver.py:713
+  172546 error(s) in all
+"""
+
+import torch
+"""A fused "temperature scale" Triton kernel over the flattened logits buffer.
+
+Offsets are computed as `pid * BLOCK + arange`, all int32: past 2**31 elements they wrap to
+negative numbers, the `offs < n` mask lets them through, and the loads land gigabytes before the
+buffer. (The fix: `pid.to(tl.int64) * BLOCK`.)
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_logits_kernel(x_ptr, out_ptr, n, inv_temperature, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, x * inv_temperature, mask=mask)
+
+VOCAB, HIDDEN, BATCH = 151_936, 64, 8
+logits = torch.randn((8, 2048, 151936), dtype=torch.bfloat16, device='cuda:0')
+out = torch.empty_like(logits)
+n = logits.numel()
+grid = (triton.cdiv(n, 1024),)
+temperature = 2.0
+scale_logits_kernel[grid](logits, torch.randn((8, 2048, 151936), dtype=torch.bfloat16, device='cuda:0'), n, 1.0 / temperature, BLOCK=1024)
+torch.cuda.synchronize()
