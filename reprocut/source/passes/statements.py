@@ -214,7 +214,8 @@ def _without_unused(code: str) -> str | None:
 
 def remove_all_unused(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """Everything nothing refers to, in one candidate: run early, one check spares
-    delete_statements its search for them (the constants a jump to the failing call leaves)."""
+    delete_statements its search for them (the constants a jump to the failing call leaves,
+    the buffer a recorded spec replaced in the call)."""
     candidate = _without_unused(code)
     if candidate is not None:
         yield candidate
