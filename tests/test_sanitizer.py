@@ -19,10 +19,8 @@ from reprocut.check.sanitizer import (
     annotate,
     argument_positions,
     findings_of,
-    is_memory_error,
     run_memcheck,
 )
-from reprocut.model.case import Signature
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GIB = 1 << 30
@@ -114,13 +112,6 @@ def test_annotate_writes_into_the_docstring_and_replaces_an_old_section() -> Non
     compile(twice, "repro.py", "exec")
     bare = annotate("\nimport torch\n", ["compute-sanitizer (memcheck): clean"])
     assert bare.startswith('"""compute-sanitizer') and bare.endswith("import torch\n")
-
-
-def test_memory_errors_are_told_from_asserts() -> None:
-    assert is_memory_error(Signature("AcceleratorError", 700, None, "x"))
-    assert is_memory_error(Signature("RuntimeError", 716, None, "misaligned address"))
-    assert not is_memory_error(Signature("AcceleratorError", 710, "aten::embedding", "index"))
-    assert not is_memory_error(Signature("IndexError", None, "aten::embedding", "index out"))
 
 
 def test_without_compute_sanitizer_there_is_a_note_and_nothing_fails(tmp_path, monkeypatch):

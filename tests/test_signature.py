@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from reprocut.model.case import Signature
-from reprocut.model.signature import assertion_kind, classify, cuda_error_code, parse_assertions
+from reprocut.model.signature import (
+    assertion_kind,
+    classify,
+    cuda_error_code,
+    is_memory_error,
+    parse_assertions,
+)
 
 CUDA_MESSAGE = (
     "CUDA error: device-side assert triggered\n"
@@ -120,3 +126,10 @@ def test_a_bare_cuda_error_name_from_thrust_is_the_same_illegal_address() -> Non
     bare = classify("RuntimeError", "transform: failed to synchronize: cudaErrorIllegalAddress")
     blocking = classify("AcceleratorError", "CUDA error: an illegal memory access was encountered")
     assert bare.error_code == 700 and bare.matches(blocking, compare_op=False)
+
+
+def test_memory_errors_are_told_from_asserts() -> None:
+    assert is_memory_error(Signature("AcceleratorError", 700, None, "x"))
+    assert is_memory_error(Signature("RuntimeError", 716, None, "misaligned address"))
+    assert not is_memory_error(Signature("AcceleratorError", 710, "aten::embedding", "index"))
+    assert not is_memory_error(Signature("IndexError", None, "aten::embedding", "index out"))

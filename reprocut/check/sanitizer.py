@@ -36,10 +36,10 @@ from reprocut.check.memcheck import (
 )
 from reprocut.check.oracle import run_with_timeout
 from reprocut.model.case import Signature
+from reprocut.model.signature import is_memory_error
 
 FALLBACK = Path("/usr/local/cuda/bin/compute-sanitizer")
 LOG_NAME = "sanitizer.log"
-MEMORY_ERRORS = {700, 715, 716, 719}  # illegal address, illegal instruction, misaligned, launch
 HEADER_TITLE = "compute-sanitizer (memcheck):"
 PRINT_LIMIT = 20  # errors memcheck prints (`--print-limit`): the first explains the fault
 QUIET_SECONDS = 0.5  # the log unchanged this long: the errors printed so far are whole
@@ -107,16 +107,6 @@ def find_sanitizer() -> str | None:
     if found:
         return found
     return str(FALLBACK) if FALLBACK.is_file() and os.access(FALLBACK, os.X_OK) else None
-
-
-def is_memory_error(signature: Signature) -> bool:
-    """A fault memcheck can attribute: an illegal or misaligned access, not an assert."""
-    kind = signature.kind.lower()
-    return (
-        signature.error_code in MEMORY_ERRORS
-        or "illegal memory access" in kind
-        or ("misaligned" in kind)
-    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,6 +99,19 @@ def is_nonfinite(signature: Signature | None) -> bool:
     )
 
 
+MEMORY_ERRORS = {700, 715, 716, 719}  # illegal address, illegal instruction, misaligned, launch
+
+
+def is_memory_error(signature: Signature) -> bool:
+    """A fault memcheck can attribute: an illegal or misaligned access, not an assert."""
+    kind = signature.kind.lower()
+    return (
+        signature.error_code in MEMORY_ERRORS
+        or "illegal memory access" in kind
+        or ("misaligned" in kind)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class AssertionLine:
     """One device-side assertion printed by a kernel thread."""
