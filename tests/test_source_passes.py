@@ -34,6 +34,7 @@ from reprocut.source.passes import (
     unwrap_blocks,
 )
 from reprocut.source.passes.expressions import smaller_integers
+from reprocut.source.passes.tree import names_reaching_focus
 from reprocut.source.reducer import SourceReducer, sort_key
 
 VALUE_ERROR = Signature("ValueError", None, None, "bad")
@@ -530,6 +531,40 @@ def test_simplify_expressions_and_hoist_subexpressions():
         data = 0
         model(0)
     """)
+
+
+MEMORY_FAULT_LAUNCH = code("""
+    import cupy
+    import torch
+    x = torch.randn((4, 8), device="cuda")
+    out = torch.empty_like(x)
+    pe = torch.randn((8,), device="cuda").expand(4, 8)
+    args = (cupy.asarray(x.detach()), cupy.asarray(pe), cupy.asarray(out))
+    mean = x.mean().item()
+    _KERNEL((1,), (32,), args)
+""")
+
+
+def test_a_memory_fault_keeps_what_reaches_the_failing_call():
+    """On the H200, `out = torch.empty_like(x)` became `out = 0`: the kernel still faulted, on
+    a write past a one-element buffer instead of the read past the stride-0 `pe`."""
+    focus = "_KERNEL((blocks,), (threads,), args)"
+    memory = PassContext(focus=focus, memory_fault=True)
+    changed = list(candidates(simplify_expressions, MEMORY_FAULT_LAUNCH, memory))
+    assert changed == [
+        MEMORY_FAULT_LAUNCH.replace("x.mean().item()", value) for value in ("0", "None")
+    ]
+    # another failure (a device assert, a Python error) may have them swapped out
+    other = list(candidates(simplify_expressions, MEMORY_FAULT_LAUNCH, PassContext(focus=focus)))
+    assert MEMORY_FAULT_LAUNCH.replace("torch.empty_like(x)", "0") in other
+
+
+def test_names_reaching_focus_follow_assignments():
+    module = cst.parse_module(MEMORY_FAULT_LAUNCH)
+    assert names_reaching_focus(module, "_KERNEL((b,), (t,), args)") == {
+        "args", "cupy", "x", "pe", "out", "torch",
+    }  # fmt: skip
+    assert names_reaching_focus(module, None) == set()
 
 
 def test_calls_focus_names_the_failing_call():

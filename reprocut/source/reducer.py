@@ -27,6 +27,7 @@ import libcst as cst
 
 from reprocut.model.case import Signature, TensorSpec
 from reprocut.model.errors import NotReproducedError
+from reprocut.model.signature import is_memory_error
 from reprocut.source.checks import OracleChecks, preload_imports
 from reprocut.source.finish import ending_with_a_sync, format_code
 from reprocut.source.passes import (
@@ -407,6 +408,7 @@ def _reduce(
         named_specs=tuple(named_specs),
         named_values=tuple(named_values),
         focus=focus,
+        memory_fault=is_memory_error(expected),
     )
     check = partial(check_alone, runner)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprocut-original") as aside:

@@ -12,11 +12,14 @@ from reprocut.source.passes.tree import (
     Options,
     PassContext,
     count_statements,
+    focus_calls,
     is_constant,
+    names_reaching_focus,
     parse,
     statement_site,
     sweep,
     transform,
+    variable_counts,
 )
 
 # --- shrink_integers -------------------------------------------------------------------------
@@ -163,17 +166,25 @@ SIMPLE_VALUES = ("0", "None")
 
 
 class _ValueSites(cst.CSTVisitor):
-    """Right-hand sides of assignments and call arguments that are not constants already."""
+    """Right-hand sides of assignments and call arguments that are not constants already,
+    outside the `kept` calls and the assignments to `kept_names`."""
 
-    def __init__(self) -> None:
+    def __init__(self, kept: list[cst.Call], kept_names: set[str]) -> None:
         self.found: list[cst.BaseExpression] = []
+        self.kept, self.kept_names = kept, kept_names
 
     def _add(self, value: cst.BaseExpression) -> None:
         if not is_constant(value) and not isinstance(value, cst.Lambda):
             self.found.append(value)
 
-    def visit_Assign(self, node: cst.Assign) -> None:
+    def visit_Assign(self, node: cst.Assign) -> bool:
+        if any(variable_counts(t.target).keys() & self.kept_names for t in node.targets):
+            return False
         self._add(node.value)
+        return True
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        return not any(node is call for call in self.kept)
 
     def visit_Arg(self, node: cst.Arg) -> None:
         if not node.star:
@@ -190,21 +201,31 @@ class _ReplaceExpression(cst.CSTTransformer):
 
 
 def simplify_expressions(code: str, context: PassContext) -> Generator[Any, Any, None]:
-    """Replace a computed value (an assignment's right side, an argument) by `0` or `None`."""
+    """Replace a computed value (an assignment's right side, an argument) by `0` or `None`.
+
+    Not, in a memory fault, what reaches the failing call: with `out = torch.empty_like(x)`
+    made `out = 0` a kernel still faults, writing past a one-element buffer instead of
+    reading past the stride-0 view the user's script gave it (seen on the H200)."""
     i = 0
     while True:
-        accepted = yield Options(_simplifications_from(code, i))
+        accepted = yield Options(_simplifications_from(code, i, context))
         if accepted is None:
             return
         i, code = accepted
         i += 1
 
 
-def _simplifications_from(code: str, first: int) -> Iterator[tuple[int, str | None]]:
+def _simplifications_from(
+    code: str, first: int, context: PassContext
+) -> Iterator[tuple[int, str | None]]:
     module = parse(code)
     if module is None:
         return
-    visitor = _ValueSites()
+    if context.memory_fault:
+        kept = focus_calls(module, context.focus)
+        visitor = _ValueSites(kept, names_reaching_focus(module, context.focus))
+    else:
+        visitor = _ValueSites([], set())
     module.visit(visitor)
     for i in range(first, len(visitor.found)):
         for text in SIMPLE_VALUES:

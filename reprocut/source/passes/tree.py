@@ -51,6 +51,8 @@ class PassContext:
     # ...and its plain parameters (numbers, strings, tuples of them) with their values
     named_values: tuple[tuple[str, Any], ...] = ()
     focus: str | None = None  # the failing source line's text (its call is tried first)
+    # the failure is a memory fault: what reaches the failing call is not swapped for `0`
+    memory_fault: bool = False
 
 
 STATEMENT = (
@@ -356,6 +358,38 @@ def calls_focus(code: str, focus: str | None) -> bool | None:
         module.code_for_node(call.func) == callee  # type: ignore[attr-defined]
         for call in m.findall(module, m.Call())
     )
+
+
+def focus_calls(module: cst.Module, focus: str | None) -> list[cst.Call]:
+    """The calls in `module` to the failing line's callee."""
+    callee = focus_callee(focus)
+    if callee is None:
+        return []
+    calls = m.findall(module, m.Call())
+    return [c for c in calls if module.code_for_node(c.func) == callee]  # type: ignore[attr-defined]
+
+
+def names_reaching_focus(module: cst.Module, focus: str | None) -> set[str]:
+    """Variables the failing call reads, directly or through the assignments that compute them
+    (by name, whatever the scope: it may say too much, never too little)."""
+    reached = {name for call in focus_calls(module, focus) for arg in call.args
+               for name in variable_counts(arg)}  # fmt: skip
+    flows = [
+        (
+            {name for t in a.targets for name in variable_counts(t.target)},
+            set(variable_counts(a.value)),
+        )
+        for a in m.findall(module, m.Assign())
+        if isinstance(a, cst.Assign)
+    ]
+    grown = True
+    while grown:
+        grown = False
+        for targets, values in flows:
+            if targets & reached and not values <= reached:
+                reached |= values
+                grown = True
+    return reached
 
 
 class Enclosing(cst.CSTVisitor):
