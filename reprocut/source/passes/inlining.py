@@ -10,6 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from reprocut.source.passes.tree import (
+    DOCSTRING,
     PASS_LINE,
     PassContext,
     RenameVariables,
@@ -86,7 +87,6 @@ class _UnqualifyModule(cst.CSTTransformer):
 
 
 _IMPORT = m.SimpleStatementLine([m.Import() | m.ImportFrom()])
-_DOCSTRING = m.SimpleStatementLine([m.Expr(m.SimpleString() | m.ConcatenatedString())])
 
 
 def _sibling_body(path: Path, into: cst.Module) -> list[cst.BaseStatement] | None:
@@ -98,7 +98,7 @@ def _sibling_body(path: Path, into: cst.Module) -> list[cst.BaseStatement] | Non
         return None
     present = {into.code_for_node(s).strip() for s in into.body if m.matches(s, _IMPORT)}
     body = list(
-        module.body[1:] if module.body and m.matches(module.body[0], _DOCSTRING) else module.body
+        module.body[1:] if module.body and m.matches(module.body[0], DOCSTRING) else module.body
     )
     return [
         s

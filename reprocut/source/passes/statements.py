@@ -10,6 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from reprocut.source.passes.tree import (
+    DOCSTRING,
     Options,
     PassContext,
     RenameVariables,
@@ -394,18 +395,11 @@ class _StripComments(cst.CSTTransformer):
 
 def _without_docstring(body: Sequence[Any]) -> Sequence[Any]:
     """`body` less a leading string statement, unless that is all it holds."""
-    first = body[0] if body else None
-    if (
-        len(body) > 1
-        and isinstance(first, cst.SimpleStatementLine)
-        and len(first.body) == 1
-        and isinstance(first.body[0], cst.Expr)
-        and isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    ):
-        rest = list(body[1:])
-        rest[0] = rest[0].with_changes(leading_lines=first.leading_lines)
-        return rest
-    return body
+    if len(body) < 2 or not m.matches(body[0], DOCSTRING):
+        return body
+    rest = list(body[1:])
+    rest[0] = rest[0].with_changes(leading_lines=body[0].leading_lines)
+    return rest
 
 
 def strip_comments(code: str, context: PassContext) -> Generator[Any, Any, None]:

@@ -68,6 +68,7 @@ STATEMENT = (
 COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef)
 STATEMENT_TYPES = (cst.SimpleStatementLine, *COMPOUND)  # what STATEMENT matches, for isinstance
 PASS_LINE = cst.SimpleStatementLine(body=[cst.Pass()])
+DOCSTRING = m.SimpleStatementLine([m.Expr(m.SimpleString() | m.ConcatenatedString())])
 TENSOR_FACTORIES = frozenset(
     {"randn", "rand", "zeros", "ones", "full", "randint", "arange", "empty", "empty_strided",
      "tensor"}
