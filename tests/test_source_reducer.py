@@ -14,6 +14,7 @@ import pytest
 
 from reprocut.model.case import Signature, SourceLocation
 from reprocut.model.errors import NotReproducedError
+from reprocut.source.finish import tidy_layout
 from reprocut.source.passes import PASSES, PassContext, delete_statements
 from reprocut.source.probe import probe_launch, statement_text
 from reprocut.source.recorded import reduce_recorded
@@ -208,6 +209,28 @@ def test_with_several_slots_the_script_is_checked_beside_the_first_candidates(tm
     alone = reduce_source(script, cwd=tmp_path, argv=[], expected=BAD, check=run_in_process,
                           passes=PASSES)  # fmt: skip
     assert result.code == alone.code and failing in seen and len(result.code) < len(failing)
+
+
+PASTED = (
+    '"""Header."""\n\nimport torch\nimport triton\n@triton.jit\ndef kernel(x_ptr):\n    pass\n'
+    "# the input\nx = torch.ones(4)\n\n\n\n\nkernel[(1,)](x)\nclass A:\n    pass\n"
+)
+
+
+def test_tidy_layout_puts_pep8_blank_lines_between_top_level_statements():
+    tidy = tidy_layout(PASTED)
+    assert tidy == (
+        '"""Header."""\n\nimport torch\nimport triton\n\n\n@triton.jit\ndef kernel(x_ptr):\n'
+        "    pass\n\n\n# the input\nx = torch.ones(4)\n\n\nkernel[(1,)](x)\n\n\nclass A:\n"
+        "    pass\n"
+    )
+    assert tidy_layout(tidy) == tidy
+    assert tidy_layout("def (:\n") == "def (:\n"
+
+
+def test_without_ruff_the_result_is_tidied_not_left_as_pasted(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ruff to be found
+    assert format_code(PASTED) == tidy_layout(PASTED)
 
 
 def test_reduce_source_formats_the_result(tmp_path: Path):

@@ -33,12 +33,41 @@ def ending_with_a_sync(code: str) -> str:
     return module.with_changes(body=body).code
 
 
+_DEFINITION = (cst.FunctionDef, cst.ClassDef)
+_IMPORTS = m.SimpleStatementLine([m.AtLeastN(m.Import() | m.ImportFrom(), n=1)])
+
+
+def _blank_lines_before(statement: cst.BaseStatement, previous: cst.BaseStatement) -> int:
+    """PEP 8's blank lines between two top-level statements (else as many as the code has,
+    two at the most)."""
+    if isinstance(statement, _DEFINITION) or isinstance(previous, _DEFINITION):
+        return 2
+    if m.matches(previous, _IMPORTS) and not m.matches(statement, _IMPORTS):
+        return 1
+    return min(2, sum(line.comment is None for line in statement.leading_lines))
+
+
+def tidy_layout(code: str) -> str:
+    """The code with PEP 8's blank lines between top-level statements (two around functions
+    and classes, one after the imports), comments kept: what a reader gets where ruff is
+    not installed (passes join pieces with no regard for blank lines)."""
+    module = parse(code)
+    if module is None:
+        return code
+    body = list(module.body)
+    for i in range(1, len(body)):
+        blank = [cst.EmptyLine()] * _blank_lines_before(body[i], body[i - 1])
+        comments = [line for line in body[i].leading_lines if line.comment is not None]
+        body[i] = body[i].with_changes(leading_lines=[*blank, *comments])
+    return module.with_changes(body=body).code
+
+
 def format_code(code: str) -> str:
-    """ruff-formatted code when ruff is installed, else the code as it is."""
+    """ruff-formatted code when ruff is installed, else the code with tidy blank lines."""
     ruff = shutil.which("ruff")
     command = [ruff, "format", "--isolated", "-"] if ruff else None
     if command is None:
-        return code
+        return tidy_layout(code)
     try:
         done = subprocess.run(command, input=code, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
