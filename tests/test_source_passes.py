@@ -34,7 +34,7 @@ from reprocut.source.passes import (
     unwrap_blocks,
 )
 from reprocut.source.passes.expressions import smaller_integers
-from reprocut.source.passes.tree import names_reaching_focus
+from reprocut.source.passes.tree import focus_calls, names_reaching
 from reprocut.source.reducer import SourceReducer, sort_key
 
 VALUE_ERROR = Signature("ValueError", None, None, "bad")
@@ -559,12 +559,11 @@ def test_a_memory_fault_keeps_what_reaches_the_failing_call():
     assert MEMORY_FAULT_LAUNCH.replace("torch.empty_like(x)", "0") in other
 
 
-def test_names_reaching_focus_follow_assignments():
+def test_names_reaching_the_failing_call_follow_assignments():
     module = cst.parse_module(MEMORY_FAULT_LAUNCH)
-    assert names_reaching_focus(module, "_KERNEL((b,), (t,), args)") == {
-        "args", "cupy", "x", "pe", "out", "torch",
-    }  # fmt: skip
-    assert names_reaching_focus(module, None) == set()
+    calls = focus_calls(module, "_KERNEL((b,), (t,), args)")
+    assert names_reaching(module, calls) == {"args", "cupy", "x", "pe", "out", "torch"}
+    assert focus_calls(module, None) == [] and names_reaching(module, []) == set()
 
 
 def test_calls_focus_names_the_failing_call():

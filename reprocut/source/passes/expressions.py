@@ -14,7 +14,7 @@ from reprocut.source.passes.tree import (
     count_statements,
     focus_calls,
     is_constant,
-    names_reaching_focus,
+    names_reaching,
     parse,
     statement_site,
     sweep,
@@ -221,11 +221,8 @@ def _simplifications_from(
     module = parse(code)
     if module is None:
         return
-    if context.memory_fault:
-        kept = focus_calls(module, context.focus)
-        visitor = _ValueSites(kept, names_reaching_focus(module, context.focus))
-    else:
-        visitor = _ValueSites([], set())
+    kept = focus_calls(module, context.focus) if context.memory_fault else []
+    visitor = _ValueSites(kept, names_reaching(module, kept))
     module.visit(visitor)
     for i in range(first, len(visitor.found)):
         for text in SIMPLE_VALUES:

@@ -355,26 +355,26 @@ def calls_focus(code: str, focus: str | None) -> bool | None:
     module = parse(code)
     if callee is None or module is None:
         return None
-    return any(
-        module.code_for_node(call.func) == callee  # type: ignore[attr-defined]
-        for call in m.findall(module, m.Call())
-    )
+    return bool(_calls_to(module, callee))
 
 
 def focus_calls(module: cst.Module, focus: str | None) -> list[cst.Call]:
     """The calls in `module` to the failing line's callee."""
     callee = focus_callee(focus)
-    if callee is None:
-        return []
+    return [] if callee is None else _calls_to(module, callee)
+
+
+def _calls_to(module: cst.Module, callee: str) -> list[cst.Call]:
     calls = m.findall(module, m.Call())
     return [c for c in calls if module.code_for_node(c.func) == callee]  # type: ignore[attr-defined]
 
 
-def names_reaching_focus(module: cst.Module, focus: str | None) -> set[str]:
-    """Variables the failing call reads, directly or through the assignments that compute them
+def names_reaching(module: cst.Module, calls: list[cst.Call]) -> set[str]:
+    """Variables the calls read, directly or through the assignments that compute them
     (by name, whatever the scope: it may say too much, never too little)."""
-    reached = {name for call in focus_calls(module, focus) for arg in call.args
-               for name in variable_counts(arg)}  # fmt: skip
+    reached = {name for call in calls for arg in call.args for name in variable_counts(arg)}
+    if not reached:
+        return reached
     flows = [
         (
             {name for t in a.targets for name in variable_counts(t.target)},
