@@ -147,6 +147,7 @@ def run_reprocut_shrink(
     )
     data = shrunk.data or {}
     repro = out / "repro.py"
+    code = repro.read_text() if repro.exists() else None
     runs = data.get("verified")
     runs_text = f"{runs.get('reproduced')}/{runs.get('runs')}" if isinstance(runs, dict) else ""
     verified = None
@@ -159,8 +160,8 @@ def run_reprocut_shrink(
         seconds=round(shrunk.seconds, 1),
         reduce_seconds=None if reduce is None else round(reduce, 1),
         checks=data.get("checks"),
-        lines=count_lines(repro.read_text()) if repro.exists() else None,
-        code_lines=count_code_lines(repro.read_text()) if repro.exists() else None,
+        lines=None if code is None else count_lines(code),
+        code_lines=None if code is None else count_code_lines(code),
         verified=verified,
         status=status,
         runs=runs_text,
