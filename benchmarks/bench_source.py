@@ -37,7 +37,8 @@ from reprocut.model.case import Signature, TensorSpec  # noqa: E402
 from reprocut.model.signature import classify  # noqa: E402
 from reprocut.source.passes import parse, sibling_imports  # noqa: E402
 from reprocut.source.probe import probe_launch  # noqa: E402
-from reprocut.source.reducer import count_lines, reduce_source  # noqa: E402
+from reprocut.source.reducer import reduce_source  # noqa: E402
+from reprocut.source.size import count_lines  # noqa: E402
 
 CASES = ROOT / "benchmarks" / "source_cases"
 CORPUS = ROOT / "corpus"

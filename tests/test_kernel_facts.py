@@ -17,7 +17,8 @@ from reprocut.cli import main
 from reprocut.localize.kernel_facts import kernel_facts, offset_facts
 from reprocut.model.case import TensorSpec
 from reprocut.model.errors import ExitCode
-from reprocut.source.probe import IntegerRange, LaunchSpecs, LaunchValues, launch_grid_source
+from reprocut.source.focus import launch_grid_source
+from reprocut.source.launch_specs import IntegerRange, LaunchSpecs, LaunchValues
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from reprocut.model.case import Generated, Signature, TensorSpec
+from reprocut.source.fixed_point import SourceReducer
 from reprocut.source.passes import (
     PassContext,
     SourcePass,
@@ -35,7 +36,7 @@ from reprocut.source.passes import (
 )
 from reprocut.source.passes.expressions import smaller_integers
 from reprocut.source.passes.tree import focus_calls, names_reaching
-from reprocut.source.reducer import SourceReducer, sort_key
+from reprocut.source.size import sort_key
 
 VALUE_ERROR = Signature("ValueError", None, None, "bad")
 

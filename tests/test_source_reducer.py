@@ -14,19 +14,15 @@ import pytest
 
 from reprocut.model.case import Signature, SourceLocation
 from reprocut.model.errors import NotReproducedError
-from reprocut.source.finish import tidy_layout
+from reprocut.source.finish import ending_with_a_sync, format_code, tidy_layout
+from reprocut.source.fixed_point import SourceReducer
+from reprocut.source.focus import statement_text
 from reprocut.source.passes import PASSES, PassContext, delete_statements
-from reprocut.source.probe import probe_launch, statement_text
+from reprocut.source.probe import probe_launch
 from reprocut.source.recorded import reduce_recorded
-from reprocut.source.reducer import (
-    SourceAccepted,
-    SourceChecked,
-    SourceReducer,
-    ending_with_a_sync,
-    format_code,
-    reduce_source,
-    sort_key,
-)
+from reprocut.source.reducer import reduce_source
+from reprocut.source.results import SourceAccepted, SourceChecked
+from reprocut.source.size import sort_key
 
 BAD = Signature("ValueError", None, None, "bad value <n>")
 
@@ -451,7 +447,7 @@ def test_a_gpu_repro_ends_by_waiting_for_the_gpu():
 
 
 def test_the_wait_and_the_format_cost_one_check_together_and_each_alone_only_if_needed():
-    from reprocut.source.reducer import SourceReducer, _finished
+    from reprocut.source.reducer import _finished
 
     sig = Signature("ValueError", None, None, "bad")
     best = 'import torch\nx = torch.ones(2, device="cuda")\n'

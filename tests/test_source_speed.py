@@ -13,8 +13,10 @@ import pytest
 from reprocut.check.oracle import Cancelled, Oracle, Passed, Ticket
 from reprocut.check.preload import choose_preloads
 from reprocut.model.case import Signature
+from reprocut.source.fixed_point import SourceReducer
 from reprocut.source.passes import PASSES, PassContext
-from reprocut.source.reducer import SourceAccepted, SourceChecked, SourceReducer, reduce_source
+from reprocut.source.reducer import reduce_source
+from reprocut.source.results import SourceAccepted, SourceChecked
 
 BAD = Signature("ValueError", None, None, "bad value <n>")
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from reprocut.check.memcheck import human_bytes
 from reprocut.model.case import FLOAT_DTYPES, TensorSpec
 
-if TYPE_CHECKING:  # the probe's results only: importing it here would load libcst at record
-    from reprocut.source.probe import IntegerRange, LaunchSpecs, LaunchValues
+if TYPE_CHECKING:  # the probe's results only: importing them here would load libcst at record
+    from reprocut.source.launch_specs import IntegerRange, LaunchSpecs, LaunchValues
 
 INT32_MAX = 2**31 - 1
 ITEM_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex64": 8}

@@ -71,7 +71,8 @@ def _launch_inputs(
     and the facts their values show (ids against the table's rows, int32 offsets), read by one
     more run stopped where the launch raises (`reprocut.source.probe.probe_launch`); nothing
     when they cannot be read."""
-    from reprocut.source.probe import call_argument_sources, probe_launch, statement_text
+    from reprocut.source.focus import call_argument_sources, statement_text
+    from reprocut.source.probe import probe_launch
 
     path = Path(launch.file)
     focus = statement_text(path, launch.line) if path.is_file() else None

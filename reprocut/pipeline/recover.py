@@ -68,8 +68,8 @@ def _source_finish(failure: Failure) -> Callable[[str], str] | None:
     """What a source reduction does to its result, for each accepted script alike."""
     if not failure.script:
         return None
+    from reprocut.source.finish import ending_with_a_sync
     from reprocut.source.recorded import pin_script_dir
-    from reprocut.source.reducer import ending_with_a_sync
 
     folder = Path(failure.script).resolve().parent
     return lambda code: pin_script_dir(ending_with_a_sync(code), folder)

@@ -3,125 +3,35 @@
 The recording knows only where a custom kernel was launched, not what it was given. These
 probes run the script as `python script.py argv...` would, under a tracer or to the end: one
 reads the tensors (their layout included), the range of integer tensors' values and the plain
-values at the launch the time it raised (`probe_launch`), the other the failing traceback
-(`failing_frames`). They hand the source
-reducer its specs and focus line, and `reprocut.localize` the launch's inputs.
+values at the launch the time it raised (`probe_launch`, kept for `shrink` by `kept_launch`),
+the other the failing traceback (`failing_frames`). What they read is
+`reprocut.source.launch_specs`; the focus line is taken apart by `reprocut.source.focus`. They
+hand the source reducer its specs and focus line, and `reprocut.localize` the launch's inputs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import libcst as cst
-import libcst.matchers as m
-import libcst.metadata
 
 from reprocut.check import lifeline
-from reprocut.model.case import Generated, TensorSpec, spec_from_json
-from reprocut.source.passes import focus_callee, parse
+from reprocut.source.focus import (
+    call_argument_sources,
+    call_keyword_sources,
+    launch_grid_source,
+    launched_source,
+    statement_span,
+    statement_text,
+)
+from reprocut.source.launch_specs import LaunchSpecs, launch_specs_from_json
 
 # --- what reaches the failing call -----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class IntegerRange:
-    """The smallest and largest value of an integer tensor reaching the call, and where."""
-
-    low: int
-    high: int
-    low_at: tuple[int, ...]
-    high_at: tuple[int, ...]
-    numel: int
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> IntegerRange:
-        shape = tuple(data["shape"])
-        return cls(data["low"], data["high"], _unravel(data["low_at"], shape),
-                   _unravel(data["high_at"], shape), math.prod(shape))  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchValues:
-    """The plain values of the call itself: each positional argument's (None: not a number or
-    a tuple of numbers), the keywords', the grid of a `kernel[grid](...)` launch, and the
-    library whose object was called ("triton", "cupy", ...)."""
-
-    args: tuple[Any, ...] = ()
-    keywords: tuple[tuple[str, Any], ...] = ()
-    grid: Any = None
-    library: str | None = None
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LaunchValues:
-        return cls(
-            args=tuple(_tuples(v) for v in data.get("args", ())),
-            keywords=tuple((name, _tuples(v)) for name, v in data.get("keywords", ())),
-            grid=_tuples(data.get("grid")),
-            library=data.get("library"),
-        )
-
-
-def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    coords = []
-    for size in reversed(shape):
-        coords.append(flat % size if size else 0)
-        flat = flat // size if size else 0
-    return tuple(reversed(coords))
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchSpecs:
-    """The tensors at the failing call, seen just before it ran: its arguments by position
-    (None: not a tensor), the tensor parameters of the function making it, and that function's
-    plain parameters (numbers, strings, tuples of them) with their values."""
-
-    args: tuple[TensorSpec | None, ...] = ()
-    params: tuple[tuple[str, TensorSpec], ...] = ()
-    values: tuple[tuple[str, Any], ...] = ()
-    kernel: str | None = None  # the launched kernel's own name (`cmvn_vec4`, not `_KERNEL`)
-    integers: tuple[tuple[str, IntegerRange], ...] = ()  # integer tensors' values, by name
-    launch: LaunchValues = field(default_factory=LaunchValues)
-
-
-INT64_MAX = 2**63 - 1
-
-
-def with_value_ranges(launch: LaunchSpecs, focus: str) -> LaunchSpecs:
-    """Integer tensors at the launch generated across the range they had (ids, offsets), not
-    as zeros: a spec alone would hand the kernel row 0 everywhere, and the out-of-range id that
-    faulted would be gone. Other specs as they are. `focus`: the call's text (arguments are
-    named by their source there)."""
-    ranges = dict(launch.integers)
-    sources = call_argument_sources(focus)
-
-    def ranged(name: str | None, spec: TensorSpec | None) -> TensorSpec | None:
-        found = ranges.get(name) if name is not None else None
-        if spec is None or found is None or not isinstance(spec.values, (Generated, type(None))):
-            return spec  # values recorded as they were: keep them
-        if spec.dtype.startswith(("float", "bfloat", "complex", "bool")):
-            return spec
-        if found.low < found.high < INT64_MAX:
-            return replace(spec, values=Generated("randint", found.low, found.high + 1))
-        return replace(spec, values=Generated("full", found.low))
-
-    return replace(
-        launch,
-        args=tuple(
-            ranged(sources[i] if i < len(sources) else None, spec)
-            for i, spec in enumerate(launch.args)
-        ),
-        params=tuple((name, ranged(name, spec) or spec) for name, spec in launch.params),
-    )
-
 
 _PROBE = r"""
 import json, operator, os, sys, threading
@@ -306,7 +216,7 @@ def probe_launch(
                 "file": str(Path(file).resolve()), "line": line, "focus": focus, "found": found}  # fmt: skip
         with contextlib.suppress(OSError):  # a cache: shrink probes again without it
             keep.write_text(json.dumps(kept))
-    return _launch_specs(found)
+    return launch_specs_from_json(found)
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,75 +239,9 @@ def kept_launch(path: Path, script_path: Path, argv: Sequence[str]) -> KeptLaunc
             return None
         if statement_text(file, line) != focus:
             return None  # the script changed since it was recorded
-        return KeptLaunch(file, line, focus, _launch_specs(kept["found"]))
+        return KeptLaunch(file, line, focus, launch_specs_from_json(kept["found"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _launch_specs(found: dict[str, Any]) -> LaunchSpecs:
-    return LaunchSpecs(
-        args=tuple(None if s is None else spec_from_json(s) for s in found["args"]),
-        params=tuple((name, spec_from_json(s)) for name, s in found["params"]),
-        values=tuple((name, _tuples(value)) for name, value in found.get("values", ())),
-        kernel=found.get("kernel"),
-        integers=tuple((n, IntegerRange.from_json(r)) for n, r in found.get("integers", ())),
-        launch=LaunchValues.from_json(found.get("launch") or {}),
-    )
-
-
-def _tuples(value: Any) -> Any:
-    """JSON wrote the probed tuples as lists."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
-
-
-def launched_source(focus: str) -> str | None:
-    """The object the focus line calls, as code: `add_kernel` for `add_kernel[grid](...)`."""
-    callee = focus_callee(focus)
-    if callee is None:
-        return None
-    node = cst.parse_expression(callee)
-    while isinstance(node, cst.Subscript):
-        node = node.value
-    return cst.Module(body=[]).code_for_node(node)
-
-
-def call_argument_sources(focus: str) -> list[str]:
-    """The source text of each positional argument of the focus line's call."""
-    call = _focus_call(focus)
-    if call is None:
-        return []
-    module = cst.Module(body=[])
-    return [module.code_for_node(a.value) for a in call.args if a.keyword is None]
-
-
-def call_keyword_sources(focus: str) -> list[tuple[str, str]]:
-    """The name and source text of each keyword argument of the focus line's call."""
-    call = _focus_call(focus)
-    if call is None:
-        return []
-    module = cst.Module(body=[])
-    return [(a.keyword.value, module.code_for_node(a.value)) for a in call.args if a.keyword]
-
-
-def launch_grid_source(focus: str) -> str | None:
-    """The grid of a `kernel[grid](...)` launch, as code: `grid`, `(n // 1024,)`."""
-    call = _focus_call(focus)
-    if call is None or not isinstance(call.func, cst.Subscript) or len(call.func.slice) != 1:
-        return None
-    index = call.func.slice[0].slice
-    if not isinstance(index, cst.Index):
-        return None
-    return cst.Module(body=[]).code_for_node(index.value)
-
-
-def _focus_call(focus: str) -> cst.Call | None:
-    """The focus line's outermost call."""
-    try:
-        statement = cst.parse_statement(focus.strip() + "\n")
-    except cst.ParserSyntaxError:
-        return None
-    calls = [c for c in m.findall(statement, m.Call()) if isinstance(c, cst.Call)]
-    return calls[0] if calls else None
 
 
 # --- the failing frames ----------------------------------------------------------------------
@@ -441,26 +285,3 @@ def failing_frames(
         except (OSError, ValueError):
             return []
     return [(Path(file), line) for file, line in frames]
-
-
-# --- the failing statement -------------------------------------------------------------------
-
-
-def statement_span(path: Path, line: int) -> tuple[str, int, int] | None:
-    """The whole simple statement that covers `line` (a call spread over lines included): its
-    text and its first and last lines."""
-    module = parse(path.read_text())
-    if module is None:
-        return None
-    wrapper = cst.metadata.MetadataWrapper(module)
-    positions = wrapper.resolve(cst.metadata.PositionProvider)
-    for node, span in positions.items():
-        if isinstance(node, cst.BaseSmallStatement) and span.start.line <= line <= span.end.line:
-            return module.code_for_node(node), span.start.line, span.end.line
-    return None
-
-
-def statement_text(path: Path, line: int) -> str | None:
-    """The text of the whole simple statement that covers `line`."""
-    found = statement_span(path, line)
-    return None if found is None else found[0]

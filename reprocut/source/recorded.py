@@ -15,17 +15,12 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from reprocut.source.focus import statement_text
+from reprocut.source.launch_specs import LaunchSpecs, with_value_ranges
 from reprocut.source.passes import import_module_name, parse, sibling_file, sibling_imports
-from reprocut.source.probe import (
-    KeptLaunch,
-    LaunchSpecs,
-    failing_frames,
-    kept_launch,
-    probe_launch,
-    statement_text,
-    with_value_ranges,
-)
-from reprocut.source.reducer import SourceEvent, SourceResult, reduce_source
+from reprocut.source.probe import KeptLaunch, failing_frames, kept_launch, probe_launch
+from reprocut.source.reducer import reduce_source
+from reprocut.source.results import SourceEvent, SourceResult
 
 
 def reducible_files(script_path: Path, search_dirs: Sequence[Path]) -> set[Path]:

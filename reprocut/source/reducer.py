@@ -1,297 +1,37 @@
 """Reduce the user's own script while it still fails with the same signature.
 
 For faults the dispatcher never sees (Triton, CuPy, C++/CUDA extensions, a user's own helper),
-there is no aten op to rebuild, so the program itself is cut down: the same fixed-point loop as
-the op-level shrinker, over module texts instead of ReproCases. One total order (`sort_key`)
-says which script is simpler; `consider` is the only place `best` changes, checking "strictly
-smaller" before paying for a run and "same signature" after; each accepted script goes out
-through `on_event` so the caller can save it. A pass's `Options` run several at a time
-(`reprocut.source.speculation`), their verdicts taken in the pass's order, so the result is the
-one-at-a-time result. What reaches the failing call comes in as specs and a focus line
-(`reprocut.source.probe`); a recording is turned into those by `reprocut.source.recorded`.
+there is no aten op to rebuild, so the program itself is cut down. `reduce_source` is the
+entry: it sets up how candidates run (the oracle's fork server, or a given `check`), makes
+sure the user's script fails that way to begin with (beside the first candidates when there
+are several slots), runs the fixed-point loop (`reprocut.source.fixed_point`, its order
+`reprocut.source.size`) and finishes the result (a sync at its end, formatted). Each accepted
+script goes out through `on_event` (`reprocut.source.results`) so the caller can save it. What
+reaches the failing call comes in as specs and a focus line (`reprocut.source.probe`); a
+recording is turned into those by `reprocut.source.recorded`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
-
-import libcst as cst
 
 from reprocut.model.case import Signature, TensorSpec
 from reprocut.model.errors import NotReproducedError
 from reprocut.model.signature import is_memory_error
 from reprocut.source.checks import OracleChecks, preload_imports
 from reprocut.source.finish import ending_with_a_sync, format_code
-from reprocut.source.passes import (
-    COMPOUND,
-    PASSES,
-    PassContext,
-    SourcePass,
-    calls_focus,
-    integer_value,
-    is_constant,
-    parse,
-    sibling_imports,
-)
-from reprocut.source.passes.tree import Options
-from reprocut.source.speculation import (
-    BudgetSpent,
-    CallableChecks,
-    Checks,
-    Speculation,
-    check_alone,
-    default_slots,
-)
-
-# check(code) -> a Verdict from reprocut.check.oracle (anything with `.signature` that failed), or,
-# for pure predicates and the fresh-process check here, the Signature seen (None: it passed).
-Check = Callable[[str], Any]
-
-
-# --- the size order --------------------------------------------------------------------------
-
-
-class _Measure(cst.CSTVisitor):
-    """Counts for the size order. A tensor built from literals counts as one node."""
-
-    def __init__(self) -> None:
-        self.compound = self.small = self.nodes = self.names = self.integers = 0
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, COMPOUND):
-            self.compound += 1
-        elif isinstance(node, cst.BaseSmallStatement):
-            self.small += 1
-        if isinstance(node, cst.BaseExpression | cst.Arg):
-            self.nodes += 1
-            if is_constant(node) and isinstance(node, cst.Call):
-                return False
-        if isinstance(node, cst.Name):
-            self.names += 1
-        elif isinstance(node, cst.Integer):
-            self.integers += integer_value(node)
-        return True
-
-
-def sort_key(code: str, search_dirs: Sequence[Path] = ()) -> tuple[int, ...]:
-    """Smaller is simpler: imports of the user's own modules (a repro is one file), then
-    blocks (loops, branches, functions: a flat script is simpler), non-blank lines, statements,
-    expression nodes, variable names, the sum of integer constants, characters."""
-    module = parse(code)
-    if module is None:
-        return (sys.maxsize,)
-    measure = _Measure()
-    module.visit(measure)
-    lines = sum(1 for line in code.splitlines() if line.strip())
-    return (
-        len(sibling_imports(module, search_dirs)) if search_dirs else 0,
-        measure.compound,
-        lines,
-        measure.small,
-        measure.nodes,
-        measure.names,
-        measure.integers,
-        len(code),
-    )
-
-
-# --- results and events ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SourceAccepted:
-    """A smaller script that still fails the same way (the caller may save it)."""
-
-    pass_name: str
-    code: str
-    lines: int
-    checks: int
-
-
-@dataclass(frozen=True, slots=True)
-class SourceChecked:
-    """One candidate was run."""
-
-    pass_name: str
-    checks: int
-    accepted: bool
-
-
-SourceEvent = SourceAccepted | SourceChecked
-
-
-@dataclass(frozen=True, slots=True)
-class SourceResult:
-    code: str
-    statements: int
-    lines: int
-    checks: int
-    seconds: float
-    accepted: tuple[tuple[str, int], ...]  # (pass name, accepted candidates), passes in order
-    stopped: str  # "fixed point", "max checks", "max time"
-    original_lines: int = 0
-    parallel: int = 1  # candidates checked at once
-    discarded: int = 0  # speculative checks whose verdicts were not needed (not in `checks`)
-    preloaded: tuple[str, ...] = ()  # packages the fork server imported for every check
-
-
-def count_lines(code: str) -> int:
-    return sum(1 for line in code.splitlines() if line.strip())
-
-
-def count_small_statements(code: str) -> int:
-    module = parse(code)
-    if module is None:
-        return 0
-    measure = _Measure()
-    module.visit(measure)
-    return measure.small + measure.compound
-
-
-# --- the loop --------------------------------------------------------------------------------
-
-
-def signature_of(verdict: Any) -> Signature | None:
-    """The failure a check saw: a Verdict's signature, a bare Signature, or None (passed)."""
-    if verdict is None or isinstance(verdict, Signature):
-        return verdict
-    signature = getattr(verdict, "signature", None)
-    return signature if isinstance(signature, Signature) else None
-
-
-def reproduces(verdict: Any, expected: Signature) -> bool:
-    """Same bug? The oracle's Verdict says so itself (Reproduced); a bare Signature from a
-    plain check is compared with `expected`."""
-    if isinstance(verdict, Signature):
-        return verdict.matches(expected)
-    if verdict is None:
-        return False
-    from reprocut.check.oracle import Reproduced
-
-    return isinstance(verdict, Reproduced)
-
-
-@dataclass
-class SourceReducer:
-    """Greedy reduction to a fixed point; `best` changes only in `consider`."""
-
-    best: str
-    expected: Signature
-    check: Check
-    context: PassContext
-    passes: Sequence[SourcePass] = PASSES
-    max_checks: int = 500
-    max_time: float = 300.0
-    on_event: Callable[[SourceEvent], None] | None = None
-    checks: int = 0  # runs paid for so far (the caller may count its initial check)
-    started: float = field(default_factory=time.monotonic)
-    accepted: dict[str, int] = field(default_factory=dict)
-    seen: set[str] = field(default_factory=set, repr=False)
-    parallel: int = 1  # with `check`: run it on this many threads at once (it must allow that)
-    runner: Checks | None = None  # how candidates run (default: `check`, `parallel` at a time)
-    stop: Callable[[], str | None] | None = None  # a reason to stop now, asked with the budget
-    _keys: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
-    _speculation: Speculation | None = field(default=None, repr=False)
-
-    def key(self, code: str) -> tuple[int, ...]:
-        """`sort_key`, once per text (the best is compared with every candidate)."""
-        found = self._keys.get(code)
-        if found is None:
-            found = self._keys[code] = sort_key(code, self.context.search_dirs)
-        return found
-
-    def drops_focus(self, candidate: str) -> bool:
-        """Would the candidate lose the failing call (the launch) the best still makes? A repro
-        must keep calling the kernel or helper that failed, not re-raise its error by hand."""
-        focus = self.context.focus
-        return bool(calls_focus(self.best, focus)) and calls_focus(candidate, focus) is False
-
-    def is_same_failure(self, verdict: Any) -> bool:
-        return reproduces(verdict, self.expected)
-
-    def admissible(self, candidate: str) -> bool:
-        """Worth a run: not a repeat, strictly smaller, still making the failing call."""
-        if candidate in self.seen or self.key(candidate) >= self.key(self.best):
-            return False
-        return not self.drops_focus(candidate)
-
-    def out_of_budget(self, in_flight: int = 0) -> str | None:
-        if self.checks + in_flight >= self.max_checks:
-            return "max checks"
-        if time.monotonic() - self.started >= self.max_time:
-            return "max time"
-        return self.stop() if self.stop is not None else None
-
-    def take(self, candidate: str, verdict: Any, pass_name: str) -> bool:
-        """A candidate's verdict, in the pass's order: the only place `best` changes."""
-        self.seen.add(candidate)
-        self.checks += 1
-        ok = self.is_same_failure(verdict)
-        self._emit(SourceChecked(pass_name, self.checks, ok))
-        if not ok:
-            return False
-        self.best = candidate
-        self.accepted[pass_name] = self.accepted.get(pass_name, 0) + 1
-        self._emit(SourceAccepted(pass_name, candidate, count_lines(candidate), self.checks))
-        return True
-
-    @property
-    def discarded(self) -> int:
-        return 0 if self._speculation is None else self._speculation.discarded
-
-    def speculation(self) -> Speculation:
-        if self._speculation is None:
-            runner = self.runner or CallableChecks(self.check, self.parallel)
-            self._speculation = Speculation(runner)
-        return self._speculation
-
-    def consider(self, candidate: str, pass_name: str = "") -> bool:
-        """Run one candidate (if worth it); True when it became the best."""
-        options = [(True, candidate)]
-        return self.speculation().first_accepted(self, options, pass_name) is not None
-
-    def run_pass(self, source_pass: SourcePass) -> None:
-        name = source_pass.__name__
-        generator = source_pass(self.best, self.context)
-        try:
-            step = next(generator)
-            while True:
-                if isinstance(step, Options):
-                    answer: Any = self.speculation().first_accepted(self, step.items, name)
-                else:
-                    answer = self.consider(step, name)
-                step = generator.send(answer)
-        except StopIteration:
-            return
-        finally:
-            generator.close()
-
-    def run(self) -> str:
-        """Run every pass until a whole round changes nothing; the reason it stopped."""
-        try:
-            while True:
-                before = self.best
-                for source_pass in self.passes:
-                    self.run_pass(source_pass)
-                if self.best == before:
-                    return "fixed point"
-        except BudgetSpent as exc:
-            return exc.reason
-        finally:
-            if self._speculation is not None:
-                self._speculation.close()
-
-    def _emit(self, event: SourceEvent) -> None:
-        if self.on_event is not None:
-            self.on_event(event)
+from reprocut.source.fixed_point import Check, SourceReducer, reproduces
+from reprocut.source.passes import PASSES, PassContext, SourcePass
+from reprocut.source.results import SourceEvent, SourceResult
+from reprocut.source.size import count_lines, count_small_statements
+from reprocut.source.speculation import CallableChecks, Checks, check_alone, default_slots
 
 
 def reduce_source(

@@ -70,7 +70,7 @@ def contended(verdict: Any) -> bool:
 
 
 class Reducer(Protocol):
-    """What the speculation needs of the reducer (reprocut.source.reducer.SourceReducer)."""
+    """What the speculation needs of the reducer (reprocut.source.fixed_point.SourceReducer)."""
 
     def admissible(self, candidate: str) -> bool: ...
 

@@ -1,0 +1,163 @@
+"""The fixed-point loop of the source reducer: every pass, again, until a round changes nothing.
+
+The same greedy loop as the op-level shrinker, over module texts instead of ReproCases.
+`SourceReducer` holds the best script and its bookkeeping (the budget, the texts already
+tried, the accepted count per pass) and is the one place the best changes: `admissible` checks
+"strictly smaller" (`reprocut.source.size`) before a run is paid for, `take` checks "same
+failure" after. A pass's `Options` run several at a time (`reprocut.source.speculation`),
+their verdicts taken in the pass's order, so the result is the one-at-a-time result. Setting
+the checks up and finishing the result is `reprocut.source.reducer`'s.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from reprocut.model.case import Signature
+from reprocut.source.passes import PASSES, PassContext, SourcePass, calls_focus
+from reprocut.source.passes.tree import Options
+from reprocut.source.results import SourceAccepted, SourceChecked, SourceEvent
+from reprocut.source.size import count_lines, sort_key
+from reprocut.source.speculation import BudgetSpent, CallableChecks, Checks, Speculation
+
+# check(code) -> a Verdict from reprocut.check.oracle (anything with `.signature` that failed), or,
+# for pure predicates and fresh-process checks, the Signature seen (None: it passed).
+Check = Callable[[str], Any]
+
+
+def signature_of(verdict: Any) -> Signature | None:
+    """The failure a check saw: a Verdict's signature, a bare Signature, or None (passed)."""
+    if verdict is None or isinstance(verdict, Signature):
+        return verdict
+    signature = getattr(verdict, "signature", None)
+    return signature if isinstance(signature, Signature) else None
+
+
+def reproduces(verdict: Any, expected: Signature) -> bool:
+    """Same bug? The oracle's Verdict says so itself (Reproduced); a bare Signature from a
+    plain check is compared with `expected`."""
+    if isinstance(verdict, Signature):
+        return verdict.matches(expected)
+    if verdict is None:
+        return False
+    from reprocut.check.oracle import Reproduced
+
+    return isinstance(verdict, Reproduced)
+
+
+@dataclass
+class SourceReducer:
+    """Greedy reduction to a fixed point; `best` changes only in `consider`."""
+
+    best: str
+    expected: Signature
+    check: Check
+    context: PassContext
+    passes: Sequence[SourcePass] = PASSES
+    max_checks: int = 500
+    max_time: float = 300.0
+    on_event: Callable[[SourceEvent], None] | None = None
+    checks: int = 0  # runs paid for so far (the caller may count its initial check)
+    started: float = field(default_factory=time.monotonic)
+    accepted: dict[str, int] = field(default_factory=dict)
+    seen: set[str] = field(default_factory=set, repr=False)
+    parallel: int = 1  # with `check`: run it on this many threads at once (it must allow that)
+    runner: Checks | None = None  # how candidates run (default: `check`, `parallel` at a time)
+    stop: Callable[[], str | None] | None = None  # a reason to stop now, asked with the budget
+    _keys: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
+    _speculation: Speculation | None = field(default=None, repr=False)
+
+    def key(self, code: str) -> tuple[int, ...]:
+        """`sort_key`, once per text (the best is compared with every candidate)."""
+        found = self._keys.get(code)
+        if found is None:
+            found = self._keys[code] = sort_key(code, self.context.search_dirs)
+        return found
+
+    def drops_focus(self, candidate: str) -> bool:
+        """Would the candidate lose the failing call (the launch) the best still makes? A repro
+        must keep calling the kernel or helper that failed, not re-raise its error by hand."""
+        focus = self.context.focus
+        return bool(calls_focus(self.best, focus)) and calls_focus(candidate, focus) is False
+
+    def is_same_failure(self, verdict: Any) -> bool:
+        return reproduces(verdict, self.expected)
+
+    def admissible(self, candidate: str) -> bool:
+        """Worth a run: not a repeat, strictly smaller, still making the failing call."""
+        if candidate in self.seen or self.key(candidate) >= self.key(self.best):
+            return False
+        return not self.drops_focus(candidate)
+
+    def out_of_budget(self, in_flight: int = 0) -> str | None:
+        if self.checks + in_flight >= self.max_checks:
+            return "max checks"
+        if time.monotonic() - self.started >= self.max_time:
+            return "max time"
+        return self.stop() if self.stop is not None else None
+
+    def take(self, candidate: str, verdict: Any, pass_name: str) -> bool:
+        """A candidate's verdict, in the pass's order: the only place `best` changes."""
+        self.seen.add(candidate)
+        self.checks += 1
+        ok = self.is_same_failure(verdict)
+        self._emit(SourceChecked(pass_name, self.checks, ok))
+        if not ok:
+            return False
+        self.best = candidate
+        self.accepted[pass_name] = self.accepted.get(pass_name, 0) + 1
+        self._emit(SourceAccepted(pass_name, candidate, count_lines(candidate), self.checks))
+        return True
+
+    @property
+    def discarded(self) -> int:
+        return 0 if self._speculation is None else self._speculation.discarded
+
+    def speculation(self) -> Speculation:
+        if self._speculation is None:
+            runner = self.runner or CallableChecks(self.check, self.parallel)
+            self._speculation = Speculation(runner)
+        return self._speculation
+
+    def consider(self, candidate: str, pass_name: str = "") -> bool:
+        """Run one candidate (if worth it); True when it became the best."""
+        options = [(True, candidate)]
+        return self.speculation().first_accepted(self, options, pass_name) is not None
+
+    def run_pass(self, source_pass: SourcePass) -> None:
+        name = source_pass.__name__
+        generator = source_pass(self.best, self.context)
+        try:
+            step = next(generator)
+            while True:
+                if isinstance(step, Options):
+                    answer: Any = self.speculation().first_accepted(self, step.items, name)
+                else:
+                    answer = self.consider(step, name)
+                step = generator.send(answer)
+        except StopIteration:
+            return
+        finally:
+            generator.close()
+
+    def run(self) -> str:
+        """Run every pass until a whole round changes nothing; the reason it stopped."""
+        try:
+            while True:
+                before = self.best
+                for source_pass in self.passes:
+                    self.run_pass(source_pass)
+                if self.best == before:
+                    return "fixed point"
+        except BudgetSpent as exc:
+            return exc.reason
+        finally:
+            if self._speculation is not None:
+                self._speculation.close()
+
+    def _emit(self, event: SourceEvent) -> None:
+        if self.on_event is not None:
+            self.on_event(event)

@@ -1,0 +1,47 @@
+"""What a source reduction hands out: events as it goes, a SourceResult at the end.
+
+The loop emits the events (a candidate checked, a smaller script accepted: the caller saves
+it and shows progress) and the entry point builds the result; callers read both without the
+machinery that made them, so they live on their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SourceAccepted:
+    """A smaller script that still fails the same way (the caller may save it)."""
+
+    pass_name: str
+    code: str
+    lines: int
+    checks: int
+
+
+@dataclass(frozen=True, slots=True)
+class SourceChecked:
+    """One candidate was run."""
+
+    pass_name: str
+    checks: int
+    accepted: bool
+
+
+SourceEvent = SourceAccepted | SourceChecked
+
+
+@dataclass(frozen=True, slots=True)
+class SourceResult:
+    code: str
+    statements: int
+    lines: int
+    checks: int
+    seconds: float
+    accepted: tuple[tuple[str, int], ...]  # (pass name, accepted candidates), passes in order
+    stopped: str  # "fixed point", "max checks", "max time"
+    original_lines: int = 0
+    parallel: int = 1  # candidates checked at once
+    discarded: int = 0  # speculative checks whose verdicts were not needed (not in `checks`)
+    preloaded: tuple[str, ...] = ()  # packages the fork server imported for every check

@@ -1,0 +1,74 @@
+"""The size order: which of two scripts is simpler, and the counts a result reports.
+
+Every acceptance of the source reducer asks one question, "is this candidate strictly smaller
+than the best?", so the order that answers it is one total order (`sort_key`) kept apart from
+the loop that applies it: passes and tests read it alone, and the reported line and statement
+counts measure a script the same way.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import libcst as cst
+
+from reprocut.source.passes import COMPOUND, integer_value, is_constant, parse, sibling_imports
+
+
+class _Measure(cst.CSTVisitor):
+    """Counts for the size order. A tensor built from literals counts as one node."""
+
+    def __init__(self) -> None:
+        self.compound = self.small = self.nodes = self.names = self.integers = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, COMPOUND):
+            self.compound += 1
+        elif isinstance(node, cst.BaseSmallStatement):
+            self.small += 1
+        if isinstance(node, cst.BaseExpression | cst.Arg):
+            self.nodes += 1
+            if is_constant(node) and isinstance(node, cst.Call):
+                return False
+        if isinstance(node, cst.Name):
+            self.names += 1
+        elif isinstance(node, cst.Integer):
+            self.integers += integer_value(node)
+        return True
+
+
+def sort_key(code: str, search_dirs: Sequence[Path] = ()) -> tuple[int, ...]:
+    """Smaller is simpler: imports of the user's own modules (a repro is one file), then
+    blocks (loops, branches, functions: a flat script is simpler), non-blank lines, statements,
+    expression nodes, variable names, the sum of integer constants, characters."""
+    module = parse(code)
+    if module is None:
+        return (sys.maxsize,)
+    measure = _Measure()
+    module.visit(measure)
+    lines = sum(1 for line in code.splitlines() if line.strip())
+    return (
+        len(sibling_imports(module, search_dirs)) if search_dirs else 0,
+        measure.compound,
+        lines,
+        measure.small,
+        measure.nodes,
+        measure.names,
+        measure.integers,
+        len(code),
+    )
+
+
+def count_lines(code: str) -> int:
+    return sum(1 for line in code.splitlines() if line.strip())
+
+
+def count_small_statements(code: str) -> int:
+    module = parse(code)
+    if module is None:
+        return 0
+    measure = _Measure()
+    module.visit(measure)
+    return measure.small + measure.compound
