@@ -6,13 +6,16 @@ Each case: `reprocut record` (scored against case.toml as run_corpus scores it),
 the other and with the same time limit, `reprocut shrink` of that recording and the generic reducer
 (shrinkray, as bench_source.py runs it: a fresh `python` per check, blocking launches) on the
 script; one after the other so that neither's checks compete with the other's for the GPU and the
-cores (`--beside`: both at once, as session 5 and 6's first runs did). Both results are then run
+cores (`--beside`: both at once). Both results are then run
 once more as plain `python repro.py` (no CUDA_LAUNCH_BLOCKING, from the folder it was written to)
 and must fail with the case's CUDA signature. The table gives: localized right, verified, shrink
 seconds, checks, repro lines and the compute-sanitizer finding shrink attached (memory errors),
-then the generic reducer's columns; the median shrink time is printed. Each case's repro.py,
-report.md and sanitizer.log are copied under OUT/faults/<case>/. Results are rewritten after every
-case, so a run stopped by a time limit still leaves a table. This process never touches CUDA.
+then the generic reducer's columns; the median shrink time is printed. Writes OUT/faults-<device>.md
+and .json (OUT: benchmarks/results by default; a rerun overwrites them), and copies each case's
+repro.py, report.md, sanitizer.log and shrink's JSON and stderr to OUT/faults-<device>-repros/ as
+<case>.py, <case>.report.md, <case>.sanitizer.log, <case>.shrink.json and <case>.shrink.stderr.
+Results are rewritten after every case, so a run stopped by a time limit still leaves a table.
+This process never touches CUDA.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ CASES = (
     "gnn_sparse_adjacency",
 )
 LOCALIZED = ("outcome", "op", "line", "step", "signature")
-COPIED = ("repro.py", "report.md", "sanitizer.log")
+# what shrink wrote -> the suffix of its copy, <case><suffix>, in the repros folder
+COPIED = {"repro.py": ".py", "report.md": ".report.md", "sanitizer.log": ".sanitizer.log"}
 
 
 @dataclass(frozen=True)
@@ -218,14 +222,14 @@ def bench_case(case: CorpusCase, root: Path, options: argparse.Namespace) -> Fau
             reduced,
             generic.result() if generic else run_generic(source, scratch, options),
         )
-    keep = options.out / "faults" / case.name
+    keep = repros_folder(options.out, options.device)
     keep.mkdir(parents=True, exist_ok=True)
-    for name in COPIED:
+    for name, suffix in COPIED.items():
         if (scratch / "repro" / name).exists():
-            shutil.copyfile(scratch / "repro" / name, keep / name)
+            shutil.copyfile(scratch / "repro" / name, keep / f"{case.name}{suffix}")
     # which passes were accepted, and shrink's last words: why a repro is as large as it is
-    (keep / "shrink.json").write_text(json.dumps(shrunk.data, indent=1, default=str))
-    (keep / "shrink.stderr").write_text(shrunk.stderr_tail)
+    (keep / f"{case.name}.shrink.json").write_text(json.dumps(shrunk.data, indent=1, default=str))
+    (keep / f"{case.name}.shrink.stderr").write_text(shrunk.stderr_tail)
     return row
 
 
@@ -267,8 +271,11 @@ def render(rows: list[FaultRow], meta: dict[str, Any]) -> str:
         + (f" ({meta['incomplete']})" if meta.get("incomplete") else ""),
         f"- command: `{meta['command']}`",
         f"- time limit {meta['max_time']:.0f} s per case for each reducer (`shrink --max-time`, "
-        f"shrinkray killed at it), {meta['check_timeout']:.0f} s per check; generic reducer: "
+        f"shrinkray killed at it), {meta['check_timeout']:.0f} s per check, "
+        f"{meta.get('jobs', '?')} cases at once; generic reducer: "
         f"shrinkray {meta.get('generic_version', '?')}",
+        f"- each case's repro.py, compute-sanitizer log and shrink JSON: "
+        f"`{repros_folder(Path('.'), meta['device']).name}/`",
         "",
         "`localized`: outcome, op (kernel), line, step and signature all right (case.toml). "
         "`verified`: the repro, run once more as a plain `python repro.py` (no "
@@ -320,9 +327,15 @@ def render(rows: list[FaultRow], meta: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def repros_folder(out: Path, device: str) -> Path:
+    """Where each case's repro and shrink output are copied: beside the table, one name per device."""
+    return out / f"faults-{device}-repros"
+
+
 def write(rows: list[FaultRow], meta: dict[str, Any], out: Path) -> Path:
+    """faults-<device>.md and .json in `out`, overwriting the last run's (the date is inside)."""
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"faults-{meta['device']}-{meta['date']}"
+    stem = f"faults-{meta['device']}"
     (out / f"{stem}.json").write_text(
         json.dumps({"meta": meta, "cases": [row.to_json() for row in rows]}, indent=1) + "\n"
     )
@@ -363,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python benchmarks/bench_faults.py", *(argv or sys.argv[1:])]),
         "max_time": options.max_time,
         "check_timeout": options.check_timeout,
+        "jobs": options.jobs,
         "generic_version": generic_reducer.version() if options.generic else "(not run)",
         **environment(options.device),
     }
@@ -388,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
         done = list(pool.map(one, cases))
-    shutil.rmtree(root, ignore_errors=True)  # what matters was copied to OUT/faults/
+    shutil.rmtree(root, ignore_errors=True)  # what matters was copied to the repros folder
     meta["wall_seconds"] = round(time.perf_counter() - started, 1)
     markdown = write(sorted(done, key=lambda r: r.case), meta, options.out)
     print(markdown.read_text())

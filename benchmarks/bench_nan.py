@@ -10,7 +10,8 @@ interleaved in the same run; ratios are over plain.
 Time to the producing op: `workloads/nan_late.py` makes a NaN at step --nan-at (>= 100) and
 trains on silently; `reprocut record --nan` (the run, stopped 5 steps later, then the rerun to
 that step) against a plain run of the script and a run under detect_anomaly, which raises in
-backward at the first node that returned NaN. Writes markdown and JSON with machine and date.
+backward at the first node that returned NaN. Writes benchmarks/results/nan-<device>.md and .json
+(or in --out) with the machine, date and command; a rerun overwrites them.
 """
 
 from __future__ import annotations
@@ -140,9 +141,10 @@ def main() -> None:
         "device_name": device_name(options.device),
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "command": " ".join(["python benchmarks/bench_nan.py", *sys.argv[1:]]),
     }
     options.out.mkdir(parents=True, exist_ok=True)
-    stem = options.out / f"nan-{options.device}-{today}"
+    stem = options.out / f"nan-{options.device}"
     stem.with_suffix(".json").write_text(json.dumps({**meta, **figures}, indent=2))
     stem.with_suffix(".md").write_text(render(meta, figures))
     print(render(meta, figures))
@@ -152,7 +154,8 @@ def render(meta: dict[str, str], figures: dict[str, dict]) -> str:
     lines = [
         f"# reprocut record --nan benchmark: {meta['device_name']} ({meta['device']})",
         "",
-        f"Date {meta['date']}, torch {meta['torch']}, Python {meta['python']}. Medians; loop = "
+        f"Date {meta['date']}, torch {meta['torch']}, Python {meta['python']}. "
+        f"Command: `{meta.get('command', '?')}`. Medians; loop = "
         "the training loop's own time (warm-up excluded), ratio over plain; total = process.",
         "",
         "## Overhead on healthy runs",

@@ -9,8 +9,9 @@ timeout and its own process group): the plain script (`python train.py`, the cra
 record`, `reprocut shrink` of that recording with its phases, and `reprocut record --shrink`
 (crash to verified repro.py in one command) with its phases. Medians at the bottom, against the
 goals of issue #13. Cases whose turn would start past --budget seconds are listed as skipped,
-so one device call stays within its limit. Writes benchmarks/results/pipeline-<device>-<date>
-.md and .json with the date, device, torch version and machine.
+so one device call stays within its limit. Writes benchmarks/results/pipeline-<device>.md and
+.json (pipeline-<device>-<tag>.* with --tag) with the date, device, torch version and machine;
+a rerun overwrites them.
 """
 
 from __future__ import annotations
@@ -334,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def write(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         figures = medians(rows)
-        stem = f"pipeline-{options.device}-{meta['date']}"
+        stem = f"pipeline-{options.device}"
         stem += f"-{options.tag}" if options.tag else ""
         text = render(meta, rows, figures)
         (options.out / f"{stem}.md").write_text(text)

@@ -9,7 +9,8 @@ Overhead: the training loop's own wall time (printed by the workload as LOOP_SEC
 excluded) under `reprocut record` over a plain `python` run; total process time alongside.
 Time to culprit: a script failing at step >= 100, `reprocut record` (one pass + localization)
 against the plain `CUDA_LAUNCH_BLOCKING=1 python train.py` rerun a user would do by hand.
-Writes markdown (and JSON) with the machine and date.
+Writes benchmarks/results/record-<device>.md and .json (or in --out) with the machine, date and
+command; a rerun overwrites them.
 """
 
 from __future__ import annotations
@@ -182,9 +183,10 @@ def main() -> None:
         "device_name": device_name(options.device),
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "command": " ".join(["python benchmarks/bench_record.py", *sys.argv[1:]]),
     }
     options.out.mkdir(parents=True, exist_ok=True)
-    stem = options.out / f"record-{options.device}-{today}"
+    stem = options.out / f"record-{options.device}"
     stem.with_suffix(".json").write_text(json.dumps({**meta, **figures}, indent=2))
     stem.with_suffix(".md").write_text(render(meta, figures))
     print(render(meta, figures))
@@ -208,6 +210,7 @@ def render(meta: dict[str, str], figures: dict[str, dict]) -> str:
         f"# reprocut record benchmark: {meta['device_name']} ({meta['device']})",
         "",
         f"Date {meta['date']}, torch {meta['torch']}, Python {meta['python']}. "
+        f"Command: `{meta.get('command', '?')}`. "
         "Medians; loop = the training loop's own time (warm-up excluded); total = whole process.",
         "",
         "## Overhead on healthy runs",

@@ -2,7 +2,7 @@
 checks, final statements and tensor elements per single-op family; on CPU, optionally, a generic
 reducer (shrinkray, installed for the benchmark only) on the same failing scripts.
 
-    python benchmarks/bench_shrink.py                  # CPU, writes benchmarks/results/shrink-cpu-<date>.md
+    python benchmarks/bench_shrink.py                  # CPU, writes benchmarks/results/shrink-cpu.md
     python benchmarks/bench_shrink.py --device cuda    # on a GPU machine
     python benchmarks/bench_shrink.py --generic 120    # + shrinkray vs reprocut, 120 s each per script
 
@@ -285,7 +285,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     options = parser.parse_args()
     today = datetime.date.today().isoformat()
-    out = options.out or ROOT / "benchmarks" / "results" / f"shrink-{options.device}-{today}.md"
+    out = options.out or ROOT / "benchmarks" / "results" / f"shrink-{options.device}.md"
     lines = [
         f"# reprocut shrink benchmark ({options.device}, {today})",
         "",

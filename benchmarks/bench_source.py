@@ -10,7 +10,9 @@ clean copy of the case folder, to verify it. Reported: checks, seconds, final si
 
 shrinkray is installed for the benchmark only (`pip install shrinkray`; `SHRINKRAY=/path/to/it`
 runs one installed for another Python); without it, its rows say so. Corpus cases that are
-missing are skipped with a note. Every child runs with a timeout.
+missing are skipped with a note. Every child runs with a timeout. Writes
+benchmarks/results/source-<device>.md (or --out) with the machine, date and command; a rerun
+overwrites it.
 """
 
 from __future__ import annotations
@@ -354,7 +356,8 @@ def report(
         "",
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cores; "
-        f"time limit {options.max_time:.0f} s per case and reducer, {options.timeout:.0f} s per check.",
+        f"time limit {options.max_time:.0f} s per case and reducer, {options.timeout:.0f} s per check. "
+        f"Command: `{' '.join(['python benchmarks/bench_source.py', *sys.argv[1:]])}`.",
         "",
         "Both reducers accept a candidate only when a run fails with the recorded signature "
         "(reprocut: its oracle's fork server; shrinkray: a fresh `python` per check). "

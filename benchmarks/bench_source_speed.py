@@ -13,6 +13,8 @@ counted); its result is verified by a fresh run, as in bench_source.py. Configur
     python benchmarks/bench_source_speed.py --device cuda --configs sequential parallel --jobs 3
 
 `--jobs J` runs J cases side by side (each case's configurations still one after another).
+Writes benchmarks/results/source-speed-<device>.md and .json (or --out) with the machine, date and
+command; a rerun overwrites them.
 """
 
 from __future__ import annotations
@@ -154,7 +156,8 @@ def report(rows: list[dict], skipped: list[str], options: argparse.Namespace, wa
         f"{platform.node() or 'host'}, Python {platform.python_version()}, {platform.machine()}, "
         f"{os.cpu_count()} cores; limit {options.max_time:.0f} s per run, {options.timeout:.0f} s "
         f"per check; parallel = {options.parallel} candidates at once; {options.jobs} case(s) "
-        f"side by side; wall time {wall:.0f} s.",
+        f"side by side; wall time {wall:.0f} s. Command: "
+        f"`{' '.join(['python benchmarks/bench_source_speed.py', *sys.argv[1:]])}`.",
         "",
         "`checks`: verdicts the reducer used (a one-at-a-time run's count); `discarded`: "
         "speculative checks cancelled or dropped once an earlier candidate was accepted; "

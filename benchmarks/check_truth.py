@@ -7,7 +7,7 @@ Each case runs `benchmarks/truth_probe.py` in a fresh process (CUDA_LAUNCH_BLOCK
 so the faulting call raises where it is made), with a timeout and its own process group. The
 kernel assertion lines on the child's stderr are classified with reprocut.model.signature, then
 compared with case.toml: culprit file and line, step, error code / type, kind, op. Writes
-benchmarks/results/truth-<device>-<date>.md; a case whose truth holds can have its
+benchmarks/results/truth-<device>.md (the date inside); a case whose truth holds can have its
 `verified = false` flag flipped. This process never imports torch.
 """
 
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'ok ' if not problems else 'BAD'} {case.name} {problems}", file=sys.stderr)
     date = dt.date.today().isoformat()
     options.out.mkdir(parents=True, exist_ok=True)
-    path = options.out / f"truth-{options.device}-{date}.md"
+    path = options.out / f"truth-{options.device}.md"
     text = [
         f"# corpus ground truth on {options.device} ({date})",
         "",

@@ -91,10 +91,11 @@ def render_markdown(scores: list[CaseScore], meta: dict[str, Any]) -> str:
 def write_results(
     scores: list[CaseScore], meta: dict[str, Any], out_dir: Path
 ) -> tuple[Path, Path]:
-    """Write corpus-<device>-<date>.md and .json; returns both paths."""
+    """Write corpus-<device>.md and .json (corpus-<device>-<tag>.* for a tagged partial run),
+    overwriting the last run's: the date is inside. Returns both paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = f"-{meta['tag']}" if meta.get("tag") else ""
-    stem = out_dir / f"corpus-{meta['device']}-{meta['date']}{tag}"
+    stem = out_dir / f"corpus-{meta['device']}{tag}"
     markdown, twin = stem.with_suffix(".md"), stem.with_suffix(".json")
     markdown.write_text(render_markdown(scores, meta))
     payload = {

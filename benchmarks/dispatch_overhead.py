@@ -13,6 +13,9 @@ rounds alternated so drift hits every way alike; the best round of each way is r
   round starts a new recorder at step 0, so 7 of a round's 50 steps record every op.
 
     python benchmarks/dispatch_overhead.py [--device cuda] [--rounds 5] [--out FILE.md]
+
+Writes benchmarks/results/dispatch-overhead-<device>.md (or --out) with the machine, date and
+command; a rerun overwrites it.
 """
 
 from __future__ import annotations
@@ -118,7 +121,8 @@ def main() -> None:
         "",
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {device or platform.machine()}, "
         f"torch {torch.__version__}, Python {platform.python_version()}; launch-bound MLP, best of "
-        f"{args.rounds} rounds of {args.steps} steps.",
+        f"{args.rounds} rounds of {args.steps} steps. Command: "
+        f"`{' '.join(['python benchmarks/dispatch_overhead.py', *sys.argv[1:]])}`.",
         "",
         "| way | ms per step | vs plain |",
         "|---|---|---|",
@@ -126,8 +130,8 @@ def main() -> None:
     ]
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        args.out.write_text(text)
+    out = args.out or ROOT / "benchmarks" / "results" / f"dispatch-overhead-{args.device}.md"
+    out.write_text(text)
 
 
 if __name__ == "__main__":

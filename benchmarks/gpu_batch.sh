@@ -19,19 +19,25 @@
 #            default list: STAGES=speed, about 7 minutes (SPEED_CONFIGS=parallel: about 4)
 #   faults   issue #11 (~5 min, at most FAULTS_LIMIT): the memcheck and agreement cuda tests beside
 #            benchmarks/bench_faults.py: record + shrink of the 8 custom-kernel / library-error
-#            corpus cases (FAULTS_JOBS at once), each shrink beside the generic reducer with the
-#            same limit (FAULTS_MAX_TIME s); shrinkray comes from $SHRINKRAY, PATH, or the wheels
+#            corpus cases (FAULTS_JOBS at once), each shrink then the generic reducer with the
+#            same limit (FAULTS_MAX_TIME s); faults-cuda.md/.json and faults-cuda-repros/;
+#            shrinkray comes from $SHRINKRAY, PATH, or the wheels
 #            carried in .whl/shrinkray (installed into a virtual environment of its own)
 #   profile  issue #14: benchmarks/profile_record.py --device cuda (plain, record, record --nan on
 #            the launch-bound loop, 3 rounds, then one profiled run of each; ~2 min, at most
 #            PROFILE_LIMIT); not in the default list: STAGES=profile
 # Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
-# (*_LIMIT, seconds); logs and result files go to $OUT (or benchmarks/results/logs).
+# (*_LIMIT, seconds). Result files go to $OUT (default benchmarks/results) under their current
+# names (faults-cuda.md, corpus-cuda.md, ...: the date is inside), overwriting the last run's;
+# logs go to $OUT/logs (cuda-tests.log, source-cuda-tests.log, faults-cuda-tests.log,
+# nan-cuda-tests.log, ranks-cuda-tests.log, one per benchmark); benchmarks/results/gpu-tests.md
+# sums up the test logs.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-benchmarks/results/logs}
+OUT=${OUT:-benchmarks/results}
+LOGS=$OUT/logs
 STAGES=${STAGES:-tests source_tests record source corpus shrink nan ranks}
-mkdir -p "$OUT"
+mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 # the commit this tree is (the device copy's git metadata is stale): .whl/COMMIT, written by the caller
 [ -f .whl/COMMIT ] && export REPROCUT_COMMIT=$(cat .whl/COMMIT)
@@ -40,31 +46,31 @@ stage_tests() {
     timeout -k 10 "${TESTS_LIMIT:-330}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 4 \
         --timeout 240 --ignore tests/test_source_reducer.py --ignore tests/test_nan.py \
         --ignore tests/test_nan_flags.py \
-        --ignore tests/test_ranks_cuda.py ${TESTS:-tests/} >"$OUT/gpu_tests.log" 2>&1
-    echo "pytest exit $?" >>"$OUT/gpu_tests.log"
-    grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_tests.log"
+        --ignore tests/test_ranks_cuda.py ${TESTS:-tests/} >"$LOGS/cuda-tests.log" 2>&1
+    echo "pytest exit $?" >>"$LOGS/cuda-tests.log"
+    grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$LOGS/cuda-tests.log"
 }
 
 stage_source_tests() {
     timeout -k 10 "${SOURCE_TESTS_LIMIT:-540}" python3 -m pytest -v -p no:cacheprovider -m cuda \
-        -n 3 --timeout 530 tests/test_source_reducer.py >"$OUT/gpu_source_tests.log" 2>&1
-    echo "pytest exit $?" >>"$OUT/gpu_source_tests.log"
-    grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_source_tests.log"
+        -n 3 --timeout 530 tests/test_source_reducer.py >"$LOGS/source-cuda-tests.log" 2>&1
+    echo "pytest exit $?" >>"$LOGS/source-cuda-tests.log"
+    grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$LOGS/source-cuda-tests.log"
 }
 
 stage_record() {
     timeout -k 10 "${RECORD_LIMIT:-300}" python3 benchmarks/bench_record.py --device cuda \
-        --repeats "${RECORD_REPEATS:-2}" --out "$OUT" >"$OUT/bench_record.log" 2>&1
-    echo "bench_record exit $?" >>"$OUT/bench_record.log"
-    tail -25 "$OUT/bench_record.log"
+        --repeats "${RECORD_REPEATS:-2}" --out "$OUT" >"$LOGS/bench_record.log" 2>&1
+    echo "bench_record exit $?" >>"$LOGS/bench_record.log"
+    tail -25 "$LOGS/bench_record.log"
 }
 
 stage_profile() {
     timeout -k 10 "${PROFILE_LIMIT:-300}" python3 benchmarks/profile_record.py --device cuda \
         --rounds "${PROFILE_ROUNDS:-3}" --out "$OUT/profile-record-cuda.md" \
-        >"$OUT/profile_record.log" 2>&1
-    echo "profile_record exit $?" >>"$OUT/profile_record.log"
-    head -12 "$OUT/profile-record-cuda.md" 2>/dev/null || tail -5 "$OUT/profile_record.log"
+        >"$LOGS/profile_record.log" 2>&1
+    echo "profile_record exit $?" >>"$LOGS/profile_record.log"
+    head -12 "$OUT/profile-record-cuda.md" 2>/dev/null || tail -5 "$LOGS/profile_record.log"
 }
 
 stage_source() {
@@ -73,52 +79,54 @@ stage_source() {
     for name in ${SOURCE_CASES:-cuda_triton_expand_bias cuda_cupy_misaligned_vec4 cuda_cupy_contiguous_pe}; do
         timeout -k 10 "${SOURCE_LIMIT:-560}" python3 benchmarks/bench_source.py --device cuda \
             --max-time "${SOURCE_MAX_TIME:-120}" --timeout 60 --cases "$name" \
-            --out "$OUT/source-$name.md" >"$OUT/bench_source-$name.log" 2>&1 &
+            --out "$LOGS/source-cuda-$name.md" >"$LOGS/bench_source-$name.log" 2>&1 &
     done
     wait
-    grep -hE "^\| cuda" "$OUT"/source-*.md
+    # source-cuda.md: the per-case tables, one after another
+    cat "$LOGS"/source-cuda-*.md >"$OUT/source-cuda.md"
+    grep -hE "^\| cuda" "$OUT/source-cuda.md"
 }
 
 stage_corpus() {
     # CORPUS_CASES: name parts to run (a partial run, tagged "partial": merge it with --merge)
     timeout -k 10 "${CORPUS_LIMIT:-380}" python3 benchmarks/run_corpus.py --device cuda --jobs "${CORPUS_JOBS:-6}" \
         --timeout "${CORPUS_TIMEOUT:-200}" --out "$OUT" \
-        ${CORPUS_CASES:+--cases $CORPUS_CASES --tag partial} >"$OUT/corpus.log" 2>&1
-    echo "corpus exit $?" >>"$OUT/corpus.log"
-    tail -3 "$OUT/corpus.log"
+        ${CORPUS_CASES:+--cases $CORPUS_CASES --tag partial} >"$LOGS/corpus.log" 2>&1
+    echo "corpus exit $?" >>"$LOGS/corpus.log"
+    tail -3 "$LOGS/corpus.log"
 }
 
 stage_shrink() {
     timeout -k 10 "${SHRINK_LIMIT:-110}" python3 benchmarks/bench_shrink.py --device cuda \
-        --repeats 5 --max-time 20 --out "$OUT/shrink-cuda.md" >"$OUT/bench_shrink.log" 2>&1
-    echo "bench_shrink exit $?" >>"$OUT/bench_shrink.log"
-    tail -3 "$OUT/bench_shrink.log"
+        --repeats 5 --max-time 20 --out "$OUT/shrink-cuda.md" >"$LOGS/bench_shrink.log" 2>&1
+    echo "bench_shrink exit $?" >>"$LOGS/bench_shrink.log"
+    tail -3 "$LOGS/bench_shrink.log"
 }
 
 stage_pipeline() {
     # one case at a time; no case starts after PIPELINE_BUDGET s, so the stage ends within ~8 min
     timeout -k 10 "${PIPELINE_LIMIT:-470}" python3 benchmarks/bench_pipeline.py --device cuda \
         --budget "${PIPELINE_BUDGET:-330}" --timeout 120 --out "$OUT" \
-        ${PIPELINE_CASES:+--cases $PIPELINE_CASES} >"$OUT/bench_pipeline.log" 2>&1
-    echo "bench_pipeline exit $?" >>"$OUT/bench_pipeline.log"
-    tail -22 "$OUT/bench_pipeline.log"
+        ${PIPELINE_CASES:+--cases $PIPELINE_CASES} >"$LOGS/bench_pipeline.log" 2>&1
+    echo "bench_pipeline exit $?" >>"$LOGS/bench_pipeline.log"
+    tail -22 "$LOGS/bench_pipeline.log"
 }
 
 stage_nan_tests() {
     # the NaN/inf origin cuda tests (9 corpus cases, 3 at a time) and the per-step check's
     # reuse of pinned buffers and events (one 40-step loop)
     timeout -k 10 "${NAN_TESTS_LIMIT:-150}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 3 \
-        --timeout 140 tests/test_nan.py tests/test_nan_flags.py >"$OUT/gpu_nan_tests.log" 2>&1
-    echo "pytest exit $?" >>"$OUT/gpu_nan_tests.log"
-    grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$OUT/gpu_nan_tests.log"
+        --timeout 140 tests/test_nan.py tests/test_nan_flags.py >"$LOGS/nan-cuda-tests.log" 2>&1
+    echo "pytest exit $?" >>"$LOGS/nan-cuda-tests.log"
+    grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$LOGS/nan-cuda-tests.log"
 }
 
 stage_nan_bench() {
     # --nan's overhead and time to the producing op: run it with nothing else on the machine
     timeout -k 10 "${NAN_LIMIT:-210}" python3 benchmarks/bench_nan.py --device cuda \
-        --repeats "${NAN_REPEATS:-1}" --out "$OUT" >"$OUT/bench_nan.log" 2>&1
-    echo "bench_nan exit $?" >>"$OUT/bench_nan.log"
-    tail -22 "$OUT/bench_nan.log"
+        --repeats "${NAN_REPEATS:-1}" --out "$OUT" >"$LOGS/bench_nan.log" 2>&1
+    echo "bench_nan exit $?" >>"$LOGS/bench_nan.log"
+    tail -22 "$LOGS/bench_nan.log"
 }
 
 stage_nan() {
@@ -129,9 +137,9 @@ stage_nan() {
 stage_ranks() {
     # the two gloo jobs run side by side on the one GPU (the fixture); -rA: their progress lines
     timeout -k 10 "${RANKS_LIMIT:-330}" python3 -m pytest -v -rA -p no:cacheprovider -m cuda \
-        --timeout 300 tests/test_ranks_cuda.py >"$OUT/gpu_ranks.log" 2>&1
-    echo "pytest exit $?" >>"$OUT/gpu_ranks.log"
-    grep -hE "PASSED|FAILED|ERROR|SKIPPED|passed|failed|exit" "$OUT/gpu_ranks.log"
+        --timeout 300 tests/test_ranks_cuda.py >"$LOGS/ranks-cuda-tests.log" 2>&1
+    echo "pytest exit $?" >>"$LOGS/ranks-cuda-tests.log"
+    grep -hE "PASSED|FAILED|ERROR|SKIPPED|passed|failed|exit" "$LOGS/ranks-cuda-tests.log"
 }
 
 install_shrinkray() {
@@ -140,7 +148,7 @@ install_shrinkray() {
     if [ -n "${SHRINKRAY:-}" ] || command -v shrinkray >/dev/null || [ ! -d .whl/shrinkray ]; then
         return 0
     fi
-    local log="$OUT/shrinkray_install.log" venv=/tmp/reprocut-shrinkray
+    local log="$LOGS/shrinkray_install.log" venv=/tmp/reprocut-shrinkray
     if python3 -m venv "$venv" >>"$log" 2>&1 &&
         "$venv/bin/pip" install -q --no-index --find-links .whl/shrinkray shrinkray >>"$log" 2>&1; then
         export SHRINKRAY="$venv/bin/shrinkray"
@@ -158,26 +166,26 @@ stage_speed() {
         --configs ${SPEED_CONFIGS:-sequential parallel} --jobs "${SPEED_JOBS:-3}" \
         --parallel "${SPEED_PARALLEL:-4}" --max-time "${SPEED_MAX_TIME:-90}" --timeout 60 \
         --cases ${SPEED_CASES:-cuda_triton_expand_bias cuda_cupy_misaligned_vec4 cuda_cupy_contiguous_pe cuda_triton_int32_offsets cuda_cupy_hashed_ids cuda_cublas_transposed_keys} \
-        --out "$OUT/source-speed-cuda.md" >"$OUT/bench_source_speed.log" 2>&1
-    echo "bench_source_speed exit $?" >>"$OUT/bench_source_speed.log"
-    grep -hE "^\| cuda|exit" "$OUT/source-speed-cuda.md" "$OUT/bench_source_speed.log"
+        --out "$OUT/source-speed-cuda.md" >"$LOGS/bench_source_speed.log" 2>&1
+    echo "bench_source_speed exit $?" >>"$LOGS/bench_source_speed.log"
+    grep -hE "^\| cuda|exit" "$OUT/source-speed-cuda.md" "$LOGS/bench_source_speed.log"
 }
 
 stage_faults() {
     # not in the default STAGES: run it with STAGES=faults, alone (~5 minutes; at most 7)
     install_shrinkray
     timeout -k 10 "${FAULTS_TESTS_LIMIT:-120}" python3 -m pytest -v -p no:cacheprovider -m cuda \
-        --timeout 110 tests/test_sanitizer.py tests/test_agreement.py >"$OUT/gpu_faults_tests.log" 2>&1 &
+        --timeout 110 tests/test_sanitizer.py tests/test_agreement.py >"$LOGS/faults-cuda-tests.log" 2>&1 &
     local tests=$!
     timeout -k 10 "${FAULTS_LIMIT:-420}" python3 benchmarks/bench_faults.py --device cuda \
         --jobs "${FAULTS_JOBS:-8}" --max-time "${FAULTS_MAX_TIME:-60}" --check-timeout 30 \
         --record-timeout 150 --tail 180 --out "$OUT" ${FAULTS_CASES:+--cases $FAULTS_CASES} \
-        >"$OUT/bench_faults.log" 2>&1
-    echo "bench_faults exit $?" >>"$OUT/bench_faults.log"
+        >"$LOGS/bench_faults.log" 2>&1
+    echo "bench_faults exit $?" >>"$LOGS/bench_faults.log"
     wait "$tests"
-    echo "pytest exit $?" >>"$OUT/gpu_faults_tests.log"
-    grep -hE "PASSED|FAILED|ERROR|SKIPPED|passed|failed|exit" "$OUT/gpu_faults_tests.log"
-    grep -hE "^\| |Median|exit" "$OUT/bench_faults.log" | tail -14
+    echo "pytest exit $?" >>"$LOGS/faults-cuda-tests.log"
+    grep -hE "PASSED|FAILED|ERROR|SKIPPED|passed|failed|exit" "$LOGS/faults-cuda-tests.log"
+    grep -hE "^\| |Median|exit" "$LOGS/bench_faults.log" | tail -14
 }
 
 for stage in $STAGES; do

@@ -10,7 +10,9 @@ in this process under the Recorder as the child builds it (light steps on GPU ru
 recorded, and recorded with `--nan`, each in a fresh process, `rounds` times interleaved; the
 best and median ms per step of each. Then one profiled run of each recorded way: reprocut's own functions by
 time spent in them and by cumulative time. The profile inflates Python's share; the per-step
-figures come from the unprofiled runs. Writes markdown (with machine and date) to --out.
+figures come from the unprofiled runs. Writes markdown (with machine, date and command) to --out,
+by default benchmarks/results/profile-record-<device>.md (profile-record-light-cpu.md with
+--light-cpu); a rerun overwrites it.
 
 `--light-cpu` runs on the CPU what a GPU run does after its first steps: light steps (only the
 asserting ops seen, by the tripwire), the function mode off, foreach Adam, and snapshots taken
@@ -202,7 +204,8 @@ def main() -> None:
         "",
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {device_label(args.device)}, "
         f"Python {platform.python_version()}, {os.cpu_count()} CPUs; {args.steps} steps, "
-        f"{args.rounds} rounds interleaved{how}.",
+        f"{args.rounds} rounds interleaved{how}. Command: "
+        f"`{' '.join(['python benchmarks/profile_record.py', *sys.argv[1:]])}`.",
         "",
         "| way | best ms per step | vs plain | reprocut's own ms per step | median ms per step |",
         "|---|---|---|---|---|",
@@ -225,8 +228,9 @@ def main() -> None:
                 lines += ["```", callees(profile, pattern), "```"]
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        args.out.write_text(text)
+    name = "profile-record-light-cpu" if args.light_cpu else f"profile-record-{args.device}"
+    out = args.out or Path(__file__).resolve().parent / "results" / f"{name}.md"
+    out.write_text(text)
 
 
 def label(way: str, path: Path | None) -> str:

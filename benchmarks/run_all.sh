@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Refresh every GPU figure in one command: the corpus table on CUDA, then the record and shrink
-# benchmarks when their scripts exist. Each part runs under its own timeout; logs (and copies of
-# every result file) go to $OUT when it is set, else to benchmarks/results/logs/.
+# benchmarks when their scripts exist. Each part runs under its own timeout. Result files go to
+# benchmarks/results/ under their current names (corpus-<device>.md/.json, record-<device>.md/.json,
+# shrink-<device>.md, truth-<device>.md: the date is inside), overwriting the last run's; logs (and
+# copies of every result file) go to $OUT when it is set, else logs to benchmarks/results/logs/.
 #
 #   benchmarks/run_all.sh                    # corpus + record + shrink on cuda
 #   benchmarks/run_all.sh corpus             # just the corpus table
 #   benchmarks/run_all.sh truth              # ground truth without reprocut (flip verified=false)
-#   CASES="cuda_ gnn" TAG=part1 benchmarks/run_all.sh corpus    # a subset, its own result file
+#   CASES="cuda_ gnn" TAG=part1 benchmarks/run_all.sh corpus    # a subset: corpus-<device>-part1.*
 #
 # Env: DEVICE (cuda), JOBS (corpus cases at once, 3), CASES (name filters), TAG (result suffix),
 #      TIMEOUT_CORPUS (560 s: the device allows 600 s a command; the table is rewritten after every case, so a cut run still leaves one), TIMEOUT_RECORD (900 s), TIMEOUT_SHRINK (900 s), NO_SHRINK=1.

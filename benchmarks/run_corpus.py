@@ -7,8 +7,9 @@
 Each case runs in its own scratch directory (its own `.reprocut/`), as subprocesses with a
 timeout and their own process group, so a hung or crashed run is a scored failure, not a hung
 harness. This process never imports torch or touches CUDA: the device facts come from a child.
-Writes benchmarks/results/corpus-<device>-<date>.md and .json; `--baseline FILE` exits 1 if a
-check that passed in the baseline fails now, `--update-baseline FILE` rewrites it.
+Writes benchmarks/results/corpus-<device>.md and .json (the date inside; a rerun overwrites them;
+`--tag T` writes corpus-<device>-T.* instead, for a partial run to `--merge`); `--baseline FILE`
+exits 1 if a check that passed in the baseline fails now, `--update-baseline FILE` rewrites it.
 """
 
 from __future__ import annotations

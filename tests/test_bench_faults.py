@@ -15,7 +15,9 @@ from benchmarks.bench_faults import (  # noqa: E402
     Reduced,
     count_code_lines,
     render,
+    repros_folder,
     source_case,
+    write,
 )
 from benchmarks.corpus_cases import CORPUS, load_case  # noqa: E402
 from benchmarks.corpus_score import CaseScore  # noqa: E402
@@ -73,3 +75,16 @@ def test_code_lines_leave_out_the_header_only():
     assert count_code_lines(code) == 3
     assert count_code_lines("import torch\ntorch.ones(1)\n") == 2
     assert count_code_lines("def (:\n") is None
+
+
+def test_results_keep_one_name_per_device_and_a_rerun_overwrites(tmp_path):
+    meta = {"device": "cuda", "date": "2026-12-01", "command": "bench", "max_time": 30,
+            "check_timeout": 30, "jobs": 4}  # fmt: skip
+    row = FaultRow("gnn_sparse_adjacency", "sparse", score("gnn_sparse_adjacency"))
+    first = write([row], meta, tmp_path)
+    second = write([row], {**meta, "date": "2026-12-02"}, tmp_path)
+    assert first == second == tmp_path / "faults-cuda.md"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["faults-cuda.json", "faults-cuda.md"]
+    text = second.read_text()
+    assert "2026-12-02" in text and "4 cases at once" in text and "`faults-cuda-repros/`" in text
+    assert repros_folder(tmp_path, "cuda") == tmp_path / "faults-cuda-repros"

@@ -17,7 +17,7 @@ from benchmarks.corpus_cases import (  # noqa: E402
     culprit_markers,
     load_case,
 )
-from benchmarks.corpus_report import render_markdown  # noqa: E402
+from benchmarks.corpus_report import render_markdown, write_results  # noqa: E402
 from benchmarks.corpus_score import (  # noqa: E402
     RunOutput,
     base_op,
@@ -245,6 +245,22 @@ def test_totals_and_markdown(case: CorpusCase) -> None:
     assert "| emb_case **pass** | fail | ✓ |" in text
     assert "| other | fail | ✗ |" in text
     assert "**1/2 cases pass**" in text
+
+
+def test_results_keep_one_name_per_device_and_a_rerun_overwrites(
+    case: CorpusCase, tmp_path: Path
+) -> None:
+    score = score_case(case, "cpu", RunOutput(0, record_json(), 2.0), RunOutput(0, SHRINK_OK, 4))
+    meta = {"device": "cpu", "date": "2026-01-01", "device_name": "x", "torch": "2.13",
+            "python": "3.11", "platform": "linux", "command": "run"}  # fmt: skip
+    out = tmp_path / "results"
+    write_results([score], meta, out)
+    markdown, twin = write_results([score], {**meta, "date": "2026-01-02"}, out)
+    assert (markdown.name, twin.name) == ("corpus-cpu.md", "corpus-cpu.json")
+    assert sorted(p.name for p in out.iterdir()) == ["corpus-cpu.json", "corpus-cpu.md"]
+    assert "2026-01-02" in markdown.read_text()
+    partial, _ = write_results([score], {**meta, "tag": "partial"}, out)
+    assert partial.name == "corpus-cpu-partial.md"
 
 
 def test_parse_json_finds_the_object_after_other_output() -> None:

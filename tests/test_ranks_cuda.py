@@ -3,7 +3,7 @@ cases with CUDA tensors (DEVICE=cuda), two ranks sharing the one GPU over gloo, 
 accept CUDA tensors. The faulting rank's device-side assert surfaces later (in DDP's all-reduce
 or at a step boundary); reprocut must still name that rank, its op, line and step, and shrink
 its recording to a single-process CUDA repro. When that rank dies before reporting (on the H200
-in session 4 it did, by SIGSEGV), the job runs again with it synchronized at its last steps.
+it did, by SIGSEGV or SIGABRT), the job runs again with it synchronized at its last steps.
 The two jobs run side by side, each on its own rendezvous port; a failed assertion prints what
 every rank left on its stderr, in each run of the job. With two GPUs or more, the NCCL form
 runs too (one GPU per rank: NCCL refuses two ranks on one GPU)."""

@@ -118,8 +118,8 @@ def test_a_fault_launched_by_the_scripts_last_statement_is_caught(tmp_path):
     assert report["status"] == "outside-dispatcher"
     assert report["source"]["line"] == culprit_line(script)
     assert report["signature"]["error_code"] == 700
-    # On the H200 it surfaced in the launch line itself (session 2, calls 10-12), even behind
-    # queued matrix products; where it does not, the wait at the script's end catches it.
+    # On the H200 it surfaced in the launch line itself, even behind queued matrix products;
+    # where it does not, the wait at the script's end catches it.
     surfaced = report["surfaced_at"]
     assert surfaced["line"] == culprit_line(script) or "end of script" in surfaced["text"]
 

@@ -1,7 +1,7 @@
 """Every process reprocut starts ends when reprocut ends, however reprocut ends.
 
 Children run in process groups of their own (so that a timeout kills a script's whole tree), which
-also means a terminal's Ctrl-C, a scheduler's SIGTERM or a closed session's SIGHUP reaches only
+also means a terminal's Ctrl-C, a scheduler's SIGTERM or a closed terminal's SIGHUP reaches only
 reprocut: left alone, the user's script would run on under PID 1, holding its GPU. Two halves:
 
 - reprocut's side: each child's group is `owned` while it runs; SIGTERM, SIGHUP and SIGINT kill
