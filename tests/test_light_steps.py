@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as module_hooks
 
-import reprocut.record.ops as ops_module
-import reprocut.record.public as public_module
-from reprocut.record.capture import ASSERTING_OPS
-from reprocut.record.recorder import Recorder, RecorderConfig
+import reprocut.record.inside.ops as ops_module
+import reprocut.record.inside.public as public_module
+from reprocut.record.inside.capture import ASSERTING_OPS
+from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from reprocut.record.nonfinite import StepFlags
-from reprocut.record.recorder import Recorder, RecorderConfig
+from reprocut.record.inside.nonfinite import StepFlags
+from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
 _INF = float("inf")
 
@@ -188,7 +188,7 @@ import json, sys
 from pathlib import Path
 import torch
 import torch.nn.functional as F
-from reprocut.record.recorder import Recorder, RecorderConfig
+from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
 torch.manual_seed(0)
 flag_buffers, snapshot_buffers, targets, matches = {}, {}, {}, []

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprocut.record.recorder import Recorder, RecorderConfig
+from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
 
 class Encoder(torch.nn.Module):
@@ -152,7 +152,7 @@ class FakeEvent:
 def test_snapshots_live_until_their_step_completes_then_release_their_copies(tmp_path, monkeypatch):
     """The CUDA snapshot path, on CPU tensors: evidence is copied before each asserting op, the
     JSON is built only when asked, and a completed step's copies leave the store."""
-    import reprocut.record.ops as recorder_module
+    import reprocut.record.inside.ops as recorder_module
 
     monkeypatch.setattr(recorder_module, "_touches_cuda", lambda args, kwargs: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)

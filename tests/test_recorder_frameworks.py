@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprocut.record.frames import UserFrames
-from reprocut.record.loops import LoopCounters
-from reprocut.record.recorder import Recorder, RecorderConfig
+from reprocut.record.inside.frames import UserFrames
+from reprocut.record.inside.loops import LoopCounters
+from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
 
 def read_ops(run_dir):

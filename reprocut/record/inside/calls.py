@@ -13,10 +13,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from reprocut.model.publicapi import public_name
-from reprocut.record.ops import is_cuda_error
+from reprocut.record.inside.ops import is_cuda_error
 
 if TYPE_CHECKING:
-    from reprocut.record.recorder import Recorder
+    from reprocut.record.inside.recorder import Recorder
 
 
 class CallRecorder(TorchFunctionMode):

@@ -22,20 +22,20 @@ import torch
 from torch.overrides import _get_current_function_mode
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from reprocut.record.calls import CallRecorder
-from reprocut.record.capture import ASSERTING_OPS, HeldCall, TensorStore
-from reprocut.record.finite_watch import OpWatch
-from reprocut.record.frames import StackView, UserFrames, module_calls
-from reprocut.record.host_ring import EventPool
-from reprocut.record.loops import LoopCounters
-from reprocut.record.modules import ModuleNames
-from reprocut.record.nonfinite import StepFlags, watch_backward
-from reprocut.record.ops import OpRecorder, spec_tuple
-from reprocut.record.outcome import report_early
-from reprocut.record.public import PublicCalls
-from reprocut.record.records import Culprit, Snapshot, StepState
-from reprocut.record.trace import TraceWriter
-from reprocut.record.tripwire import Tripwire
+from reprocut.record.inside.calls import CallRecorder
+from reprocut.record.inside.capture import ASSERTING_OPS, HeldCall, TensorStore
+from reprocut.record.inside.finite_watch import OpWatch
+from reprocut.record.inside.frames import StackView, UserFrames, module_calls
+from reprocut.record.inside.host_ring import EventPool
+from reprocut.record.inside.loops import LoopCounters
+from reprocut.record.inside.modules import ModuleNames
+from reprocut.record.inside.nonfinite import StepFlags, watch_backward
+from reprocut.record.inside.ops import OpRecorder, spec_tuple
+from reprocut.record.inside.outcome import report_early
+from reprocut.record.inside.public import PublicCalls
+from reprocut.record.inside.records import Culprit, Snapshot, StepState
+from reprocut.record.inside.trace import TraceWriter
+from reprocut.record.inside.tripwire import Tripwire
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 

@@ -21,10 +21,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from reprocut.model.recording import INPUTS_FILE, atomic_write
-from reprocut.record.frameworks import imported_frameworks
+from reprocut.record.inside.frameworks import imported_frameworks
 
 if TYPE_CHECKING:
-    from reprocut.record.recorder import Recorder
+    from reprocut.record.inside.recorder import Recorder
 
 OUTCOME_FILE = "outcome.json"
 _MAIN_PID = os.getpid()  # a forked DataLoader worker inherits this: its culprits are not written

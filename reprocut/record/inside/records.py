@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from reprocut.model.case import SourceLocation
-from reprocut.record.capture import HeldCall
+from reprocut.record.inside.capture import HeldCall
 
 
 @dataclass

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from reprocut.model.nonfinite import BORN, ENTERED, FROM_INF
-from reprocut.record.capture import MAX_CAPTURED_ELEMENTS, HeldCall, HeldList, HeldTensor
-from reprocut.record.capture import _scalar_json as scalar_json
-from reprocut.record.nonfinite import unrecorded
+from reprocut.record.inside.capture import MAX_CAPTURED_ELEMENTS, HeldCall, HeldList, HeldTensor
+from reprocut.record.inside.capture import _scalar_json as scalar_json
+from reprocut.record.inside.nonfinite import unrecorded
 
 if TYPE_CHECKING:
-    from reprocut.record.ops import OpRecorder
-    from reprocut.record.recorder import Recorder
+    from reprocut.record.inside.ops import OpRecorder
+    from reprocut.record.inside.recorder import Recorder
 
 CHAIN_LENGTH = 6
 MAX_CLONED_ELEMENTS = 1 << 26  # in-place ops writing more than this are not copied first

@@ -24,17 +24,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from reprocut.model.case import SourceLocation
 from reprocut.model.publicapi import aten_name, aten_path
 from reprocut.model.signature import is_cuda_failure
-from reprocut.record.capture import (
+from reprocut.record.inside.capture import (
     ASSERTING_OPS,
     HeldList,
     HeldTensor,
     capture_call,
     hold_call,
 )
-from reprocut.record.records import Culprit, Snapshot
+from reprocut.record.inside.records import Culprit, Snapshot
 
 if TYPE_CHECKING:
-    from reprocut.record.recorder import Recorder
+    from reprocut.record.inside.recorder import Recorder
 
 
 class OpRecorder(TorchDispatchMode):

@@ -12,8 +12,8 @@ from types import CodeType, FrameType
 from typing import Any
 
 from reprocut.model.publicapi import public_name
-from reprocut.record.capture import HeldCall, TensorStore, hold_call
-from reprocut.record.ops import on_cpu
+from reprocut.record.inside.capture import HeldCall, TensorStore, hold_call
+from reprocut.record.inside.ops import on_cpu
 
 
 class PublicCalls:
