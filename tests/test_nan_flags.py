@@ -196,7 +196,7 @@ flag_buffers, snapshot_buffers, targets, matches = {}, {}, {}, []
 
 def check_snapshots(recorder):  # every snapshot not yet retired holds its own step's target
     torch.cuda.synchronize()
-    for snapshot in recorder.all_snapshots():
+    for snapshot in recorder.state.all_snapshots():
         if snapshot.op == "aten::nll_loss_forward":
             copy = recorder.store.tensors[snapshot.call.args[1].key]
             matches.append((snapshot.step, bool(torch.equal(copy, targets[snapshot.step]))))

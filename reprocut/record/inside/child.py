@@ -24,7 +24,7 @@ from reprocut.check import lifeline
 from reprocut.model.case import SourceLocation
 from reprocut.model.recording import atomic_write
 from reprocut.record.inside.main_module import run_main
-from reprocut.record.inside.outcome import OUTCOME_FILE, error_json, recorded_state, write_early
+from reprocut.record.inside.outcome import OUTCOME_FILE, error_json, recorded_state
 
 NONFINITE_INPUTS_FILE = "nonfinite-inputs.pt"
 
@@ -106,18 +106,19 @@ def main(config_path: str) -> None:
             "error": error_json(exc),
             "traceback": user_traceback(exc),
             "surfaced_at": _location_json(surfaced),
-            "last_op": recorder.last_op,
+            "last_op": recorder.state.last_op,
             "loop": recorder.loops.from_traceback(exc.__traceback__),
             "interrupted": isinstance(exc, KeyboardInterrupt),
             "failed_at": time.time(),  # under torchrun: which rank failed first
         }
         sys.stderr.write(outcome["traceback"])
-        write_early(recorder, outcome)  # before closing and teardown, which may crash
+        recorder.early.write(outcome)  # before closing and teardown, which may crash
     finally:
         torch.compile = original_compile  # type: ignore[assignment]
         light_step = recorder.light_step  # read before close(), which turns the modes off
         recorder.close()
-    outcome.update(recorded_state(recorder, light_step, failed=outcome["status"] == "failed"))
+    failed = outcome["status"] == "failed"
+    outcome.update(recorded_state(recorder.state, light_step, failed=failed))
     outcome["compiled"] = compiled
     if recorder.flags is not None:
         recorder.flags.flush(recorder.state.step)

@@ -6,8 +6,9 @@ an event on the broken context, `destroy_process_group`, atexit, each can abort 
 (on the H200 a torchrun rank died by SIGSEGV, or SIGABRT, before it wrote its outcome, and its
 snapshots were lost with it). So the outcome, with the culprit, the snapshots and inputs.pt, is
 written early, marked `"early": true`, and child.py's final outcome overwrites it:
-- when the recorder notes the culprit (an op raised with all earlier work complete: ops.py,
-  calls.py), in the thread the op ran in, before the exception leaves the op;
+- when the hooks note the culprit (an op raised with all earlier work complete: ops.py,
+  calls.py, through `EarlyOutcome.note_culprit`, which the recorder hands them), in the thread
+  the op ran in, before the exception leaves the op;
 - when the exception reaches child.py, before the recorder closes and the process tears down.
 Nothing here calls CUDA: host copies only, saved as `TensorStore.save` saves them.
 """
@@ -17,14 +18,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from reprocut.model.recording import INPUTS_FILE, atomic_write
+from reprocut.record.inside.capture import TensorStore
 from reprocut.record.inside.frameworks import imported_frameworks
-
-if TYPE_CHECKING:
-    from reprocut.record.inside.recorder import Recorder
+from reprocut.record.inside.records import Culprit
+from reprocut.record.inside.state import RunState
 
 OUTCOME_FILE = "outcome.json"
 _MAIN_PID = os.getpid()  # a forked DataLoader worker inherits this: its culprits are not written
@@ -39,51 +42,65 @@ def error_json(exc: BaseException) -> dict[str, Any]:
     }
 
 
-def recorded_state(recorder: Recorder, light_step: bool, *, failed: bool) -> dict[str, Any]:
+def recorded_state(state: RunState, light_step: bool, *, failed: bool) -> dict[str, Any]:
     """What the recorder holds for the outcome: where the script was, its culprit, snapshots."""
     return {
-        "step": recorder.state.step,
+        "step": state.step,
         "light_step": light_step,  # only asserting ops seen: no in-process culprit
-        "phase": recorder.state.phase() if failed else None,
+        "phase": state.phase() if failed else None,
         "frameworks": imported_frameworks(),
-        "culprit": None if recorder.culprit is None else recorder.culprit.to_json(),
-        "snapshots": [s.to_json() for s in recorder.all_snapshots()],
-        "healthy_through": recorder.healthy_through,
+        "culprit": None if state.culprit is None else state.culprit.to_json(),
+        "snapshots": [s.to_json() for s in state.all_snapshots()],
+        "healthy_through": state.healthy_through,
     }
 
 
-def report_early(recorder: Recorder, error: BaseException | None) -> None:
-    """The recorder just noted its culprit while `error` is being handled: write the outcome."""
-    if error is None or os.getpid() != _MAIN_PID:
-        return
-    write_early(
-        recorder,
-        {
-            "status": "failed",
-            "exit_code": 1,
-            "error": error_json(error),
-            "traceback": "",
-            "surfaced_at": None,
-            "last_op": recorder.last_op,
-            "loop": {},
-            "interrupted": False,
-            "failed_at": time.time(),  # under torchrun: which rank failed first
-        },
-    )
+class EarlyOutcome:
+    """Writes the run's outcome as it stands, the moment a failure is known. `--nan` runs
+    (`enabled` False) keep their own order of writes."""
 
+    def __init__(self, state: RunState, store: TensorStore, run_dir: Path, *, enabled: bool):
+        self.state = state
+        self.store = store
+        self.run_dir = run_dir
+        self.enabled = enabled
 
-def write_early(recorder: Recorder, outcome: dict[str, Any]) -> None:
-    """inputs.pt, then outcome.json, as the recorder holds them now; best effort (the final
-    outcome follows if the process lives). `--nan` runs keep their own order of writes."""
-    if recorder.flags is not None or recorder.op_watch is not None:
-        return
-    import torch
+    def note_culprit(self, culprit: Culprit) -> None:
+        """The first culprit is the run's; its outcome is written at once (called while its
+        error is being handled)."""
+        if self.state.culprit is None:
+            self.state.culprit = culprit
+            self.report(sys.exc_info()[1])
 
-    run_dir = recorder.config.run_dir
-    with contextlib.suppress(Exception):
-        # the copies and the save are reprocut's, not the script's ops: no mode sees them
-        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
-            state = recorded_state(recorder, recorder.light_step, failed=True)
-            recorder.store.save(run_dir / INPUTS_FILE)
-        text = json.dumps({**outcome, **state, "early": True}, indent=1, default=str)
-        atomic_write(run_dir / OUTCOME_FILE, text)
+    def report(self, error: BaseException | None) -> None:
+        """The culprit was just noted while `error` is being handled: write the outcome."""
+        if error is None or os.getpid() != _MAIN_PID:
+            return
+        self.write(
+            {
+                "status": "failed",
+                "exit_code": 1,
+                "error": error_json(error),
+                "traceback": "",
+                "surfaced_at": None,
+                "last_op": self.state.last_op,
+                "loop": {},
+                "interrupted": False,
+                "failed_at": time.time(),  # under torchrun: which rank failed first
+            }
+        )
+
+    def write(self, outcome: dict[str, Any]) -> None:
+        """inputs.pt, then outcome.json, as the run holds them now; best effort (the final
+        outcome follows if the process lives)."""
+        if not self.enabled:
+            return
+        import torch
+
+        with contextlib.suppress(Exception):
+            # the copies and the save are reprocut's, not the script's ops: no mode sees them
+            with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+                state = recorded_state(self.state, self.state.light_step, failed=True)
+                self.store.save(self.run_dir / INPUTS_FILE)
+            text = json.dumps({**outcome, **state, "early": True}, indent=1, default=str)
+            atomic_write(self.run_dir / OUTCOME_FILE, text)
