@@ -122,12 +122,12 @@ class Recorder:
             optimizer_hooks.register_optimizer_step_pre_hook(self._on_optimizer_enter),
             optimizer_hooks.register_optimizer_step_post_hook(self._on_optimizer_exit),
         ]
-        recorder = self
+        state = self.state
         original = torch.optim.Optimizer.__init__
         self._original_optimizer_init = original
 
         def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
-            recorder.state.optimizer_seen = True
+            state.optimizer_seen = True
             original(optimizer, *args, **kwargs)
 
         torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
