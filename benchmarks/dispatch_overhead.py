@@ -63,7 +63,7 @@ def make_step(device: str) -> Callable[[], None]:
 
 @contextmanager
 def recorder(run_dir: Path, light_steps: bool) -> Iterator[None]:
-    from reprocut.record.recorder import Recorder, RecorderConfig
+    from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
     run_dir = Path(tempfile.mkdtemp(dir=run_dir))
     rec = Recorder(RecorderConfig(run_dir=run_dir, light_steps=light_steps))

@@ -58,15 +58,18 @@ def workload(
         zero = torch.zeros(())
         torch._foreach_norm = lambda tensors, ord=2, **kwargs: [zero] * len(tensors)
 
-    from reprocut.record.recorder import Recorder, RecorderConfig
+    from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
     if light_cpu:  # snapshots and public captures as for CUDA tensors
         import importlib
 
-        import reprocut.record.ops as ops_module
+        import reprocut.record.inside.ops as ops_module
 
         ops_module._touches_cuda = lambda args, kwargs: True
-        for name in ("reprocut.record.recorder", "reprocut.record.public"):  # older checkouts
+        for name in (
+            "reprocut.record.inside.recorder",
+            "reprocut.record.inside.public",
+        ):  # older checkouts
             with contextlib.suppress(ImportError):
                 module = importlib.import_module(name)
                 if hasattr(module, "on_cpu"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from reprocut.model.tensors import spec_of
-from reprocut.record.capture import TensorStore, capture_call, hold_call
+from reprocut.record.inside.capture import TensorStore, capture_call, hold_call
 
 
 def test_held_call_gives_the_json_of_specs_read_at_capture_time():

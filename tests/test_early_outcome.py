@@ -1,7 +1,7 @@
-"""The outcome is written the moment the culprit is known (record/outcome.py), so a process that
-never returns to reprocut's own reporting code still leaves its culprit, snapshots and inputs:
-here a script that ends itself with os._exit in its error handler (on a GPU: a rank killed by
-a gloo worker or teardown after its device assert)."""
+"""The outcome is written the moment the culprit is known (record/inside/outcome.py), so a
+process that never returns to reprocut's own reporting code still leaves its culprit, snapshots
+and inputs: here a script that ends itself with os._exit in its error handler (on a GPU: a rank
+killed by a gloo worker or teardown after its device assert)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ import sys
 
 import torch
 
-from reprocut.record.frames import UserFrames
-from reprocut.record.loops import LoopCounters
+from reprocut.record.inside.frames import UserFrames
+from reprocut.record.inside.loops import LoopCounters
 
 TORCH_DIR = os.path.dirname(torch.__file__)
 # a function whose code says it is torch's, calling back into user code as torch's own do

@@ -18,7 +18,7 @@ from reprocut.cli import main
 from reprocut.commands.record import split_args
 from reprocut.model.errors import ExitCode
 from reprocut.model.launch import Launch, LaunchError
-from reprocut.record.launch import locate, module_file, parse_launch
+from reprocut.record.parent.launch import locate, module_file, parse_launch
 
 SHOW = """\
 import json, os, sys

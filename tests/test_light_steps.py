@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as module_hooks
 
-import reprocut.record.ops as ops_module
-import reprocut.record.public as public_module
-from reprocut.record.capture import ASSERTING_OPS
-from reprocut.record.recorder import Recorder, RecorderConfig
+import reprocut.record.inside.ops as ops_module
+import reprocut.record.inside.public as public_module
+from reprocut.record.inside.capture import ASSERTING_OPS
+from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ def test_a_light_step_copies_the_cross_entropy_target_once_for_its_three_uses(tm
         assert recorder.light_step
         loss = F.cross_entropy(model(ids), labels)
         loss.backward()
-        snapshots = {s.op: s for s in recorder.snapshots}
+        snapshots = {s.op: s for s in recorder.state.snapshots}
         forward = snapshots["aten::nll_loss_forward"].to_json()
         backward = snapshots["aten::nll_loss_backward"].to_json()
         public = forward["public"]
@@ -81,12 +81,12 @@ def test_a_light_step_copies_the_cross_entropy_target_once_for_its_three_uses(tm
         embed = snapshots["aten::embedding"].to_json()
         embed_backward = snapshots["aten::embedding_dense_backward"].to_json()
         assert key(embed["call"], "indices") == key(embed_backward["call"], "indices")
-        step_keys = {k for s in recorder.snapshots for k in s.captured_keys()}
+        step_keys = {k for s in recorder.state.snapshots for k in s.captured_keys()}
         assert step_keys == {target, key(embed["call"], "indices")}
         optimizer.step()  # the step ends: the next one copies afresh
         loss = F.cross_entropy(model(ids), labels)
         loss.backward()
-        next_keys = {k for s in recorder.snapshots for k in s.captured_keys()}
+        next_keys = {k for s in recorder.state.snapshots for k in s.captured_keys()}
         assert len(next_keys) == 2 and not next_keys & step_keys
     finally:
         recorder.close()
@@ -103,7 +103,7 @@ def test_a_tensor_changed_in_place_between_two_ops_gets_a_copy_of_each_version(t
         ids.data[0, 0] = 0  # through .data: the version the copy was taken at stays
         F.embedding(ids.clone(), weight)  # another object with the same values
         first, second, third = (
-            s.to_json() for s in recorder.snapshots if s.op == "aten::embedding"
+            s.to_json() for s in recorder.state.snapshots if s.op == "aten::embedding"
         )
         keys = [
             s["call"]["args"][1]["tensor"]["values"]["captured"] for s in (first, second, third)
@@ -124,7 +124,7 @@ def test_an_inference_tensor_has_no_version_and_is_copied_each_time(tmp_path, gp
     try:
         F.embedding(ids, weight)
         F.embedding(ids, weight)
-        keys = {k for s in recorder.snapshots for k in s.captured_keys()}
+        keys = {k for s in recorder.state.snapshots for k in s.captured_keys()}
         assert len(keys) == 4  # the op's ids and the public call's, at each of the two calls
         assert all(recorder.store.tensors[k].tolist() == [[4, 5]] for k in keys)
     finally:
@@ -146,7 +146,7 @@ def test_light_steps_drop_the_module_hooks_and_name_modules_from_the_stack(tmp_p
             if step == 3:
                 loss = F.cross_entropy(model(ids), labels)
                 loss.backward()
-                embed, *_, embed_backward = recorder.snapshots
+                embed, *_, embed_backward = recorder.state.snapshots
                 assert (embed.op, embed.module) == ("aten::embedding", "model.embed")
                 # the node learnt its forward line from the snapshot: backward's call site
                 assert embed_backward.op == "aten::embedding_dense_backward"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reprocut.record.line_sync import LineSync
+from reprocut.record.inside.line_sync import LineSync
 
 
 class FakeDevice:

@@ -25,8 +25,8 @@ from reprocut.model.case import Literal, ReproCase, TensorSpec
 from reprocut.model.nonfinite import Ended, Link, NonfiniteOrigin, offending
 from reprocut.model.recording import ErrorInfo, Failure
 from reprocut.model.signature import classify, is_nonfinite, nonfinite_signature
-from reprocut.record.nonfinite import NonfiniteStop, StepFlags
-from reprocut.record.recorder import Recorder, RecorderConfig
+from reprocut.record.inside.nonfinite import NonfiniteStop, StepFlags
+from reprocut.record.inside.recorder import Recorder, RecorderConfig
 from reprocut.report.nonfinite import argument_texts, nonfinite_facts
 from reprocut.shrink.emitter import emit
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from reprocut.record.nonfinite import StepFlags
-from reprocut.record.recorder import Recorder, RecorderConfig
+from reprocut.record.inside.nonfinite import StepFlags
+from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
 _INF = float("inf")
 
@@ -188,7 +188,7 @@ import json, sys
 from pathlib import Path
 import torch
 import torch.nn.functional as F
-from reprocut.record.recorder import Recorder, RecorderConfig
+from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
 torch.manual_seed(0)
 flag_buffers, snapshot_buffers, targets, matches = {}, {}, {}, []
@@ -196,7 +196,7 @@ flag_buffers, snapshot_buffers, targets, matches = {}, {}, {}, []
 
 def check_snapshots(recorder):  # every snapshot not yet retired holds its own step's target
     torch.cuda.synchronize()
-    for snapshot in recorder.all_snapshots():
+    for snapshot in recorder.state.all_snapshots():
         if snapshot.op == "aten::nll_loss_forward":
             copy = recorder.store.tensors[snapshot.call.args[1].key]
             matches.append((snapshot.step, bool(torch.equal(copy, targets[snapshot.step]))))

@@ -26,9 +26,9 @@ from reprocut.model.errors import ExitCode
 from reprocut.model.job import rank_path
 from reprocut.model.launch import Launch, LaunchError
 from reprocut.model.recording import Failure, RunDir
-from reprocut.record.launch import parse_launch, torchrun_prefix
-from reprocut.record.ranks import RankRun
-from reprocut.record.runner import RunResult
+from reprocut.record.parent.launch import parse_launch, torchrun_prefix
+from reprocut.record.parent.runner import RunResult
+from reprocut.record.ranks.job import RankRun
 from reprocut.report.display.failure import failure_panel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -315,7 +315,7 @@ def test_launchers_are_recognized_and_split_where_torchrun_splits():
         "--max-restarts",
         "0",
         "--module",
-        "reprocut.record.rank",
+        "reprocut.record.ranks.rank",
         "/j/rank.config.json",
     ]
 

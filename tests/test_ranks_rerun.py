@@ -26,8 +26,10 @@ from reprocut.localize.ranks import localize_job
 from reprocut.model.errors import ExitCode
 from reprocut.model.job import rank_path
 from reprocut.model.recording import Failure, RunDir
-from reprocut.record.launch import locate, parse_launch
-from reprocut.record.ranks import (
+from reprocut.record.inside.trace import TraceWriter
+from reprocut.record.parent.launch import locate, parse_launch
+from reprocut.record.parent.runner import RunResult
+from reprocut.record.ranks.job import (
     JobRequest,
     JobResult,
     RankRun,
@@ -35,8 +37,6 @@ from reprocut.record.ranks import (
     end_ranks,
     node_id,
 )
-from reprocut.record.runner import RunResult
-from reprocut.record.trace import TraceWriter
 
 
 def job_command(script: Path) -> list[str]:

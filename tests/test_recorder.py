@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprocut.record.recorder import Recorder, RecorderConfig
+from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
 
 class Encoder(torch.nn.Module):
@@ -58,7 +58,7 @@ def test_culprit_on_cpu_has_op_module_source_and_inputs(tmp_path):
     with Recorder(RecorderConfig(run_dir=tmp_path)) as recorder:
         with pytest.raises(IndexError):
             model(ids)
-        culprit = recorder.culprit
+        culprit = recorder.state.culprit
     assert culprit is not None
     assert culprit.op == "aten::embedding"
     assert culprit.public_call == "torch.nn.functional.embedding"
@@ -74,7 +74,7 @@ def test_composite_public_call_is_the_culprit_when_no_aten_op_raises(tmp_path):
     with Recorder(RecorderConfig(run_dir=tmp_path)) as recorder:
         with pytest.raises(RuntimeError):
             F.one_hot(labels, num_classes=4)
-        culprit = recorder.culprit
+        culprit = recorder.state.culprit
     assert culprit is not None and culprit.op is None
     assert culprit.public_call == "torch.nn.functional.one_hot"
     assert culprit.public["args"][0]["tensor"]["values"]["captured"]
@@ -101,7 +101,7 @@ def test_a_cuda_error_surfacing_in_an_unsynchronized_op_is_not_its_own(tmp_path)
     with Recorder(RecorderConfig(run_dir=tmp_path)) as recorder:
         with pytest.raises(RuntimeError, match="device-side assert"):
             torch.ops.reprocut_test.surfaces_late(torch.ones(2))
-        assert recorder.culprit is None
+        assert recorder.state.culprit is None
 
 
 def test_snapshots_with_evidence_are_replayed_first():
@@ -132,7 +132,7 @@ def test_the_localize_window_opens_and_closes_at_step_boundaries(tmp_path):
     config = RecorderConfig(run_dir=tmp_path, localize_from=1, localize_to=2)
     with Recorder(config) as recorder:
         for _ in range(4):
-            seen.append(recorder.localizing)
+            seen.append(recorder.state.localizing)
             train(model, optimizer, ids, 1)
     assert seen == [False, True, True, False]
 
@@ -152,7 +152,7 @@ class FakeEvent:
 def test_snapshots_live_until_their_step_completes_then_release_their_copies(tmp_path, monkeypatch):
     """The CUDA snapshot path, on CPU tensors: evidence is copied before each asserting op, the
     JSON is built only when asked, and a completed step's copies leave the store."""
-    import reprocut.record.ops as recorder_module
+    import reprocut.record.inside.ops as recorder_module
 
     monkeypatch.setattr(recorder_module, "_touches_cuda", lambda args, kwargs: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
@@ -164,7 +164,7 @@ def test_snapshots_live_until_their_step_completes_then_release_their_copies(tmp
     ids = torch.randint(0, 10, (2, 5))
     with Recorder(RecorderConfig(run_dir=tmp_path)) as recorder:
         train(model, optimizer, ids, 2)
-        snapshots = recorder.all_snapshots()
+        snapshots = recorder.state.all_snapshots()
         assert [(s.step, s.op) for s in snapshots] == [
             (0, "aten::embedding"),
             (0, "aten::embedding_dense_backward"),
@@ -183,6 +183,6 @@ def test_snapshots_live_until_their_step_completes_then_release_their_copies(tmp
 
         FakeEvent.done = True
         train(model, optimizer, ids, 1)
-        assert recorder.all_snapshots() == []
-        assert recorder.healthy_through == 2
+        assert recorder.state.all_snapshots() == []
+        assert recorder.state.healthy_through == 2
         assert recorder.store.tensors == {}

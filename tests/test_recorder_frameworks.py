@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprocut.record.frames import UserFrames
-from reprocut.record.loops import LoopCounters
-from reprocut.record.recorder import Recorder, RecorderConfig
+from reprocut.record.inside.frames import UserFrames
+from reprocut.record.inside.loops import LoopCounters
+from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
 
 def read_ops(run_dir):
@@ -52,7 +52,7 @@ def test_a_loss_made_inside_forward_is_named_after_its_nearest_real_parent(tmp_p
         model(x, torch.tensor([0, 1]))
         with pytest.raises(IndexError):
             model(x, torch.tensor([0, 3]))
-        culprit = recorder.culprit
+        culprit = recorder.state.culprit
     assert culprit is not None and culprit.op == "aten::nll_loss_forward"
     assert culprit.module == "model"  # not "model.crossentropyloss", which does not exist
     names = {op[1] for op in read_ops(tmp_path)} - {None}
@@ -111,7 +111,7 @@ def test_a_culprit_in_a_closure_is_in_forward(tmp_path):
     with Recorder(RecorderConfig(run_dir=tmp_path)) as recorder:
         with pytest.raises(IndexError):
             optimizer.step(closure=closure)
-        culprit = recorder.culprit
+        culprit = recorder.state.culprit
     assert culprit is not None and culprit.phase == "forward"
 
 
@@ -146,7 +146,7 @@ def test_the_call_site_is_the_library_line_that_called_torch(tmp_path, library):
     with Recorder(RecorderConfig(run_dir=tmp_path)) as recorder:
         with pytest.raises(IndexError):
             library.classification_loss(torch.randn(2, 3), torch.tensor([0, 3]))
-        culprit = recorder.culprit
+        culprit = recorder.state.culprit
     assert culprit is not None
     assert culprit.source is not None and culprit.source.file == __file__  # the user's line
     site = culprit.call_site
@@ -162,7 +162,7 @@ def test_the_call_site_of_a_direct_call_is_the_users_line(tmp_path):
     with Recorder(RecorderConfig(run_dir=tmp_path)) as recorder:
         with pytest.raises(IndexError):
             F.cross_entropy(torch.randn(2, 3), torch.tensor([0, 3]))
-        culprit = recorder.culprit
+        culprit = recorder.state.culprit
     assert culprit.call_site is not None
     assert (culprit.call_site.file, culprit.call_site.line) == (
         culprit.source.file,

@@ -25,7 +25,7 @@ from reprocut.model.case import (
 )
 from reprocut.model.recording import RunDir
 from reprocut.model.tensors import materialize, spec_of
-from reprocut.record.capture import MAX_CAPTURED_ELEMENTS, TensorStore, hold_call
+from reprocut.record.inside.capture import MAX_CAPTURED_ELEMENTS, TensorStore, hold_call
 from reprocut.shrink.emitter import emit
 from reprocut.shrink.passes import PASSES, shrink_dimensions
 from reprocut.shrink.shrinker import Shrinker

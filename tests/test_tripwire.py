@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprocut.record.recorder import Recorder, RecorderConfig
-from reprocut.record.tripwire import Tripwire
+from reprocut.record.inside.recorder import Recorder, RecorderConfig
+from reprocut.record.inside.tripwire import Tripwire
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -153,7 +153,7 @@ def localize_light(tmp_path: Path, script: Path):
     from reprocut.localize.failure import LocalizeOptions
     from reprocut.localize.localizer import localize
     from reprocut.model.recording import RunDir
-    from reprocut.record.runner import RunRequest, run_script
+    from reprocut.record.parent.runner import RunRequest, run_script
 
     run_dir = RunDir.create(tmp_path / "rec")
     first = run_script(

@@ -36,8 +36,8 @@ from reprocut.model.errors import (
 )
 from reprocut.model.launch import Launch
 from reprocut.model.recording import DEFAULT_ROOT, RunDir
-from reprocut.record.launch import locate, parse_launch, split_command
-from reprocut.record.runner import RunRequest, run_script
+from reprocut.record.parent.launch import locate, parse_launch, split_command
+from reprocut.record.parent.runner import RunRequest, run_script
 from reprocut.report.display.console import print_line
 from reprocut.report.display.failure import failure_json, show_failure
 

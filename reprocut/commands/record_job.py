@@ -5,7 +5,7 @@ The real torchrun runs the real script; every rank runs under the recorder into 
 rank is chosen from the ranks' own evidence, its first faulting op localized as for one process,
 and the report names it with one line per other rank. `reprocut shrink` (or `--shrink`) then
 shrinks the culprit rank's recording into a single-process repro.py. commands/record.py hands
-over every launch that record/launch.py parsed with a `torchrun` part.
+over every launch that record/parent/launch.py parsed with a `torchrun` part.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from reprocut.model.errors import STATUS_EXIT, ExitCode, ScriptDidNotFailError
 from reprocut.model.job import rank_path
 from reprocut.model.launch import Launch
 from reprocut.model.recording import RunDir
-from reprocut.record.ranks import JobRequest, node_id, open_job_dir, run_job
+from reprocut.record.ranks.job import JobRequest, node_id, open_job_dir, run_job
 from reprocut.report.display.failure import failure_json, show_failure
 
 

@@ -11,7 +11,7 @@ import linecache
 import re
 
 from reprocut.model.case import SourceLocation
-from reprocut.record.frames import is_user_file
+from reprocut.record.inside.frames import is_user_file
 
 _FATAL = re.compile(r"^Fatal Python error: (?P<what>.*)$", re.MULTILINE)
 _FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<function>.+)$')

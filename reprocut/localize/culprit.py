@@ -19,7 +19,7 @@ from reprocut.localize.failure import LocalizeOptions, error_info, finish, locat
 from reprocut.model.case import ReproCase, Signature, arg_from_json
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
 from reprocut.model.signature import parse_assertions
-from reprocut.record.runner import RunResult
+from reprocut.record.parent.runner import RunResult
 
 
 def names_op(culprit: dict[str, Any] | None) -> bool:

@@ -21,7 +21,7 @@ from reprocut.model.case import Signature, SourceLocation
 from reprocut.model.launch import Launch
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
 from reprocut.model.signature import classify, cuda_error_code, parse_assertions
-from reprocut.record.runner import RunResult
+from reprocut.record.parent.runner import RunResult
 
 Progress = Callable[[str], None]
 

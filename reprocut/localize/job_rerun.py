@@ -27,8 +27,8 @@ from reprocut.localize.localizer import localize
 from reprocut.localize.rerun import rerun
 from reprocut.model.job import JobRerun, RankEnd, tail_of
 from reprocut.model.recording import Failure, RunDir
-from reprocut.record.ranks import JobRequest, RankRun, RankTarget, run_job
-from reprocut.record.runner import RunResult
+from reprocut.record.parent.runner import RunResult
+from reprocut.record.ranks.job import JobRequest, RankRun, RankTarget, run_job
 
 DEFAULT_SPAN = 3  # steps synchronized when no step was known complete (CPU, or none retired)
 MAX_SPAN = 8  # at most this many steps synchronized, however far back the last healthy one

@@ -21,7 +21,7 @@ from reprocut.localize.failure import (
 from reprocut.localize.kernel_facts import kernel_facts
 from reprocut.model.case import SourceLocation, TensorSpec
 from reprocut.model.recording import Failure, TensorReport
-from reprocut.record.runner import RunResult
+from reprocut.record.parent.runner import RunResult
 from reprocut.report.diagnosis import DIAGNOSES, layout_facts
 
 

@@ -35,7 +35,7 @@ from reprocut.model.signature import (
     parse_assertions,
     signal_name,
 )
-from reprocut.record.runner import RunResult
+from reprocut.record.parent.runner import RunResult
 
 
 def localize(options: LocalizeOptions, first: RunResult, progress: Progress) -> Failure:

@@ -1,9 +1,10 @@
 """Where a NaN or inf came from: rerun to its step, check every op there, hand on the origin.
 
 Takes the first run's outcome: with `--nan`, the first step whose non-finite flag flipped
-(record/nonfinite.py); otherwise a Failure whose culprit's inputs held NaN or inf, or whose own
-message talks about it, and its step. Reruns the script to that step with finite checks around
-every op (record/finite_watch.py); when a step before it flipped in that rerun, reruns that one.
+(record/inside/nonfinite.py); otherwise a Failure whose culprit's inputs held NaN or inf, or
+whose own message talks about it, and its step. Reruns the script to that step with finite checks
+around every op (record/inside/finite_watch.py); when a step before it flipped in that rerun,
+reruns that one.
 Hands on a NonfiniteOrigin (op, step, phase, line, module, autograd node, facts, chain, and how
 the first run ended): attached to the Failure as it was, or, with `--nan`, as the Failure
 itself, whose case is the producing op ending in a finite check.
@@ -27,9 +28,9 @@ from reprocut.model.nonfinite import BORN, ENTERED, FROM_INF, Ended, Link, Nonfi
 from reprocut.model.recording import ErrorInfo, Failure, TensorReport
 from reprocut.model.signature import NONFINITE_ERROR, NONFINITE_MESSAGE, nonfinite_signature
 from reprocut.model.tensors import materialize_arg
-from reprocut.record.child import NONFINITE_INPUTS_FILE
-from reprocut.record.nonfinite import GRACE_STEPS
-from reprocut.record.runner import RunResult
+from reprocut.record.inside.child import NONFINITE_INPUTS_FILE
+from reprocut.record.inside.nonfinite import GRACE_STEPS
+from reprocut.record.parent.runner import RunResult
 from reprocut.report.nonfinite import DIAGNOSES, family, nonfinite_facts
 
 MENTIONS_NONFINITE = re.compile(r"\bnan\b|\binf\b|infinit|non-?finite|not finite", re.IGNORECASE)

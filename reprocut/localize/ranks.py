@@ -27,7 +27,7 @@ from reprocut.model.errors import ReprocutError, ScriptDidNotFailError, ScriptTi
 from reprocut.model.job import RankSummary, tail_of
 from reprocut.model.recording import Failure, RunDir
 from reprocut.model.signature import is_cuda_failure, normalize_message, parse_assertions
-from reprocut.record.ranks import JobResult, RankRun
+from reprocut.record.ranks.job import JobResult, RankRun
 
 OWN_FAILURES = ("fault", "crash", "error", "exited")  # in this order when two tie in time
 _COLLECTIVE = re.compile(

@@ -15,7 +15,7 @@ from reprocut.localize.culprit import from_culprit, load_inputs, repro_case
 from reprocut.localize.explain import explain_inputs
 from reprocut.localize.failure import LocalizeOptions, Progress
 from reprocut.model.recording import Failure
-from reprocut.record.runner import RunResult
+from reprocut.record.parent.runner import RunResult
 
 
 def replay_snapshots(

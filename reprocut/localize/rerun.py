@@ -21,7 +21,7 @@ from reprocut.localize.failure import (
 )
 from reprocut.localize.launch import outside_dispatcher
 from reprocut.model.recording import Failure
-from reprocut.record.runner import RunRequest, RunResult, run_script
+from reprocut.record.parent.runner import RunRequest, RunResult, run_script
 
 
 def rerun(

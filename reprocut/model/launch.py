@@ -1,6 +1,7 @@
 """How the user's script is launched: a script or `-m` module with its arguments, under torchrun
-or not. record/launch.py and record/torchrun.py parse command lines into these; the runner, the
-rank bootstrap and the localizer's reruns launch from them, so every run starts as the first.
+or not. record/parent/launch.py and record/ranks/torchrun.py parse command lines into these;
+the runner, the rank bootstrap and the localizer's reruns launch from them, so every run starts
+as the first.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from reprocut.model.errors import ReprocutError
 
-RANK_MODULE = "reprocut.record.rank"
+RANK_MODULE = "reprocut.record.ranks.rank"
 RANK_PYTHON_OPTIONS = ("-u",)  # torchrun starts every rank as `python -u ...`
 
 

@@ -15,7 +15,7 @@ import linecache
 import numbers
 from types import CodeType, FrameType, TracebackType
 
-from reprocut.record.frames import UserFrames
+from reprocut.record.inside.frames import UserFrames
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 

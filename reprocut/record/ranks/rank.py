@@ -1,10 +1,11 @@
-"""One rank of a torchrun job: `python -m reprocut.record.rank CONFIG.json`, started by torchrun.
+"""One rank of a torchrun job: `python -m reprocut.record.ranks.rank CONFIG.json`, started by
+torchrun.
 
 torchrun gives each rank RANK, LOCAL_RANK, WORLD_SIZE, ...; this bootstrap (it never imports
 torch) runs the user's script under the recorder exactly as `reprocut record` runs one process
-(runner.py: a child process, teed output, its outcome; the script sees the sys.argv, sys.path[0]
-and `-u` that torchrun would have given it, a module runs as under `-m`), into the rank's own
-folder, and leaves rank.json there: how the rank's process ran and ended, and whether torchrun
+(record/parent/runner.py: a child process, teed output, its outcome; the script sees the
+sys.argv, sys.path[0] and `-u` that torchrun would have given it, a module runs as under `-m`),
+into the rank's own folder, and leaves rank.json there: how the rank's process ran and ended, and whether torchrun
 stopped it. It exits as the script did, so torchrun sees the job it would have seen.
 
 When one rank fails, torchrun stops the others with SIGTERM. The script's process then gets a
@@ -34,7 +35,7 @@ from typing import IO, Any
 from reprocut.model.job import rank_file, rank_path
 from reprocut.model.launch import Launch
 from reprocut.model.recording import atomic_write
-from reprocut.record.runner import RunRequest, _tee, child_env, run_script
+from reprocut.record.parent.runner import RunRequest, _tee, child_env, run_script
 
 GRACE_S = 1.0  # after torchrun's SIGTERM: time the script may take to write its outcome
 KILL_AFTER_S = 3.0  # then SIGTERM to the script; SIGKILL this much later

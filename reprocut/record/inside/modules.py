@@ -17,7 +17,7 @@ from types import FrameType
 
 import torch
 
-from reprocut.record.frames import is_user_file
+from reprocut.record.inside.frames import is_user_file
 
 
 class ModuleNames:

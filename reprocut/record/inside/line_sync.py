@@ -15,7 +15,7 @@ from types import FrameType
 from typing import Any
 
 from reprocut.model.case import SourceLocation
-from reprocut.record.frames import UserFrames
+from reprocut.record.inside.frames import UserFrames
 
 
 class LineSync:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from reprocut.record.host_ring import EventPool, PinnedBuffers
+from reprocut.record.inside.host_ring import EventPool, PinnedBuffers
 
 GRACE_STEPS = 5  # steps a run may go on after its first non-finite step, to see where it ends
 MAX_NORMS_PER_STEP = 4096

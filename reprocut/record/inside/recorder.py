@@ -2,17 +2,18 @@
 
 A TorchDispatchMode sees aten ops (forward, backward, optimizer: ops.py); a TorchFunctionMode sees
 the public call the user made (`F.one_hot` never reaches the dispatcher as one op: calls.py). The
-Recorder owns both and the tripwire: global module hooks name modules, optimizer hooks mark step
-boundaries. Each completed step is appended to trace.jsonl (identical steps as a back-reference),
-so a crash loses at most the step in flight. child.py writes its snapshots and culprit
-(records.py) to the run directory.
+Recorder composes both and the tripwire: it builds them around one RunState (state.py) and hands
+each what it needs (where the script is: where.py; the public call in flight: public.py; the
+culprit's early outcome: outcome.py), so no hook holds the Recorder. Its own hooks mark step
+boundaries (optimizer hooks) and keep the module stack (global module hooks). Each completed step
+is appended to trace.jsonl (identical steps as a back-reference), so a crash loses at most the
+step in flight. child.py writes its snapshots and culprit (records.py) to the run directory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,22 +23,21 @@ import torch
 from torch.overrides import _get_current_function_mode
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from reprocut.record.calls import CallRecorder
-from reprocut.record.capture import ASSERTING_OPS, HeldCall, TensorStore
-from reprocut.record.finite_watch import OpWatch
-from reprocut.record.frames import StackView, UserFrames, module_calls
-from reprocut.record.host_ring import EventPool
-from reprocut.record.loops import LoopCounters
-from reprocut.record.modules import ModuleNames
-from reprocut.record.nonfinite import StepFlags, watch_backward
-from reprocut.record.ops import OpRecorder, spec_tuple
-from reprocut.record.outcome import report_early
-from reprocut.record.public import PublicCalls
-from reprocut.record.records import Culprit, Snapshot, StepState
-from reprocut.record.trace import TraceWriter
-from reprocut.record.tripwire import Tripwire
-
-_TORCH_DIR = os.path.dirname(torch.__file__)
+from reprocut.record.inside.calls import CallRecorder
+from reprocut.record.inside.capture import ASSERTING_OPS, TensorStore
+from reprocut.record.inside.finite_watch import OpWatch
+from reprocut.record.inside.frames import UserFrames
+from reprocut.record.inside.host_ring import EventPool
+from reprocut.record.inside.loops import LoopCounters
+from reprocut.record.inside.modules import ModuleNames
+from reprocut.record.inside.nonfinite import StepFlags, watch_backward
+from reprocut.record.inside.ops import OpRecorder
+from reprocut.record.inside.outcome import EarlyOutcome
+from reprocut.record.inside.public import PublicCalls
+from reprocut.record.inside.state import RunState
+from reprocut.record.inside.trace import TraceWriter
+from reprocut.record.inside.tripwire import Tripwire
+from reprocut.record.inside.where import Where
 
 
 @dataclass
@@ -55,44 +55,61 @@ class RecorderConfig:
 
 
 class Recorder:
-    """Owns the modes and hooks; collects the trace and, on failure, the culprit."""
+    """Composes the modes and hooks around one RunState; collects the trace and, on failure,
+    the culprit (in `state`)."""
 
     def __init__(self, config: RecorderConfig) -> None:
         self.config = config
-        self.state = StepState()
+        state = self.state = RunState()
+        state.localizing = self._in_localize_window(0)  # derived at each step boundary
         self.frames = UserFrames()
         self.loops = LoopCounters(self.frames)
+        self.module_names = ModuleNames()
+        self.where = Where(
+            state, self.frames, self.loops, self.module_names, tag_backward=config.tag_backward
+        )
         self.trace = TraceWriter(config.run_dir / "trace.jsonl")
         self.store = TensorStore()
-        self.ops: list[tuple[Any, ...]] = []
-        self.snapshots: list[Snapshot] = []
-        self.culprit: Culprit | None = None
-        self.public_stack: list[tuple[Any, str | None, tuple[Any, ...], dict[str, Any]]] = []
-        self.public_captured: dict[int, HeldCall] = {}
-        self.public_calls = PublicCalls(self.store)  # found on the stack in light steps
-        self.module_names = ModuleNames()
-        self.localizing = self._in_localize_window(0)  # derived at each step boundary
-        # steps not yet known complete: (step, (device, its event), its snapshots)
-        self.pending: list[tuple[int, tuple[int, Any], list[Snapshot]]] = []
+        self.public_calls = PublicCalls(state, self.frames, self.store)
+        self.early = EarlyOutcome(state, self.store, config.run_dir, enabled=not config.nan)
         self._events = EventPool()  # events of completed steps, recorded again
-        self.healthy_through = -1  # last step whose kernels are known to have completed
         self._pid = os.getpid()
-        self.seq = 0
-        self.last_op: str | None = None
         self._main_thread = threading.get_ident()
         self._handles: list[Any] = []
         self._module_hooks: list[Any] = []  # none in light steps that find modules on the stack
+        self.flags = StepFlags() if config.nan else None
+        self.op_watch = (
+            OpWatch(state, self.where, self.store)
+            if config.nan and config.localize_from is not None
+            else None
+        )
+        note_culprit = self.early.note_culprit
         # The function mode costs a Python call per torch call: GPU runs keep it for the first
         # step and localized steps only (public calls are then found on the stack).
-        self._function_mode = _ModeSwitch(CallRecorder(self), _get_current_function_mode)
+        calls = CallRecorder(
+            state,
+            self.where,
+            self.public_calls,
+            note_culprit,
+            tag_operators=self.op_watch is not None,
+        )
+        self._function_mode = _ModeSwitch(calls, _get_current_function_mode)
         # Every op under the dispatch mode, or light steps (see wants_every_op).
-        self._dispatch_mode = _ModeSwitch(OpRecorder(self), _get_current_dispatch_mode)
+        ops = OpRecorder(
+            state,
+            self.where,
+            self.public_calls,
+            self.store,
+            note_culprit,
+            snapshots=config.snapshots,
+            tag_backward=config.tag_backward,
+            op_watch=self.op_watch,
+        )
+        self._dispatch_mode = _ModeSwitch(ops, _get_current_dispatch_mode)
         self.tripwire: Tripwire | None = None
         self._asserting_key: int | None = None  # the asserting ops' layouts in the last step
         self._original_optimizer_init: Any = None
         self._original_function_apply: Any = None
-        self.flags = StepFlags() if config.nan else None
-        self.op_watch = OpWatch(self) if config.nan and config.localize_from is not None else None
         self._original_backward: Any = None
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -105,12 +122,12 @@ class Recorder:
             optimizer_hooks.register_optimizer_step_pre_hook(self._on_optimizer_enter),
             optimizer_hooks.register_optimizer_step_post_hook(self._on_optimizer_exit),
         ]
-        recorder = self
+        state = self.state
         original = torch.optim.Optimizer.__init__
         self._original_optimizer_init = original
 
         def init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
-            recorder.state.optimizer_seen = True
+            state.optimizer_seen = True
             original(optimizer, *args, **kwargs)
 
         torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
@@ -120,9 +137,11 @@ class Recorder:
         apply = torch.autograd.Function.apply
         self._original_function_apply = apply
 
+        where = self.where
+
         def tagged_apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
             result = apply.__func__(cls, *args, **kwargs)
-            recorder.tag_autograd_node(result)
+            where.tag_autograd_node(result)
             return result
 
         torch.autograd.Function.apply = classmethod(tagged_apply)  # type: ignore[method-assign,assignment]
@@ -134,8 +153,9 @@ class Recorder:
             ).__enter__()
         except Exception:  # a torch without Python kernels at that key: every step sees every op
             self.tripwire = None
+        self._dispatch_mode.mode.tripwire_on = self.tripwire is not None
         self._function_mode.set(True)
-        self._dispatch_mode.set(True)
+        self._set_every_op(True)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -145,7 +165,7 @@ class Recorder:
         if self._original_optimizer_init is None:
             return
         with contextlib.suppress(Exception):  # the stack may be unwound by the exception
-            self._dispatch_mode.set(False)
+            self._set_every_op(False)
         with contextlib.suppress(Exception):
             self._function_mode.set(False)
         if self.tripwire is not None:
@@ -160,50 +180,31 @@ class Recorder:
         self._original_optimizer_init = None
         self.trace.close()
 
-    def tag_autograd_node(
-        self, output: Any, *, locate: bool = True, overwrite: bool = True
-    ) -> None:
-        """Let backward ops of the node that made `output` know its forward line and module:
-        in backward no user frame and no module is on the stack."""
-        if not (self.config.tag_backward and torch.is_grad_enabled()):
-            return
-        for tensor in output if isinstance(output, (tuple, list)) else (output,):
-            if not (isinstance(tensor, torch.Tensor) and tensor.requires_grad):
-                continue
-            try:
-                grad_fn = tensor.grad_fn
-            except RuntimeError:  # views modified in place refuse even to be asked
-                continue
-            if grad_fn is None or (not overwrite and "reprocut" in grad_fn.metadata):
-                continue
-            location = self.frames.here() if locate else None
-            call_site = self.frames.call_site(sys._getframe(1)) if locate else None
-            grad_fn.metadata["reprocut"] = (location, self.current_module(), call_site)
-
     # --- steps, phases, modules ----------------------------------------------------------------
 
     def _end_step(self) -> None:
         if os.getpid() != self._pid:
             return  # a forked DataLoader worker: the parent owns the trace
-        every_op, healthy = self._dispatch_mode.active, self.healthy_through
-        self.trace.write_step(self.state.step, self.ops, every_op=every_op, healthy_through=healthy)
-        asserting_key = hash(tuple(op for op in self.ops if op[0] in ASSERTING_OPS))
+        state = self.state
+        every_op, healthy = self._dispatch_mode.active, state.healthy_through
+        self.trace.write_step(state.step, state.ops, every_op=every_op, healthy_through=healthy)
+        asserting_key = hash(tuple(op for op in state.ops if op[0] in ASSERTING_OPS))
         layout_changed = asserting_key != self._asserting_key
         self._asserting_key = asserting_key
-        self.ops = []
+        state.ops = []
         if torch.cuda.is_initialized():
             device = torch.cuda.current_device()
             event = self._events.take(device)
             event.record()
-            self.pending.append((self.state.step, (device, event), self.snapshots))
+            state.pending.append((state.step, (device, event), state.snapshots))
             self._retire_completed_steps()
-        self.snapshots = []
+        state.snapshots = []
         self.store.forget_queued()
-        ended = self.state.step
-        self.state.step += 1
-        self.localizing = self._in_localize_window(self.state.step)
-        self._function_mode.set(not torch.cuda.is_initialized() or self.localizing)
-        self._dispatch_mode.set(self.wants_every_op(self.state.step, layout_changed))
+        ended = state.step
+        state.step += 1
+        state.localizing = self._in_localize_window(state.step)
+        self._function_mode.set(not torch.cuda.is_initialized() or state.localizing)
+        self._set_every_op(self.wants_every_op(state.step, layout_changed))
         self._set_module_hooks(not self._finds_modules_on_stack())
         if self.flags is not None:  # --nan: may stop the run (NonfiniteStop)
             config = self.config
@@ -220,7 +221,7 @@ class Recorder:
         after the asserting ops' layouts changed, and in localized steps. In light steps the
         tripwire still sees every asserting op: its specs and snapshots are never sampled.
         """
-        if self.localizing or self.tripwire is None:
+        if self.state.localizing or self.tripwire is None:
             return True
         light = self.config.light_steps
         if light is None:
@@ -232,14 +233,14 @@ class Recorder:
     @property
     def light_step(self) -> bool:
         """The current step records only the asserting ops."""
-        return not self._dispatch_mode.active
+        return self.state.light_step
 
-    def record_op(self, name: str, args: tuple[Any, ...], phase: str | None = None) -> None:
-        """Add an op of the current step to the trace (the dispatch mode's hot path inlines
-        this: a method call per op is measurable there)."""
-        stack = self.state.module_stack
-        phase = phase or self.state.phase()
-        self.ops.append((name, stack[-1] if stack else None, phase, tuple(map(spec_tuple, args))))
+    def _set_every_op(self, active: bool) -> None:
+        """The dispatch mode on (every op recorded) or off (a light step), the state told."""
+        try:
+            self._dispatch_mode.set(active)
+        finally:
+            self.state.light_step = not self._dispatch_mode.active
 
     def _retire_completed_steps(self) -> None:
         """Drop snapshots of steps whose kernels all finished: they cannot hold the fault.
@@ -247,24 +248,21 @@ class Recorder:
         CUDA errors surface late, possibly steps later (at a logging `.item()`), so snapshots
         live until an event recorded after their step reports completion.
         """
-        while self.pending:
-            step, (device, event), snapshots = self.pending[0]
+        state = self.state
+        while state.pending:
+            step, (device, event), snapshots = state.pending[0]
             try:
                 done = event.query()
             except Exception:
                 return  # a sticky error: it will surface in the user's code, keep everything
             if not done:
                 return
-            self.healthy_through = step
-            self.pending.pop(0)
+            state.healthy_through = step
+            state.pending.pop(0)
             self._events.give_back(device, event)
-            if self.culprit is None:  # else a public call's copies may be the culprit's too
+            if state.culprit is None:  # else a public call's copies may be the culprit's too
                 for snapshot in snapshots:
                     self.store.drop(snapshot.captured_keys())
-
-    def all_snapshots(self) -> list[Snapshot]:
-        """Snapshots of every step not yet known to have completed, oldest first."""
-        return [s for _, _, snapshots in self.pending for s in snapshots] + self.snapshots
 
     def _on_optimizer_enter(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         self.state.optimizer_seen = True
@@ -296,7 +294,7 @@ class Recorder:
         if isinstance(output, torch.Tensor):
             # the module's last node (a custom autograd.Function, say) learns this module:
             # tagged before the pop, while it is the current one
-            self.tag_autograd_node(output, locate=False, overwrite=False)
+            self.where.tag_autograd_node(output, locate=False, overwrite=False)
         self.state.module_stack.pop()
         self.module_names.exit()
         if self.flags is not None and not self.state.module_stack:
@@ -314,11 +312,12 @@ class Recorder:
             for handle in self._module_hooks:
                 handle.remove()
             self._module_hooks = []
+        self.state.module_hooks = bool(self._module_hooks)
 
     def _finds_modules_on_stack(self) -> bool:
         """Light steps of a training loop run without module hooks: global hooks cost every
         module call ~3 us in torch and as much in ours (a launch-bound step makes dozens), while
-        only the asserting ops need their module, found then on the stack (current_module).
+        only the asserting ops need their module, found then on the stack (Where.current_module).
         Not where the hooks mark steps (no optimizer) or --nan watches outputs (no loss yet)."""
         state = self.state
         return (
@@ -328,65 +327,6 @@ class Recorder:
             and (self.flags is None or self.flags.losses_seen)
         )
 
-    def current_module(self, view: StackView | None = None) -> str | None:
-        """The path of the module being called (that of `view`, if given)."""
-        if not self._module_hooks:  # light steps: the module calls on the stack
-            calls = view.modules if view is not None else module_calls(sys._getframe(1))
-            return self.module_names.innermost(calls)
-        return self.state.module_stack[-1] if self.state.module_stack else None
-
-    # --- failures ------------------------------------------------------------------------------
-
-    def note_culprit(self, culprit: Culprit) -> None:
-        if self.culprit is None:
-            self.culprit = culprit
-            report_early(self, sys.exc_info()[1])  # called while its error is being handled
-
-    def note_culprit_here(
-        self,
-        *,
-        synchronized: bool,
-        public_call: str | None = None,
-        public: HeldCall | None = None,
-    ) -> None:
-        """A failure that no aten op owns: a composite public call's own check, or a fault
-        pending before an op (a kernel outside the dispatcher), placed at the current line."""
-        self.note_culprit(
-            Culprit(
-                op=None,
-                target=None,
-                call=None,
-                step=self.state.step,
-                phase=self.state.phase(),
-                module=self.current_module(),
-                source=self.frames.find(sys._getframe(2)),
-                forward_source=None,
-                public_call=public_call,
-                public=None if public is None else public.to_json(),
-                synchronized=synchronized,
-                call_site=self.frames.call_site(sys._getframe(2)),
-                loop=self.loops.read(sys._getframe(2)),
-            )
-        )
-
-    def public_context(self, view: StackView | None = None) -> tuple[str | None, HeldCall | None]:
-        """The outermost public call in flight, with its arguments captured (once).
-
-        In backward there is none worth naming: `loss.backward()` is not what failed."""
-        if self.state.phase() == "backward":
-            return None, None
-        if not self.public_stack:
-            if view is None:
-                view = self.frames.view(sys._getframe(1))
-            return self.public_calls.from_frame(view.library if view.user else None)
-        _func, name, args, kwargs = self.public_stack[0]
-        key = id(self.public_stack[0])
-        captured = self.public_captured.get(key)
-        if captured is None and name is not None:
-            captured = self.public_calls.capture(name, args, kwargs)
-            self.public_captured[key] = captured
-        return name, captured
-
     def _in_localize_window(self, step: int) -> bool:
         config = self.config
         return config.localize_from is not None and config.localize_from <= step <= (
@@ -394,7 +334,7 @@ class Recorder:
         )
 
 
-def _closure_outside_optimizer(state: StepState, args: Any, kwargs: Any) -> Any:
+def _closure_outside_optimizer(state: RunState, args: Any, kwargs: Any) -> Any:
     """`optimizer.step(closure)` with the closure run as the user's code: Lightning runs
     `training_step` (forward and backward) inside the closure, and LBFGS calls it repeatedly.
     Returns the hook's replacement (args, kwargs), or None when there is no closure. `args`

@@ -9,7 +9,7 @@ Three spellings run the same thing, and the script sees the `sys.argv` plain `py
 
 and after `--` a torchrun command (`torchrun [OPTIONS] (train.py | -m pkg.train) ARGS...`, or
 `python -m torch.distributed.run ...`), whose every rank runs the Launch as torchrun runs it
-(`python -u ...`); the launcher's own part is `Launch.torchrun` (record/torchrun.py reads it).
+(`python -u ...`); the launcher's own part is `Launch.torchrun` (record/ranks/torchrun.py reads it).
 
 `split_command` cuts reprocut's own options from the launch command before argparse sees it
 (argparse would take `-m` and the script's options for its own); `parse_launch` turns the launch
@@ -78,7 +78,7 @@ def parse_command(tokens: list[str]) -> Launch:
     or the target alone."""
     launcher = torchrun_prefix(tokens)
     if launcher:
-        from reprocut.record.torchrun import parse_torchrun  # torchrun's parser imports torch
+        from reprocut.record.ranks.torchrun import parse_torchrun  # torchrun's parser imports torch
 
         return parse_torchrun(tokens[:launcher], tokens[launcher:])
     if tokens and is_python(tokens[0]):

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from reprocut.model.nonfinite import BORN, ENTERED, FROM_INF
-from reprocut.record.capture import MAX_CAPTURED_ELEMENTS, HeldCall, HeldList, HeldTensor
-from reprocut.record.capture import _scalar_json as scalar_json
-from reprocut.record.nonfinite import unrecorded
-
-if TYPE_CHECKING:
-    from reprocut.record.ops import OpRecorder
-    from reprocut.record.recorder import Recorder
+from reprocut.record.inside.capture import (
+    MAX_CAPTURED_ELEMENTS,
+    HeldCall,
+    HeldList,
+    HeldTensor,
+    TensorStore,
+)
+from reprocut.record.inside.capture import _scalar_json as scalar_json
+from reprocut.record.inside.nonfinite import unrecorded
+from reprocut.record.inside.state import RunState
+from reprocut.record.inside.where import Where
 
 CHAIN_LENGTH = 6
 MAX_CLONED_ELEMENTS = 1 << 26  # in-place ops writing more than this are not copied first
@@ -83,6 +87,26 @@ def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
         return None
 
 
+class DispatchMode(Protocol):
+    """What the checks use of the dispatch mode that hands them its ops (ops.OpRecorder)."""
+
+    def record_op(self, name: str, args: tuple[Any, ...], phase: str | None = None) -> None: ...
+
+    def _target(self, func: Any) -> tuple[str, tuple[str, ...] | None]: ...
+
+    def _raised(
+        self,
+        func: Any,
+        name: str,
+        args: Any,
+        kwargs: dict[str, Any],
+        exc: Exception,
+        call: dict[str, Any] | None,
+        *,
+        synchronizing: bool,
+    ) -> None: ...
+
+
 @dataclass
 class Candidate:
     """One possible origin, with the chain of ops that read what it made."""
@@ -108,8 +132,10 @@ class Candidate:
 class OpWatch:
     """Finite checks around every op of the localized step; the result goes to outcome.json."""
 
-    def __init__(self, recorder: Recorder) -> None:
-        self.recorder = recorder
+    def __init__(self, state: RunState, where: Where, store: TensorStore) -> None:
+        self.state = state
+        self.where = where
+        self.store = store
         self.candidates: dict[str, Candidate] = {}
         self.checked = 0
         self._written: dict[int, tuple[tuple[int, ...], Any]] = {}  # by id(op)
@@ -120,7 +146,12 @@ class OpWatch:
         return born is not None and len(born.chain) >= CHAIN_LENGTH
 
     def dispatch(
-        self, mode: OpRecorder, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        mode: DispatchMode,
+        func: Any,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> Any:
         """Run one op of the localized step, checking what it made."""
         if self.done or name in UNCHECKED:
@@ -153,14 +184,19 @@ class OpWatch:
         return returned
 
     def _run(
-        self, mode: OpRecorder, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        mode: DispatchMode,
+        func: Any,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> Any:
         try:
             result = func(*args, **kwargs)
         except Exception as exc:
             mode._raised(func, name, args, kwargs, exc, None, synchronizing=False)
             raise
-        self.recorder.record_op(name, args)
+        mode.record_op(name, args)
         return result
 
     def _before(self, func: Any, args: tuple[Any, ...]) -> dict[int, Any]:
@@ -181,11 +217,11 @@ class OpWatch:
         return copies
 
     def _where(self, name: str, kind: str) -> dict[str, Any]:
-        recorder = self.recorder
+        state, where = self.state, self.where
         tagged = _autograd_tag()
-        phase = recorder.state.phase()
-        source = recorder.frames.here()
-        module = recorder.current_module()
+        phase = state.phase()
+        source = where.frames.here()
+        module = where.current_module()
         if tagged is not None:  # a backward op: the forward line that built its node
             source = tagged[0] if phase == "backward" and tagged[0] else source or tagged[0]
             module = module or tagged[1]
@@ -193,7 +229,7 @@ class OpWatch:
         return {
             "op": name,
             "kind": kind,
-            "step": recorder.state.step,
+            "step": state.step,
             "phase": phase,
             "module": module,
             "source": None if source is None else source.to_json(),
@@ -203,7 +239,7 @@ class OpWatch:
     def _add(
         self,
         how: str,
-        mode: OpRecorder,
+        mode: DispatchMode,
         func: Any,
         name: str,
         inputs: tuple[Any, ...],
@@ -211,16 +247,17 @@ class OpWatch:
         kind: str,
         result: Any,
     ) -> None:
-        recorder = self.recorder
+        store = self.store
         target, names = mode._target(func)
         record = {"how": how, **self._where(name, kind), "target": target}
-        record["call"] = _hold_call(inputs, kwargs, recorder, names).to_json()
+        record["call"] = _hold_call(inputs, kwargs, store, names).to_json()
         if how == BORN:  # the case to shrink: also the public call the user made, if any
-            public = recorder.public_stack[0] if recorder.public_stack else None
+            public_stack = self.state.public_stack
+            public = public_stack[0] if public_stack else None
             in_place = bool(self._written.get(id(func), ((),))[0])
             if public is not None and not in_place and record["phase"] != "backward":
                 record["public_call"] = public[1]
-                record["public"] = _hold_call(public[2], public[3], recorder, None).to_json()
+                record["public"] = _hold_call(public[2], public[3], store, None).to_json()
         candidate = Candidate(how, record)
         candidate.taint(result)
         self.candidates[how] = candidate
@@ -245,7 +282,7 @@ class OpWatch:
 
     def _owner(self, tensor: torch.Tensor) -> str | None:
         key = _storage_key(tensor)
-        for module, path in list(self.recorder.module_names.names.items()):
+        for module, path in list(self.where.module_names.names.items()):
             for kind in ("_parameters", "_buffers"):
                 for name, owned in getattr(module, kind, {}).items():
                     if owned is not None and _storage_key(owned) == key:
@@ -271,26 +308,26 @@ def _copy(value: Any) -> Any:
 
 
 def _hold_call(
-    args: tuple[Any, ...], kwargs: dict[str, Any], recorder: Recorder, names: Any
+    args: tuple[Any, ...], kwargs: dict[str, Any], store: TensorStore, names: Any
 ) -> HeldCall:
     """A call with every tensor's values copied (up to MAX_CAPTURED_ELEMENTS): for an origin,
     floats are the evidence, whatever their size."""
     return HeldCall(
-        tuple(_hold(a, recorder) for a in args),
-        tuple((k, _hold(v, recorder)) for k, v in kwargs.items()),
+        tuple(_hold(a, store) for a in args),
+        tuple((k, _hold(v, store)) for k, v in kwargs.items()),
         None if names is None else tuple(names),
     )
 
 
-def _hold(value: Any, recorder: Recorder) -> Any:
+def _hold(value: Any, store: TensorStore) -> Any:
     if isinstance(value, torch.Tensor):
         key = None
         if value.layout == torch.strided and value.numel() <= MAX_CAPTURED_ELEMENTS:
             with unrecorded():
-                key = recorder.store.add(value)
+                key = store.add(value)
         return HeldTensor.from_tensor(value, key)
     if isinstance(value, (list, tuple)):
-        return HeldList(tuple(_hold(v, recorder) for v in value))
+        return HeldList(tuple(_hold(v, store) for v in value))
     return scalar_json(value)
 
 

@@ -1,10 +1,11 @@
-"""The user's process: `python -m reprocut.record.child CONFIG.json` runs the script under the recorder.
+"""The user's process: `python -m reprocut.record.inside.child CONFIG.json` runs the script
+under the recorder.
 
 The script runs as under `python train.py` (or `python -m pkg.train`): same `sys.argv`,
-`sys.path[0]`, `__main__`, `__spec__`, working directory and exit code. What the recorder saw is written to the run directory as `outcome.json`
-(+ `inputs.pt`) before the process leaves through `os._exit`: after a sticky CUDA error, teardown
-can hang, so no destructors and no atexit run. A failure's outcome is written early too
-(outcome.py), since teardown can also crash.
+`sys.path[0]`, `__main__`, `__spec__`, working directory and exit code. What the recorder saw is
+written to the run directory as `outcome.json` (+ `inputs.pt`) before the process leaves
+through `os._exit`: after a sticky CUDA error, teardown can hang, so no destructors and no atexit
+run. A failure's outcome is written early too (outcome.py), since teardown can also crash.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from typing import Any
 from reprocut.check import lifeline
 from reprocut.model.case import SourceLocation
 from reprocut.model.recording import atomic_write
-from reprocut.record.main_module import run_main
-from reprocut.record.outcome import OUTCOME_FILE, error_json, recorded_state, write_early
+from reprocut.record.inside.main_module import run_main
+from reprocut.record.inside.outcome import OUTCOME_FILE, error_json, recorded_state
 
 NONFINITE_INPUTS_FILE = "nonfinite-inputs.pt"
 
@@ -39,9 +40,9 @@ def main(config_path: str) -> None:
     import torch  # after the environment is set: CUDA reads it when it initialises
 
     from reprocut.check.attribution import settle_cuda
-    from reprocut.record.line_sync import LineSync
-    from reprocut.record.nonfinite import NonfiniteStop
-    from reprocut.record.recorder import Recorder, RecorderConfig
+    from reprocut.record.inside.line_sync import LineSync
+    from reprocut.record.inside.nonfinite import NonfiniteStop
+    from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
     compiled: list[str] = []
     original_compile = torch.compile
@@ -105,18 +106,19 @@ def main(config_path: str) -> None:
             "error": error_json(exc),
             "traceback": user_traceback(exc),
             "surfaced_at": _location_json(surfaced),
-            "last_op": recorder.last_op,
+            "last_op": recorder.state.last_op,
             "loop": recorder.loops.from_traceback(exc.__traceback__),
             "interrupted": isinstance(exc, KeyboardInterrupt),
             "failed_at": time.time(),  # under torchrun: which rank failed first
         }
         sys.stderr.write(outcome["traceback"])
-        write_early(recorder, outcome)  # before closing and teardown, which may crash
+        recorder.early.write(outcome)  # before closing and teardown, which may crash
     finally:
         torch.compile = original_compile  # type: ignore[assignment]
         light_step = recorder.light_step  # read before close(), which turns the modes off
         recorder.close()
-    outcome.update(recorded_state(recorder, light_step, failed=outcome["status"] == "failed"))
+    failed = outcome["status"] == "failed"
+    outcome.update(recorded_state(recorder.state, light_step, failed=failed))
     outcome["compiled"] = compiled
     if recorder.flags is not None:
         recorder.flags.flush(recorder.state.step)
@@ -146,7 +148,7 @@ def _script_end(script: str) -> SourceLocation:
 
 def user_traceback(exc: BaseException) -> str:
     """The traceback as `python script.py` would print it: reprocut's own frames left out."""
-    from reprocut.record.frames import plain_python_frames
+    from reprocut.record.inside.frames import plain_python_frames
 
     frames = plain_python_frames(list(traceback.extract_tb(exc.__traceback__)))
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]

@@ -30,7 +30,7 @@ from typing import IO, Any
 from reprocut.model.job import NODES_DIR, RESTARTS_DIR, job_config, rank_file, rank_folders
 from reprocut.model.launch import Launch, TorchrunLaunch
 from reprocut.model.recording import RunDir, atomic_write
-from reprocut.record.runner import RunResult, _tee, child_env
+from reprocut.record.parent.runner import RunResult, _tee, child_env
 
 JOIN_WINDOW_S = 600.0  # torchrun's default rendezvous join timeout: nodes start within it
 NODE_WAIT_S = 60.0  # after this node's torchrun ended: how long the other nodes may take

@@ -28,7 +28,7 @@ from reprocut.model.tensors import (
     sparse_parts,
     spec_from_layout,
 )
-from reprocut.record.host_ring import PinnedBuffers
+from reprocut.record.inside.host_ring import PinnedBuffers
 
 # aten ops whose CUDA kernels can raise a device-side assert (bug-patterns.md §4).
 ASSERTING_OPS = frozenset(

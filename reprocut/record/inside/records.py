@@ -1,7 +1,8 @@
-"""What the recorder keeps per step: where the script is, snapshots, and the culprit.
+"""What the recorder keeps of the ops it saw: each step's snapshots, and the culprit.
 
-The Recorder advances the StepState at hooks; the dispatch mode (ops.py) and the function mode
-(calls.py) fill Snapshots and the Culprit, which child.py writes to outcome.json as JSON.
+The dispatch mode (ops.py), the tripwire's handler and the function mode (calls.py) make
+Snapshots and the Culprit and keep them in the run's state (state.py); outcome.py writes them to
+outcome.json as JSON.
 """
 
 from __future__ import annotations
@@ -10,28 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from reprocut.model.case import SourceLocation
-from reprocut.record.capture import HeldCall
-
-
-@dataclass
-class StepState:
-    """Where the script is: training step, phase, module stack."""
-
-    step: int = 0
-    optimizer_seen: bool = False
-    in_optimizer: int = 0
-    root_forwards: int = 0
-    module_stack: list[str] = field(default_factory=list)
-
-    def phase(self) -> str:
-        if self.in_optimizer:
-            return "optimizer"
-        if torch._C._current_graph_task_id() != -1:
-            return "backward"
-        return "forward"
+from reprocut.record.inside.capture import HeldCall
 
 
 @dataclass

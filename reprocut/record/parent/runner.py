@@ -24,7 +24,7 @@ from typing import IO, Any
 from reprocut import PACKAGE_DIR
 from reprocut.check import lifeline
 from reprocut.model.launch import Launch
-from reprocut.record.child import OUTCOME_FILE
+from reprocut.record.inside.outcome import OUTCOME_FILE
 
 PACKAGE_PARENT = os.path.dirname(PACKAGE_DIR)
 
@@ -109,7 +109,13 @@ def run_script(
     )
     start = time.monotonic()
     process = subprocess.Popen(
-        [sys.executable, *launch.python_options, "-m", "reprocut.record.child", str(config_path)],
+        [
+            sys.executable,
+            *launch.python_options,
+            "-m",
+            "reprocut.record.inside.child",
+            str(config_path),
+        ],
         cwd=request.cwd,
         env=child_env(request.launch_blocking),
         stdin=subprocess.DEVNULL,

@@ -1,12 +1,12 @@
 """`reprocut record -- torchrun ...`: read the launcher's command line and rewrite it so that
 every rank runs under the recorder.
 
-record/launch.py's `parse_command` recognizes the launcher (`torchrun`, `python -m
+record/parent/launch.py's `parse_command` recognizes the launcher (`torchrun`, `python -m
 torch.distributed.run`) and hands its command line here. torchrun starts `python -u SCRIPT ARGS`
 (or `python -u -m MODULE ARGS`) once per rank; reprocut hands it `python -u -m
-reprocut.record.rank CONFIG` instead (torchrun's own `--module` form), and that bootstrap runs
-the user's script under the recorder in the rank's own folder, launched as torchrun would have
-launched it. torchrun's options go to the real torchrun unchanged; they are read with torchrun's
+reprocut.record.ranks.rank CONFIG` instead (torchrun's own `--module` form), and that bootstrap
+runs the user's script under the recorder in the rank's own folder, launched as torchrun would
+have launched it. torchrun's options go to the real torchrun unchanged; they are read with torchrun's
 own parser, so that abbreviations, `--opt=value` and PET_* environment defaults mean here what
 they mean to torchrun.
 """
@@ -22,7 +22,7 @@ from reprocut.model.launch import RANK_PYTHON_OPTIONS, Launch, LaunchError, Torc
 
 def parse_torchrun(launcher_tokens: Sequence[str], rest: Sequence[str]) -> Launch:
     """The launch every rank runs, with the launcher's part as its `torchrun`: `launcher_tokens`
-    name the launcher (as record/launch.py's `torchrun_prefix` cut them), `rest` is torchrun's
+    name the launcher (as record/parent/launch.py's `torchrun_prefix` cut them), `rest` is torchrun's
     own command line (its options, then the training script or module and its arguments)."""
     launcher = list(launcher_tokens)
     rest = list(rest)

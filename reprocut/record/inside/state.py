@@ -1,0 +1,58 @@
+"""The per-run state the recorder and its hooks share: where the script is and what it left.
+
+The recorder (recorder.py) advances it at step boundaries and module hooks; the dispatch mode
+(ops.py), the function mode (calls.py), the public calls found on the stack (public.py) and the
+finite checks (finite_watch.py) read it and add to it; outcome.py writes it out. It imports
+none of them: each is handed this one object, so none needs the recorder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from reprocut.record.inside.capture import HeldCall
+from reprocut.record.inside.records import Culprit, Snapshot
+
+# a public call in flight, as the function mode saw it: (function, public name, args, kwargs)
+PublicEntry = tuple[Any, str | None, tuple[Any, ...], dict[str, Any]]
+
+
+@dataclass(slots=True)
+class RunState:
+    """Where the script is (training step, phase, module stack) and what this run holds."""
+
+    step: int = 0
+    optimizer_seen: bool = False
+    in_optimizer: int = 0
+    root_forwards: int = 0
+    module_stack: list[str] = field(default_factory=list)
+    # Set by the recorder at step boundaries (see Recorder.wants_every_op and _end_step):
+    localizing: bool = False  # the step is in the localize window: synchronize around its ops
+    light_step: bool = True  # the step records only the asserting ops (no dispatch mode)
+    module_hooks: bool = False  # module hooks keep module_stack (else: found on the stack)
+    # What the current step recorded: its ops' specs, its asserting ops' snapshots
+    ops: list[tuple[Any, ...]] = field(default_factory=list)
+    snapshots: list[Snapshot] = field(default_factory=list)
+    seq: int = 0  # snapshots numbered across the run
+    last_op: str | None = None
+    # steps not yet known complete: (step, (device, its event), its snapshots)
+    pending: list[tuple[int, tuple[int, Any], list[Snapshot]]] = field(default_factory=list)
+    healthy_through: int = -1  # last step whose kernels are known to have completed
+    culprit: Culprit | None = None
+    # the outermost public call in flight (calls.py), its arguments captured once asked for
+    public_stack: list[PublicEntry] = field(default_factory=list)
+    public_captured: dict[int, HeldCall] = field(default_factory=dict)
+
+    def phase(self) -> str:
+        if self.in_optimizer:
+            return "optimizer"
+        if torch._C._current_graph_task_id() != -1:
+            return "backward"
+        return "forward"
+
+    def all_snapshots(self) -> list[Snapshot]:
+        """Snapshots of every step not yet known to have completed, oldest first."""
+        return [s for _, _, snapshots in self.pending for s in snapshots] + self.snapshots
