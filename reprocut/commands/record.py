@@ -22,11 +22,13 @@ import platform
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 
 from reprocut.check.warmer import OracleWarmer, gpu_present
+from reprocut.model.compiled import CompiledRun
 from reprocut.model.errors import (
     STATUS_EXIT,
     ExitCode,
@@ -36,8 +38,9 @@ from reprocut.model.errors import (
 )
 from reprocut.model.launch import Launch
 from reprocut.model.recording import DEFAULT_ROOT, RunDir
+from reprocut.record.parent.compiled_run import run_compiled
 from reprocut.record.parent.launch import locate, parse_launch, split_command
-from reprocut.record.parent.runner import RunRequest, run_script
+from reprocut.record.parent.runner import RunRequest, RunResult, run_script
 from reprocut.report.display.console import print_line
 from reprocut.report.display.failure import failure_json, show_failure
 
@@ -96,6 +99,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="watch for NaN/inf (a flag per step over losses, gradients, parameters and model "
         "outputs, read without waiting for the GPU); report the first op that made one from "
         "finite inputs, found by a rerun to that step",
+    )
+    parser.add_argument(
+        "--no-compiled-run",
+        dest="compiled_run",
+        action="store_false",
+        help="when the script used torch.compile, do not run it once more compiled (that run "
+        "says whether the failure also happens eagerly)",
     )
     parser.add_argument("--quiet", action="store_true", help="do not echo the script's own output")
     parser.add_argument(
@@ -173,6 +183,28 @@ def run(options: argparse.Namespace, console: Console) -> ExitCode:
             warmer.close()
 
 
+def _compiled_run(
+    options: argparse.Namespace,
+    launch: Launch,
+    cwd: Path,
+    run_dir: RunDir,
+    first: RunResult,
+    progress: Callable[[str], None],
+) -> CompiledRun | None:
+    """The script once more as the user ran it, compiled, when it used torch.compile."""
+    used = (first.outcome or {}).get("compiled") or []
+    if not used or not options.compiled_run:
+        return None
+    progress(
+        f"torch.compile was used ({', '.join(used)}); the recording ran it eagerly. One more "
+        "run of the script, compiled as you ran it, says whether the failure needs the "
+        "compiler (--no-compiled-run skips it)"
+    )
+    compiled = run_compiled(launch, cwd, run_dir.path, options.timeout)
+    progress(f"compiled run ({compiled.seconds:.1f} s): {compiled.describe()}")
+    return compiled
+
+
 def _record(
     options: argparse.Namespace,
     console: Console,
@@ -207,6 +239,7 @@ def _record(
         echo_stderr=None if options.quiet else sys.stderr,
         on_line=None if warmer is None else warmer.on_line,
     )
+    from reprocut.localize.compiled import compile_only, with_compile_verdict
     from reprocut.localize.failure import LocalizeOptions
     from reprocut.localize.localizer import localize
 
@@ -225,12 +258,17 @@ def _record(
         nan=options.nan,
     )
     meta = run_dir.read_meta()
+    compiled = _compiled_run(options, launch, cwd, run_dir, first, progress)
     localize_started = time.perf_counter()
     try:
         failure = localize(localize_options, first, progress)
     except ScriptDidNotFailError:
-        run_dir.write_meta({**meta, "status": "passed", "seconds": round(first.seconds, 3)})
-        raise
+        if compiled is None or not compiled.failed or compiled.timed_out:
+            run_dir.write_meta({**meta, "status": "passed", "seconds": round(first.seconds, 3)})
+            raise
+        failure = compile_only(localize_options, first, compiled)
+    else:
+        failure = with_compile_verdict(localize_options, first, compiled, failure)
     meta.update(  # where the time went: the script's run, then finding the culprit
         status=failure.status,
         seconds=round(first.seconds, 3),

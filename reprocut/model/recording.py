@@ -29,6 +29,7 @@ from reprocut.model.case import (
     spec_from_json,
     spec_to_json,
 )
+from reprocut.model.compiled import CompileVerdict
 from reprocut.model.errors import CorruptRecordingError, NoRecordingError
 from reprocut.model.job import JobRerun, RankSummary
 from reprocut.model.nonfinite import NonfiniteOrigin
@@ -138,6 +139,7 @@ class Failure:
     world_size: int | None = None
     ranks: tuple[RankSummary, ...] = ()  # every rank of the job, what it saw
     job_reruns: tuple[JobRerun, ...] = ()  # reruns of the whole job that localized the culprit
+    torch_compile: CompileVerdict | None = None  # the script used torch.compile: the verdict
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -172,6 +174,7 @@ class Failure:
             "world_size": self.world_size,
             "ranks": [summary.to_json() for summary in self.ranks],
             "job_reruns": [rerun.to_json() for rerun in self.job_reruns],
+            "torch_compile": None if self.torch_compile is None else self.torch_compile.to_json(),
         }
 
     @classmethod
@@ -212,6 +215,9 @@ class Failure:
             world_size=data.get("world_size"),
             ranks=tuple(RankSummary.from_json(r) for r in data.get("ranks", ())),
             job_reruns=tuple(JobRerun.from_json(r) for r in data.get("job_reruns", ())),
+            torch_compile=CompileVerdict.from_json(data["torch_compile"])
+            if data.get("torch_compile")
+            else None,
         )
 
     def with_notes(self, *notes: str) -> Failure:

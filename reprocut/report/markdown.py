@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from reprocut.model.case import SourceLocation
 from reprocut.model.nonfinite import NonfiniteOrigin
 from reprocut.model.recording import Failure
+from reprocut.report.compiled import compile_markdown
 from reprocut.report.paths import relative_to_folder, shown_path
 from reprocut.shrink.header import Environment
 
@@ -182,6 +183,8 @@ def render(inputs: ReportInputs) -> str:
     parts += [f"- `{row.name}`: {fact}" for row in failure.tensors for fact in row.facts]
     if failure.nonfinite is not None:
         parts += ["", *nonfinite_lines(failure.nonfinite)]
+    if failure.torch_compile is not None:
+        parts += ["", *compile_markdown(failure.torch_compile)]
     if failure.diagnosis:
         parts += ["", failure.diagnosis]
     if inputs.sanitizer:

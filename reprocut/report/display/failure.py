@@ -13,6 +13,7 @@ from rich.text import Text
 from reprocut.model.case import Captured, Generated, Literal, SourceLocation, TensorSpec
 from reprocut.model.recording import Failure
 from reprocut.model.signature import is_nonfinite
+from reprocut.report.display.compiled import compile_section
 from reprocut.report.display.nonfinite import nonfinite_json, nonfinite_section
 from reprocut.report.display.ranks import other_ranks, rank_head, ranks_json
 from reprocut.report.display.tables import FittedTable
@@ -24,6 +25,7 @@ TITLES = {
     "not-localized": "failure seen, but not localized",
     "script-error": "the script failed outside torch",
     "nonfinite-input": "a NaN/inf came in from outside the step's ops",
+    "compile-only": "fails only under torch.compile",
 }
 
 
@@ -189,6 +191,8 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
     if failure.nonfinite is not None:  # --nan: the panel's op is the origin; else traced to it
         full = not is_nonfinite(failure.signature)
         parts.append(nonfinite_section(failure.nonfinite, failure.cwd, full=full))
+    if failure.torch_compile is not None:
+        parts.append(compile_section(failure.torch_compile))
     if failure.diagnosis:
         parts.append(Text("\ndiagnosis", style="bold"))
         parts.append(Text(failure.diagnosis))
@@ -197,7 +201,7 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
     for note in failure.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
     footer = Text(f"\nrecording: {run_dir}", style="dim")
-    if failure.status in ("localized", "outside-dispatcher"):
+    if failure.status in ("localized", "outside-dispatcher", "compile-only"):
         footer.append("\nnext: ", style="dim")
         footer.append("reprocut shrink", style="bold green")
         footer.append("  (writes a minimal repro.py and report.md)", style="dim")
@@ -258,5 +262,6 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
         "notes": list(failure.notes),
         "run_dir": str(run_dir),
         "nonfinite": None if failure.nonfinite is None else nonfinite_json(failure.nonfinite),
+        "torch_compile": None if failure.torch_compile is None else failure.torch_compile.to_json(),
         **(ranks_json(failure) if failure.rank is not None else {}),
     }
