@@ -20,13 +20,12 @@ import torch
 
 from reprocut.localize.failure import LocalizeOptions, finish
 from reprocut.model.case import Signature, SourceLocation
-from reprocut.model.compiled import CompiledRun, CompileVerdict
+from reprocut.model.compiled import COMPILE_ONLY, CompiledRun, CompileVerdict
 from reprocut.model.recording import ErrorInfo, Failure
 from reprocut.model.signature import classify, crash_signature, cuda_error_code, parse_assertions
 from reprocut.record.parent.compiled_run import LOG
 from reprocut.record.parent.runner import RunResult
 
-COMPILE_ONLY = "compile-only"  # Failure.status of a failure only the compiled script shows
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
 
 
@@ -57,6 +56,9 @@ def verdict(
         compiled=compiled,
         inductor_settings=settings,
         versions=compiler_versions(),
+        first_calls={
+            str(k): tuple(v) for k, v in ((outcome or {}).get("compiled_calls") or {}).items()
+        },
     )
 
 
@@ -102,6 +104,7 @@ def compile_only(options: LocalizeOptions, first: RunResult, compiled: CompiledR
             name=name,
             assertions=tuple(a.to_json() for a in parse_assertions(stderr)),
         )
+    frames = user_frames(stderr, options)
     device = "cuda" if error.code is not None or "cuda" in stderr.lower() else "cpu"
     return finish(
         options,
@@ -110,7 +113,8 @@ def compile_only(options: LocalizeOptions, first: RunResult, compiled: CompiledR
             error=error,
             signature=signature,
             kernel=compiled.kernel,
-            source=deepest_user_frame(stderr, options),
+            source=frames[-1] if frames else None,
+            call_site=frames[-2] if len(frames) > 1 else None,  # the call of the compiled code
             localization="compiled run",
             device=device,
             torch_compile=found,
@@ -118,12 +122,15 @@ def compile_only(options: LocalizeOptions, first: RunResult, compiled: CompiledR
     )
 
 
-def deepest_user_frame(stderr: str, options: LocalizeOptions) -> SourceLocation | None:
-    """The last frame of the user's own files in the compiled run's traceback."""
+def user_frames(stderr: str, options: LocalizeOptions) -> list[SourceLocation]:
+    """The frames of the user's own files in the compiled run's (last) traceback: the deepest
+    is the compiled function (`def forward`), the one before it the call that ran it."""
     folders = {str(options.script.resolve().parent), str(options.cwd.resolve())}
-    found: SourceLocation | None = None
+    found: list[SourceLocation] = []
     lines = stderr.splitlines()
     for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last)"):
+            found = []  # chained exceptions: the last traceback is the one raised
         match = _FRAME.match(line)
         if not match:
             continue
@@ -133,5 +140,7 @@ def deepest_user_frame(stderr: str, options: LocalizeOptions) -> SourceLocation 
         if "site-packages" in str(path) or str(path.resolve().parent) not in folders:
             continue
         text = lines[i + 1].strip() if i + 1 < len(lines) else ""
-        found = SourceLocation(str(path.resolve()), int(match["line"]), text, match["function"])
+        found.append(
+            SourceLocation(str(path.resolve()), int(match["line"]), text, match["function"])
+        )
     return found

@@ -10,9 +10,12 @@ implementation that disagrees with the real one).
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+COMPILE_ONLY = "compile-only"  # Failure.status of a failure only the compiled script shows
 
 # The assertion an Inductor kernel makes on an index: `index out of bounds: 0 <= tmp4 < 2048`
 # (Triton's device assert on the GPU, a C++ exception on the CPU).
@@ -91,6 +94,8 @@ class CompileVerdict:
     compiled: CompiledRun | None = None
     inductor_settings: dict[str, str] = field(default_factory=dict)  # differing from defaults
     versions: dict[str, str] = field(default_factory=dict)  # torch, triton
+    # each compiled callable's first call in the recording: its arguments' specs as JSON
+    first_calls: dict[str, tuple[dict[str, Any] | None, ...]] = field(default_factory=dict)
 
     def summary(self) -> str:
         if self.fails_eagerly is None:
@@ -111,6 +116,7 @@ class CompileVerdict:
             "compiled_run": None if compiled is None else compiled.to_json(),
             "inductor_settings": dict(self.inductor_settings),
             "versions": dict(self.versions),
+            "first_calls": {name: list(specs) for name, specs in self.first_calls.items()},
         }
 
     @classmethod
@@ -125,7 +131,18 @@ class CompileVerdict:
                 str(k): str(v) for k, v in data.get("inductor_settings", {}).items()
             },
             versions={str(k): str(v) for k, v in data.get("versions", {}).items()},
+            first_calls={str(k): tuple(v) for k, v in (data.get("first_calls") or {}).items()},
         )
+
+
+def compile_environment(compiled: bool) -> dict[str, str]:
+    """This process's environment with torch.compile on (`compiled`) or off, whatever the shell
+    had: the two ways a compile-only failure is told apart."""
+    env = dict(os.environ)
+    env.pop("TORCH_COMPILE_DISABLE", None)
+    if not compiled:
+        env["TORCH_COMPILE_DISABLE"] = "1"
+    return env
 
 
 def inductor_evidence(output: str) -> tuple[str | None, str | None, str | None]:

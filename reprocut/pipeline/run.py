@@ -24,9 +24,11 @@ from rich.console import Console
 from reprocut.check.oracle import Oracle
 from reprocut.check.verify import verify
 from reprocut.model.case import Captured
+from reprocut.model.compiled import COMPILE_ONLY
 from reprocut.model.errors import CorruptRecordingError, ExitCode, ReprocutError
 from reprocut.model.recording import Failure, RunDir, atomic_write
 from reprocut.pipeline.cases import Outcome, shrink_case
+from reprocut.pipeline.compiled import shrink_compile_only
 from reprocut.pipeline.finish import report_inputs, result_json
 from reprocut.pipeline.phases import FORK_SERVER, READ, REPORT, SOURCE, VERIFY, Phases
 from reprocut.pipeline.recover import (
@@ -127,6 +129,11 @@ def shrink_recording(
     warm already (record's, with torch imported and a CUDA child standing by), used for the
     captured call's checks; it is closed here either way."""
     started = time.monotonic()
+    failure = failure or run_dir.read_failure()
+    if failure.status == COMPILE_ONLY:  # no op recorded: the script, compiled, is reduced
+        if oracle is not None:
+            oracle.close(wait=False)
+        return _compile_only(run_dir, failure, settings, console)
     with shrink_display(console, enabled=show) as shown:
         phases = Phases(shown)
         with phases.phase(READ):
@@ -197,6 +204,19 @@ def shrink_recording(
         outcome.reproduced_from_capture,
         exit_code if exit_code is not None else ExitCode.NOT_REPRODUCED,
     )
+
+
+def _compile_only(
+    run_dir: RunDir, failure: Failure, settings: ShrinkSettings, console: Console
+) -> Shrunk:
+    print_phase(console, "fails only under torch.compile: reducing the script while it fails "
+                "compiled and passes with TORCH_COMPILE_DISABLE=1 (two runs per candidate)")  # fmt: skip
+    shrunk = shrink_compile_only(run_dir, failure, out=_out(run_dir, settings),
+                                 max_checks=settings.max_checks, max_time=settings.max_time,
+                                 timeout=settings.timeout, runs=settings.runs)  # fmt: skip
+    _write_meta(run_dir, shrunk.result)
+    reproduced = shrunk.result["verified"]["reproduced"] > 0
+    return Shrunk(shrunk.result, failure.signature.describe(), reproduced, shrunk.exit_code)
 
 
 def _start_server(oracle: Oracle, phases: Phases, started: float) -> None:

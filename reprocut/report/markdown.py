@@ -92,6 +92,8 @@ def _fence(text: str, language: str = "") -> str:
 def summary_line(failure: Failure) -> str:
     signature = failure.signature
     where = failure.public_call or failure.op or failure.kernel or "a torch call"
+    if failure.torch_compile is not None and failure.torch_compile.fails_eagerly is False:
+        where = f"torch.compile({', '.join(failure.torch_compile.used)})"
     if signature.error_code is not None:
         name = failure.error.name or signature.kind
         return f"`{where}` raises CUDA error {signature.error_code} ({name}): {signature.kind}"

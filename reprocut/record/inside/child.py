@@ -114,6 +114,7 @@ def main(config_path: str) -> None:
     outcome["compiled"] = compile_use.used()
     if outcome["compiled"]:
         outcome["inductor_settings"] = inductor_settings()
+        outcome["compiled_calls"] = compile_use.first_calls
     if recorder.flags is not None:
         recorder.flags.flush(recorder.state.step)
         outcome["nonfinite"] = recorder.flags.to_json()

@@ -10,8 +10,13 @@ end: a compiler bug report lists them.
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
+
+# integer tensors up to this size keep their values in the first call's specs (ids, indices:
+# where values matter); larger ones and floating tensors are rebuilt from their specs
+LITERAL_LIMIT = 4096
 
 
 class CompileUse:
@@ -20,6 +25,9 @@ class CompileUse:
     def __init__(self, torch: Any) -> None:
         self.torch = torch
         self.names: list[str] = []
+        # the specs of each compiled callable's first call's positional arguments (JSON; None
+        # for an argument that is not a tensor): a compile-only repro calls it with such inputs
+        self.first_calls: dict[str, list[dict[str, Any] | None]] = {}
         self._compile = torch.compile
         self._optimize: Any = None
 
@@ -46,14 +54,46 @@ class CompileUse:
         return lambda fn: fn
 
     def _note(self, model: Any) -> Any:
-        self.names.append(getattr(model, "__name__", type(model).__name__))
-        return model
+        name = getattr(model, "__name__", type(model).__name__)
+        self.names.append(name)
+        if isinstance(model, self.torch.nn.Module):
+            model.register_forward_pre_hook(lambda _, args: self._first_call(name, args))
+            return model
+        if not callable(model):
+            return model
+
+        @functools.wraps(model)
+        def eager(*args: Any, **kwargs: Any) -> Any:
+            self._first_call(name, args)
+            return model(*args, **kwargs)
+
+        return eager
+
+    def _first_call(self, name: str, args: tuple[Any, ...]) -> None:
+        if name in self.first_calls:
+            return
+        torch_c = self.torch._C
+        with torch_c.DisableTorchFunction(), torch_c._DisableTorchDispatch():  # not the user's ops
+            self.first_calls[name] = [_spec_json(self.torch, arg) for arg in args]
 
     def used(self) -> list[str]:
         """What was compiled; Inductor imported by other paths counts too."""
         if not self.names and "torch._inductor.compile_fx" in sys.modules:
             return ["torch._inductor (AOTInductor or another path)"]
         return list(dict.fromkeys(self.names))
+
+
+def _spec_json(torch: Any, arg: Any) -> dict[str, Any] | None:
+    """A tensor argument's spec as JSON, an integer one's values kept (None: not a tensor)."""
+    from reprocut.model.case import Literal, spec_to_json
+    from reprocut.model.tensors import spec_of
+
+    if not isinstance(arg, torch.Tensor) or arg.is_sparse:
+        return None
+    values = None
+    if not (arg.is_floating_point() or arg.is_complex()) and arg.numel() <= LITERAL_LIMIT:
+        values = Literal(tuple(arg.detach().cpu().reshape(-1).tolist()))
+    return spec_to_json(spec_of(arg.detach(), values))
 
 
 def inductor_settings() -> dict[str, str]:

@@ -9,7 +9,6 @@ no Python traceback): that is a crash, read as any other.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -18,18 +17,11 @@ from pathlib import Path
 from reprocut.check import lifeline
 from reprocut.check.fresh import run_with_timeout
 from reprocut.check.verify import last_exception
-from reprocut.model.compiled import CompiledRun, inductor_evidence
+from reprocut.model.compiled import CompiledRun, compile_environment, inductor_evidence
 from reprocut.model.launch import Launch
 
 LOG = "compiled.stderr.txt"  # in the run folder, beside record's own logs
 NO_LIMIT = 7 * 24 * 3600.0  # record without --timeout: the run may take as long as it takes
-
-
-def compiled_env() -> dict[str, str]:
-    """The user's environment with torch.compile on, whatever the shell had."""
-    env = dict(os.environ)
-    env.pop("TORCH_COMPILE_DISABLE", None)
-    return env
 
 
 def run_compiled(
@@ -44,7 +36,7 @@ def run_compiled(
         process = subprocess.Popen(
             [sys.executable, *launch.python_options, *target, *launch.args],
             cwd=cwd,
-            env=compiled_env(),
+            env=compile_environment(compiled=True),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
