@@ -13,10 +13,10 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from reprocut.model.case import Generated, Literal, TensorSpec
 from reprocut.model.compiled import CompileVerdict, compile_environment, inductor_evidence
@@ -57,8 +57,12 @@ def _run(repro: Path, *, compiled: bool) -> subprocess.CompletedProcess[str]:
 
 def test_inductor_messages_keep_a_signature_across_compiles() -> None:
     """The cache file (a hash) and temporaries' numbers change from compile to compile."""
-    first = "kernel, /tmp/torchinductor_a/ih/cihu3e.main.cpp:29, index out of bounds: 0 <= tmp13 < 16L"
-    second = "kernel, /tmp/torchinductor_b/x1/c9f2aa.main.cpp:21, index out of bounds: 0 <= tmp2 < 64L"
+    first = (
+        "kernel, /tmp/torchinductor_a/ih/cihu3e.main.cpp:29, index out of bounds: 0 <= tmp13 < 16L"
+    )
+    second = (
+        "kernel, /tmp/torchinductor_b/x1/c9f2aa.main.cpp:21, index out of bounds: 0 <= tmp2 < 64L"
+    )
     assert classify("RuntimeError", first) == classify("RuntimeError", second)
     kernel, assertion, kernel_file = inductor_evidence(
         '  File "/tmp/torchinductor_a/ea/ceauch.py", line 94, in call\n'
@@ -95,7 +99,9 @@ def test_candidates_call_what_was_compiled_through_the_public_api() -> None:
     ids = TensorSpec((3,), dtype="int64", values=Literal((1, 2, 70)))
     floats = TensorSpec((2, 4), dtype="float32", values=Generated("randn"))
     (decorated,) = compiled_call_candidates(code, "stats", (ids,))
-    assert decorated.rstrip().endswith("stats(torch.tensor((1, 2, 70), dtype=torch.int64).reshape((3,)))")
+    assert decorated.rstrip().endswith(
+        "stats(torch.tensor((1, 2, 70), dtype=torch.int64).reshape((3,)))"
+    )
     assert "main()" not in decorated.split("def main")[1].split("\n", 2)[-1]
     bound = compiled_call_candidates(code, "plain", (floats,))
     assert any(c.rstrip().startswith("import torch") and "\nfast(torch.randn" in c for c in bound)

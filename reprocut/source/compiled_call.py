@@ -48,9 +48,35 @@ def compiled_call_candidates(code: str, name: str, specs: Sequence[TensorSpec | 
             callees.append(target)
     candidates = []
     for callee in callees:
-        call = cst.SimpleStatementLine([cst.Expr(cst.Call(callee, arguments))])
-        candidates.append(module.with_changes(body=[*kept, call]).code)
+        call = cst.SimpleStatementLine(
+            [cst.Expr(cst.Call(callee, arguments))], leading_lines=[cst.EmptyLine()] * 2
+        )
+        candidates.append(module.with_changes(body=[*_used(kept, call), call]).code)
     return candidates
+
+
+def _used(kept: list[cst.CSTNode], call: cst.CSTNode) -> list[cst.CSTNode]:
+    """`kept` without plain functions nothing calls any more (`main`, the training loop):
+    decorated ones stay, their decorators may register something (a custom op's fake)."""
+    while True:
+        unused = [
+            s
+            for s in kept
+            if isinstance(s, cst.FunctionDef) and not s.decorators and not _refers_to(kept, call, s)
+        ]
+        if not unused:
+            return kept
+        kept = [s for s in kept if s not in unused]
+
+
+def _refers_to(kept: list[cst.CSTNode], call: cst.CSTNode, function: cst.FunctionDef) -> bool:
+    """Whether anything but `function` itself names it."""
+    name = function.name.value
+    return any(
+        m.findall(statement, m.Name(name))
+        for statement in (*kept, call)
+        if statement is not function
+    )
 
 
 def _is_definition(statement: cst.CSTNode) -> bool:
