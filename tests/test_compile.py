@@ -74,6 +74,23 @@ def test_inductor_messages_keep_a_signature_across_compiles() -> None:
     assert kernel_file == "/tmp/torchinductor_a/ih/cihu3e.main.cpp"
 
 
+def test_a_device_assert_names_the_triton_kernel_that_asserted() -> None:
+    """On a GPU the error surfaces later (another kernel in the traceback); the assertion line
+    names the kernel that asserted."""
+    output = (
+        "/tmp/torchinductor_u/ab/cab12.py:45: triton_poi_fused_embedding_0: block: [3,0,0], "
+        "thread: [0,0,0] Assertion `index out of bounds: 0 <= tmp4 < 64` failed.\n"
+        "Traceback (most recent call last):\n"
+        '  File "/tmp/torchinductor_u/cd/ccd34.py", line 80, in call\n'
+        "    triton_per_fused_mean_1.run(buf2, buf3)\n"
+        "torch.AcceleratorError: CUDA error: device-side assert triggered\n"
+    )
+    run = read_compiled(output, 1, 1.0)
+    assert run.kernel == "triton_poi_fused_embedding_0"
+    assert run.assertion == "index out of bounds: 0 <= tmp4 < 64"
+    assert classify("AcceleratorError", run.message, output).kind == "index out of bounds"
+
+
 def test_an_abort_without_traceback_is_a_crash_with_the_kernels_assertion() -> None:
     """Inductor's CPU kernel under OpenMP: a C++ exception ends the process (SIGABRT)."""
     output = (

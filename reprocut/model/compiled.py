@@ -22,6 +22,8 @@ COMPILE_ONLY = "compile-only"  # Failure.status of a failure only the compiled s
 _INDUCTOR_ASSERT = re.compile(r"index out of bounds: [^\n]*?<=? ?\w+ <=? ?[\w.]+")
 # Inductor's generated kernels: `triton_poi_fused_embedding_0`, `cpp_fused_embedding_sum_0`
 _KERNEL_NAME = re.compile(r"\b((?:triton|cpp)_(?:poi|red|per|tem|fused)\w*)\b")
+# a device-side assert's line names its kernel: "...py:45: triton_poi_fused_embedding_0: block: [..."
+_ASSERTING_KERNEL = re.compile(r": ((?:triton|cpp)_\w+): block: \[")
 # a file under Inductor's cache: /tmp/torchinductor_<user>/ih/cihu3e...main.cpp:29
 _CACHE_FILE = re.compile(
     r"(?P<file>[^\s\"',]*torchinductor[^\s\"',:]*?\.(?:py|cpp))(?::(?P<line>\d+))?"
@@ -148,10 +150,10 @@ def compile_environment(compiled: bool) -> dict[str, str]:
 def inductor_evidence(output: str) -> tuple[str | None, str | None, str | None]:
     """(kernel name, assertion, kernel file) an Inductor-generated kernel left in `output`."""
     assertion = _INDUCTOR_ASSERT.search(output)
-    kernels = _KERNEL_NAME.findall(output)
+    kernels = _ASSERTING_KERNEL.findall(output)[:1] or _KERNEL_NAME.findall(output)
     cache = list(_CACHE_FILE.finditer(output))
     return (
-        kernels[-1] if kernels else None,  # the traceback's deepest call is the last named
+        kernels[-1] if kernels else None,  # the asserting one, else the traceback's deepest
         assertion.group(0).strip() if assertion else None,
         cache[-1]["file"] if cache else None,  # the deepest: the kernel's own file
     )
