@@ -27,6 +27,7 @@ from pathlib import Path
 from rich.console import Console
 
 from reprocut.check.warmer import OracleWarmer, gpu_present
+from reprocut.model.cell_code import translate_cell
 from reprocut.model.errors import (
     STATUS_EXIT,
     ExitCode,
@@ -35,6 +36,7 @@ from reprocut.model.errors import (
     ScriptNotFoundError,
 )
 from reprocut.model.launch import Launch
+from reprocut.model.notebook import cell_filename, code_cells, is_notebook, place_of
 from reprocut.model.recording import DEFAULT_ROOT, RunDir
 from reprocut.record.parent.launch import locate, parse_launch, split_command
 from reprocut.record.parent.runner import RunRequest, run_script
@@ -125,12 +127,23 @@ def check_script(script: Path) -> None:
         raise ScriptNotFoundError(f"no such script: {script}", hint="check the path")
     if not script.is_file():
         raise ScriptNotFoundError(f"{script} is not a file")
-    source = script.read_text(errors="replace")
+    if is_notebook(script):
+        for cell in code_cells(script):
+            _check_compiles(
+                translate_cell(cell.source).code, cell_filename(str(script), cell.index)
+            )
+        return
+    _check_compiles(script.read_text(errors="replace"), str(script))
+
+
+def _check_compiles(source: str, filename: str) -> None:
     try:
-        compile(source, str(script), "exec")
+        compile(source, filename, "exec")
     except SyntaxError as exc:
+        place = place_of(filename, exc.lineno or 0)
+        where = place.describe() if place else f"{filename}:{exc.lineno}"
         error = ReprocutError(
-            f"{script}:{exc.lineno}: syntax error: {exc.msg}",
+            f"{where}: syntax error: {exc.msg}",
             hint="the script does not compile, so it cannot fail in a torch op: fix it first",
         )
         error.exit_code = ExitCode.SCRIPT_ERROR

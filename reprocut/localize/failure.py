@@ -19,6 +19,7 @@ import torch
 
 from reprocut.model.case import Signature, SourceLocation
 from reprocut.model.launch import Launch
+from reprocut.model.notebook import source_line
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
 from reprocut.model.signature import classify, cuda_error_code, parse_assertions
 from reprocut.record.parent.runner import RunResult
@@ -69,7 +70,7 @@ def location(data: dict[str, Any] | None) -> SourceLocation | None:
     (the end-of-script marker, a launch line read by line_sync)."""
     if not data:
         return None
-    text = data.get("text", "")
+    text = data.get("text", "") or source_line(data["file"], data["line"]) or ""
     if not text:
         try:
             lines = Path(data["file"]).read_text().splitlines()

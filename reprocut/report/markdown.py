@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from reprocut.model.case import SourceLocation
 from reprocut.model.nonfinite import NonfiniteOrigin
+from reprocut.model.notebook import place_of
 from reprocut.model.recording import Failure
 from reprocut.report.paths import relative_to_folder, shown_path
 from reprocut.shrink.header import Environment
@@ -204,5 +205,9 @@ def render(inputs: ReportInputs) -> str:
 
 def _line(location: SourceLocation, folder: str) -> str:
     """`` `file:line`: `text` `` with the file relative to the script's folder."""
+    place = place_of(location.file, location.line)
+    if place is not None:
+        where = f"`{place.describe(folder)}`"
+        return f"{where}: `{location.text}`" if location.text else where
     where = f"`{shown_path(location.file, folder)}:{location.line}`"
     return f"{where}: `{location.text}`" if location.text else where

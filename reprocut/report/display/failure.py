@@ -11,6 +11,7 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 from reprocut.model.case import Captured, Generated, Literal, SourceLocation, TensorSpec
+from reprocut.model.notebook import cell_source, place_of
 from reprocut.model.recording import Failure
 from reprocut.model.signature import is_nonfinite
 from reprocut.report.display.nonfinite import nonfinite_json, nonfinite_section
@@ -30,6 +31,9 @@ TITLES = {
 def _where(location: SourceLocation | None, cwd: str = "") -> str:
     if location is None:
         return "unknown"
+    place = place_of(location.file, location.line)
+    if place is not None:  # `train.ipynb, cell 7 (In [5]), line 3`
+        return place.describe(cwd)
     path = location.file
     if cwd and path.startswith(cwd.rstrip("/") + "/"):
         path = path[len(cwd.rstrip("/")) + 1 :]
@@ -37,6 +41,9 @@ def _where(location: SourceLocation | None, cwd: str = "") -> str:
 
 
 def _where_shown(location: SourceLocation, cwd: str) -> str:
+    place = place_of(location.file, location.line)
+    if place is not None:
+        return place.describe(cwd)
     return f"{shown_path(location.file, cwd)}:{location.line}"
 
 
@@ -51,8 +58,9 @@ def loop_text(loop: dict[str, int]) -> str:
 
 def source_context(location: SourceLocation, context: int = 3) -> RenderableType:
     """A few syntax-highlighted lines around the user's line, the line itself marked."""
+    code = cell_source(location.file)  # a notebook cell: its own lines
     try:
-        code = Path(location.file).read_text()
+        code = Path(location.file).read_text() if code is None else code
     except OSError:
         return Text(location.text or "(source not available)")
     total = code.count("\n") + 1
@@ -220,6 +228,9 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
     def location(loc: SourceLocation | None) -> dict[str, Any] | None:
         if loc is None:
             return None
+        place = place_of(loc.file, loc.line)
+        if place is not None:  # the notebook's file, the cell (0-based) and the line in it
+            return {"file": place.notebook, "cell": place.cell, "line": loc.line, "text": loc.text}
         return {"file": loc.file, "line": loc.line, "text": loc.text}
 
     facts = [fact for row in failure.tensors for fact in row.facts]
