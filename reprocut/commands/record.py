@@ -35,6 +35,7 @@ from reprocut.model.errors import (
     ScriptDidNotFailError,
     ScriptNotFoundError,
 )
+from reprocut.model.failing_test import FailingTest
 from reprocut.model.launch import Launch
 from reprocut.model.notebook import cell_filename, code_cells, is_notebook, place_of
 from reprocut.model.recording import DEFAULT_ROOT, RunDir
@@ -151,7 +152,7 @@ def _check_compiles(source: str, filename: str) -> None:
         raise error from exc
 
 
-def run(options: argparse.Namespace, console: Console) -> ExitCode:
+def run(options: argparse.Namespace, console: Console) -> int:
     cwd = Path.cwd()
     launch = locate(parse_launch(getattr(options, "launch_args", [])), cwd)
     assert launch.script is not None
@@ -193,7 +194,7 @@ def _record(
     cwd: Path,
     run_dir: RunDir,
     warmer: OracleWarmer | None,
-) -> ExitCode:
+) -> int:
     def progress(message: str) -> None:
         print_line(console, f"[bold blue]reprocut[/]: {message}")
 
@@ -223,6 +224,15 @@ def _record(
     from reprocut.localize.failure import LocalizeOptions
     from reprocut.localize.localizer import localize
 
+    test = FailingTest.from_json((first.outcome or {}).get("test"))
+    under_pytest = launch.module == "pytest"
+    if under_pytest and test is None and first.outcome is not None and not first.timed_out:
+        progress(f"no test failed in a torch op or with a CUDA error (pytest exited {first.returncode})")
+        run_dir.write_meta({**run_dir.read_meta(), "status": "passed"})
+        if options.json:
+            print(json.dumps({"status": "no-failing-test", "exit_code": first.returncode}))
+        return first.returncode or 0  # pytest's own
+
     localize_options = LocalizeOptions(
         script=script,
         argv=launch.args,
@@ -236,6 +246,7 @@ def _record(
         rerun=options.rerun,
         oracle=None if warmer is None else warmer.ready(),
         nan=options.nan,
+        test=test,
     )
     meta = run_dir.read_meta()
     localize_started = time.perf_counter()
@@ -261,4 +272,6 @@ def _record(
         code, report["shrink"] = shrink_recorded(run_dir, failure, oracle, console, options.json)
     if options.json:
         print(json.dumps(report, indent=2))
+    if under_pytest and not options.shrink and first.returncode is not None:
+        return first.returncode  # pytest's, as without reprocut
     return code

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from reprocut.model.case import Signature, SourceLocation
+from reprocut.model.failing_test import FailingTest
 from reprocut.model.launch import Launch
 from reprocut.model.notebook import source_line
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
@@ -53,6 +54,7 @@ class LocalizeOptions:
     frameworks: tuple[tuple[str, str], ...] = ()  # versions the script imported (its outcome)
     nan: bool = False  # `--nan`: the first op that made a NaN/inf is the failure
     rerunner: Rerunner | None = None  # None: reruns run the script alone
+    test: FailingTest | None = None  # under pytest: the first run's failing test
 
 
 def environment_summary() -> dict[str, str]:
@@ -104,6 +106,7 @@ def finish(options: LocalizeOptions, failure: Failure) -> Failure:
         env=environment_summary(),
         frameworks=dict(options.frameworks),
         run_module=options.launch.module if options.launch else None,
+        test=options.test,
     )
     options.run_dir.write_failure(failure)
     return failure

@@ -30,6 +30,7 @@ from reprocut.model.case import (
     spec_to_json,
 )
 from reprocut.model.errors import CorruptRecordingError, NoRecordingError
+from reprocut.model.failing_test import FailingTest
 from reprocut.model.job import JobRerun, RankSummary
 from reprocut.model.nonfinite import NonfiniteOrigin
 
@@ -138,6 +139,7 @@ class Failure:
     world_size: int | None = None
     ranks: tuple[RankSummary, ...] = ()  # every rank of the job, what it saw
     job_reruns: tuple[JobRerun, ...] = ()  # reruns of the whole job that localized the culprit
+    test: FailingTest | None = None  # under pytest: the test that failed (it has no step)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -172,6 +174,7 @@ class Failure:
             "world_size": self.world_size,
             "ranks": [summary.to_json() for summary in self.ranks],
             "job_reruns": [rerun.to_json() for rerun in self.job_reruns],
+            "test": None if self.test is None else self.test.to_json(),
         }
 
     @classmethod
@@ -205,6 +208,7 @@ class Failure:
             loop={str(k): int(v) for k, v in (data.get("loop") or {}).items()},
             frameworks={str(k): str(v) for k, v in (data.get("frameworks") or {}).items()},
             run_module=data.get("run_module"),
+            test=FailingTest.from_json(data.get("test")),
             nonfinite=NonfiniteOrigin.from_json(data["nonfinite"])
             if data.get("nonfinite")
             else None,

@@ -155,6 +155,10 @@ def render(inputs: ReportInputs) -> str:
         )
     parts += ["", "## Where it happened in the original program", ""]
     folder = os.path.dirname(failure.script) if failure.script else ""
+    if failure.test is not None:  # under pytest: paths from where pytest ran
+        folder = failure.cwd
+        test_line = f"{shown_path(failure.test.file, folder)}:{failure.test.line}"
+        parts.append(f"- test `{failure.test.nodeid}` (its line: `{test_line}`)")
     if failure.rank is not None:
         parts.append(
             f"- rank {failure.rank} of {failure.world_size} under torchrun (the first to fail; "
@@ -174,7 +178,7 @@ def render(inputs: ReportInputs) -> str:
         ("public call", failure.public_call),
         ("module", failure.module),
         ("phase", failure.phase),
-        ("training step", failure.step),
+        ("training step", failure.step if failure.test is None else None),
     ]
     parts += [f"- {name}: `{value}`" for name, value in facts if value is not None]
     if failure.loop:

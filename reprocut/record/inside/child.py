@@ -25,6 +25,7 @@ from reprocut.model.case import SourceLocation
 from reprocut.model.recording import atomic_write
 from reprocut.record.inside.main_module import run_main
 from reprocut.record.inside.outcome import OUTCOME_FILE, error_json, recorded_state
+from reprocut.record.inside.pytest_failure import FailedTest
 
 NONFINITE_INPUTS_FILE = "nonfinite-inputs.pt"
 
@@ -78,7 +79,7 @@ def main(config_path: str) -> None:
     try:
         try:
             with line_sync or contextlib.nullcontext():
-                run_main(script, module)
+                run_main(script, module, recorder.state)
         except SystemExit as exc:
             exit_request = exc
         except NonfiniteStop:
@@ -95,6 +96,9 @@ def main(config_path: str) -> None:
             outcome = {"status": "stopped", "exit_code": 0}
     except BaseException as exc:  # the failure under study: everything is data now
         exit_code = 1
+        test = None
+        if isinstance(exc, FailedTest):  # pytest ended; its first test failing in a torch op
+            test, exit_code, exc = exc.test, exc.exit_code, exc.error
         surfaced = recorder.frames.innermost_in_traceback(exc.__traceback__)
         if line_sync is not None and line_sync.launch is not None:
             surfaced = line_sync.launch  # the line after which the GPU first reported the fault
@@ -102,7 +106,7 @@ def main(config_path: str) -> None:
             surfaced = _script_end(script)
         outcome = {
             "status": "failed",
-            "exit_code": 1,
+            "exit_code": exit_code,
             "error": error_json(exc),
             "traceback": user_traceback(exc),
             "surfaced_at": _location_json(surfaced),
@@ -111,7 +115,10 @@ def main(config_path: str) -> None:
             "interrupted": isinstance(exc, KeyboardInterrupt),
             "failed_at": time.time(),  # under torchrun: which rank failed first
         }
-        sys.stderr.write(outcome["traceback"])
+        if test is None:
+            sys.stderr.write(outcome["traceback"])
+        else:  # pytest printed its own report
+            outcome["test"] = test
         recorder.early.write(outcome)  # before closing and teardown, which may crash
     finally:
         torch.compile = original_compile  # type: ignore[assignment]

@@ -17,17 +17,21 @@ import io
 import runpy
 import sys
 import types
+from typing import TYPE_CHECKING
 
 from reprocut.model.notebook import is_notebook
 
+if TYPE_CHECKING:
+    from reprocut.record.inside.state import RunState
 
-def run_main(script: str, module: str | None = None) -> None:
+
+def run_main(script: str, module: str | None = None, state: RunState | None = None) -> None:
     """Run `module` (as `python -m`) or else the file `script` (an absolute path) as __main__;
-    sys.argv and sys.path are the caller's to set."""
-    if module == "pytest":
+    sys.argv and sys.path are the caller's to set. `state`: the recorder's, for pytest's watch."""
+    if module == "pytest" and state is not None:
         from reprocut.record.inside.pytest_watch import run_pytest
 
-        run_pytest()
+        run_pytest(state)
         return
     if module:
         runpy.run_module(module, {"__builtins__": builtins}, run_name="__main__", alter_sys=True)

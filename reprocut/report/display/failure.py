@@ -140,7 +140,11 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
         head.append("kernel   ", style="bold")
         head.append(failure.kernel, style="bold cyan")
         head.append("   (not a PyTorch op)\n", style="dim")
-    if failure.step is not None:
+    if failure.test is not None:  # a test has no training step: the test is where
+        head.append("test     ", style="bold")
+        head.append(failure.test.nodeid, style="bold cyan")
+        head.append(f"   line {shown_path(failure.test.file, failure.cwd)}:{failure.test.line}\n")
+    elif failure.step is not None:
         head.append("step     ", style="bold")
         head.append(f"{failure.step}" + (f" ({failure.phase})" if failure.phase else ""))
         if failure.loop:
@@ -268,6 +272,7 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
         "device": failure.device,
         "notes": list(failure.notes),
         "run_dir": str(run_dir),
+        "test": None if failure.test is None else failure.test.to_json(),
         "nonfinite": None if failure.nonfinite is None else nonfinite_json(failure.nonfinite),
         **(ranks_json(failure) if failure.rank is not None else {}),
     }
