@@ -227,7 +227,9 @@ def _record(
     test = FailingTest.from_json((first.outcome or {}).get("test"))
     under_pytest = launch.module == "pytest"
     if under_pytest and test is None and first.outcome is not None and not first.timed_out:
-        progress(f"no test failed in a torch op or with a CUDA error (pytest exited {first.returncode})")
+        progress(
+            f"no test failed in a torch op or with a CUDA error (pytest exited {first.returncode})"
+        )
         run_dir.write_meta({**run_dir.read_meta(), "status": "passed"})
         if options.json:
             print(json.dumps({"status": "no-failing-test", "exit_code": first.returncode}))

@@ -113,4 +113,3 @@ def run_pytest(state: RunState) -> None:
     if watch.test is not None and watch.error is not None:
         raise FailedTest(watch.error, {**watch.test, "exit_code": code}, code)
     raise SystemExit(code)
-
