@@ -68,7 +68,7 @@ def test_the_first_test_failing_in_a_torch_op_is_named(recorded):
 
 
 def test_pytest_output_is_its_own(recorded):
-    work, _, report = recorded
+    _, _, report = recorded
     run_dir = Path(report["run_dir"])
     stdout = (run_dir / "record.stdout.txt").read_text()
     assert "1 failed, 5 passed" in stdout  # pytest.raises' test passed; later tests ran

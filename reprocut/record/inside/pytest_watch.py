@@ -13,6 +13,7 @@ outcome is that test's failure, with pytest's exit code.
 
 from __future__ import annotations
 
+import itertools
 import linecache
 import sys
 from types import TracebackType
@@ -72,7 +73,7 @@ def _show_plain_traceback(excinfo: Any) -> None:
     kept = [frame.tb for frame in plain_python_frames(frames)]
     if len(kept) == len(tbs) or not kept or kept[0] is not tbs[0]:
         return
-    for before, after in zip(kept, kept[1:], strict=False):
+    for before, after in itertools.pairwise(kept):
         before.tb_next = after
     kept[-1].tb_next = None
     excinfo._traceback = None  # recomputed from the relinked entries
