@@ -8,7 +8,9 @@ passes (`pytest.raises(IndexError)`) is forgotten when the next test starts. The
 that fails with a culprit noted, or with a CUDA error, keeps its culprit (later tests cannot
 replace it) and is named by its node id, its file and its own line (the test's line the error
 passed through). When pytest ends, its error is handed to the child as `FailedTest`, so the
-outcome is that test's failure, with pytest's exit code.
+outcome is that test's failure, with pytest's exit code. On a GPU each test's end waits for
+the GPU, so an asynchronous CUDA error is charged to the test that launched the kernel (pytest
+shows it as an error at that test's teardown).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from types import TracebackType
 from typing import Any
 
 import pytest
+import torch
 
 from reprocut.record.inside.frames import plain_python_frames
 from reprocut.record.inside.pytest_failure import FailedTest
@@ -39,6 +42,13 @@ class PytestWatch:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         if self.test is None:
             self.state.culprit = None  # noted in an earlier test that did not fail by it
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        """Wait for the GPU at each test's end, so an asynchronous CUDA error is met in the test
+        that launched the kernel (as an error at its teardown), not in a later one."""
+        if self.test is None and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
