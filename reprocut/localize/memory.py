@@ -105,7 +105,9 @@ def build_report(failure: Failure | None, data: dict[str, Any], run_dir: Any) ->
     at_failure = data.get("failure") or {}
     analysis = at_failure or data.get("analysis") or {}
     growth = growth_per_step(steps)
-    device = failure.device if failure is not None else ("cuda" if "device_total" in analysis else "cpu")
+    device = (
+        failure.device if failure is not None else ("cuda" if "device_total" in analysis else "cpu")
+    )
     report = MemoryReport(
         device=device,
         steps=steps,
@@ -125,7 +127,12 @@ def build_report(failure: Failure | None, data: dict[str, Any], run_dir: Any) ->
         )
     if failure is not None:
         report = _request(report, failure, at_failure)
-    plot = write_plot(report, run_dir / PLOT_FILE) if steps else None
+        if at_failure.get("allocated") is not None:  # the failing step's point in the picture
+            point = StepMemory(
+                at_failure["step"], at_failure["allocated"], at_failure["reserved"], 0
+            )
+            report = replace(report, steps=(*steps, point))
+    plot = write_plot(report, run_dir / PLOT_FILE) if report.steps else None
     return replace(report, plot=plot)
 
 

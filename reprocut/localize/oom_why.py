@@ -89,7 +89,7 @@ def _base(op: str | None) -> str:
 
 def _stride0_dims(spec: TensorSpec) -> list[int]:
     stride = spec.stride or contiguous_stride(spec.shape)
-    return [i for i, (s, n) in enumerate(zip(stride, spec.shape)) if s == 0 and n > 1]
+    return [i for i, (s, n) in enumerate(zip(stride, spec.shape, strict=True)) if s == 0 and n > 1]
 
 
 def explain_request(op: str | None, case: ReproCase | None, requested: int | None) -> list[str]:
@@ -147,9 +147,7 @@ def explain_request(op: str | None, case: ReproCase | None, requested: int | Non
             f"the {narrow[0].dtype} input {shape_text(narrow[0].shape)} is promoted to {dtype} "
             f"(type promotion with the other operand): {ratio}x its bytes per element"
         )
-    if requested is not None and out_bytes and not math.isclose(
-        requested, out_bytes, rel_tol=0.01
-    ):
+    if requested is not None and out_bytes and not math.isclose(requested, out_bytes, rel_tol=0.01):
         sentences.append(
             f"the failed request ({format_bytes(requested)}) is not the output's size: a "
             "temporary or workspace of the op"

@@ -13,6 +13,7 @@ to the surviving tensors. Everything is written to memory.json in the run folder
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import sys
 from dataclasses import dataclass
@@ -148,7 +149,7 @@ class MemoryWatch(TorchDispatchMode):
             allocated, reserved = self.figures()
             self.steps.append([step, allocated, reserved, self.carried_bytes(step)])
             carried = [s[3] for s in self.steps[-4:]]
-            growing = len(carried) == 4 and all(b > a for a, b in zip(carried, carried[1:]))
+            growing = len(carried) == 4 and all(b > a for a, b in itertools.pairwise(carried))
             if growing and step >= self._next_walk:
                 self._next_walk = step * 2
                 self.analysis = self._walk(sys._getframe(1), None, step)

@@ -238,7 +238,8 @@ def _reach(value: Any, live: dict[int, Any], leaked: set[int]) -> dict[str, Any]
     return {
         "bytes": sum(live[k].nbytes for k in keys),
         "kind": type(value).__name__,
-        "items": len(value) if hasattr(value, "__len__") and not isinstance(value, torch.Tensor)
+        "items": len(value)
+        if hasattr(value, "__len__") and not isinstance(value, torch.Tensor)
         else None,
         "depth": depth_of,
         "graph": bool(via),
