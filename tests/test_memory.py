@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 import torch
 
 from reprocut.localize.oom_why import explain_request
