@@ -100,6 +100,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "outputs, read without waiting for the GPU); report the first op that made one from "
         "finite inputs, found by a rerun to that step",
     )
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="watch memory: which op and line made each live tensor, memory per step, and when "
+        "it grows, what keeps it alive (a run that does not fail gets this report too); an "
+        "out-of-memory failure gets it from a rerun without this option",
+    )
     parser.add_argument("--quiet", action="store_true", help="do not echo the script's own output")
     parser.add_argument(
         "--shrink",
@@ -213,6 +220,7 @@ def _record(
             light_steps=False if options.full_trace else None,
             launch_blocking=False,
             nan=options.nan,
+            memory=options.memory,
             timeout=options.timeout,
             cwd=cwd,
             launch=launch,
@@ -249,6 +257,7 @@ def _record(
         oracle=None if warmer is None else warmer.ready(),
         nan=options.nan,
         test=test,
+        memory=options.memory,
     )
     meta = run_dir.read_meta()
     localize_started = time.perf_counter()
@@ -256,6 +265,10 @@ def _record(
         failure = localize(localize_options, first, progress)
     except ScriptDidNotFailError:
         run_dir.write_meta({**meta, "status": "passed", "seconds": round(first.seconds, 3)})
+        if options.memory:  # the growth and leak report of a run that did not fail
+            from reprocut.commands.memory_run import report_passed
+
+            return report_passed(options, console, run_dir)
         raise
     meta.update(  # where the time went: the script's run, then finding the culprit
         status=failure.status,

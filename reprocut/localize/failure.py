@@ -53,6 +53,7 @@ class LocalizeOptions:
     launch: Launch | None = None  # `-m`, argv[0] as typed, python options: reruns launch alike
     frameworks: tuple[tuple[str, str], ...] = ()  # versions the script imported (its outcome)
     nan: bool = False  # `--nan`: the first op that made a NaN/inf is the failure
+    memory: bool = False  # `--memory`: the run had the memory watch on (memory.json)
     rerunner: Rerunner | None = None  # None: reruns run the script alone
     test: FailingTest | None = None  # under pytest: the first run's failing test
 

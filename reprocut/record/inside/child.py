@@ -75,6 +75,7 @@ def main(config_path: str) -> None:
     exit_request: SystemExit | None = None
     stopped = False  # --nan: reprocut ended the run (NonfiniteStop)
     line_sync = LineSync() if config.get("sync_lines") else None
+    memory = _memory_watch(config, recorder, run_dir)  # below the recorder's own modes
     recorder.__enter__()
     try:
         try:
@@ -120,10 +121,15 @@ def main(config_path: str) -> None:
         else:  # pytest printed its own report
             outcome["test"] = test
         recorder.early.write(outcome)  # before closing and teardown, which may crash
+        if memory is not None:
+            memory.at_failure(exc)
     finally:
         torch.compile = original_compile  # type: ignore[assignment]
         light_step = recorder.light_step  # read before close(), which turns the modes off
         recorder.close()
+        if memory is not None:
+            memory.stop()
+            memory.write()
     failed = outcome["status"] == "failed"
     outcome.update(recorded_state(recorder.state, light_step, failed=failed))
     outcome["compiled"] = compiled
@@ -140,6 +146,17 @@ def main(config_path: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)
+
+
+def _memory_watch(config: dict[str, Any], recorder: Any, run_dir: Path) -> Any:
+    """`record --memory` or an out-of-memory rerun: every storage's maker, memory per step."""
+    if not config.get("memory"):
+        return None
+    from reprocut.record.inside.memory import MemoryWatch
+
+    watch = MemoryWatch(recorder.state, recorder.frames, run_dir, cuda_history=True).start()
+    recorder.step_listeners.append(watch.end_step)
+    return watch
 
 
 def _script_end(script: str) -> SourceLocation:

@@ -14,6 +14,7 @@ from reprocut.model.case import Captured, Generated, Literal, SourceLocation, Te
 from reprocut.model.notebook import cell_source, place_of
 from reprocut.model.recording import Failure
 from reprocut.model.signature import is_nonfinite
+from reprocut.report.display.memory import memory_json, memory_section
 from reprocut.report.display.nonfinite import nonfinite_json, nonfinite_section
 from reprocut.report.display.ranks import other_ranks, rank_head, ranks_json
 from reprocut.report.display.tables import FittedTable
@@ -201,6 +202,8 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
     if failure.nonfinite is not None:  # --nan: the panel's op is the origin; else traced to it
         full = not is_nonfinite(failure.signature)
         parts.append(nonfinite_section(failure.nonfinite, failure.cwd, full=full))
+    if failure.memory is not None:
+        parts.append(memory_section(failure.memory, run_dir))
     if failure.diagnosis:
         parts.append(Text("\ndiagnosis", style="bold"))
         parts.append(Text(failure.diagnosis))
@@ -274,5 +277,6 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
         "run_dir": str(run_dir),
         "test": None if failure.test is None else failure.test.to_json(),
         "nonfinite": None if failure.nonfinite is None else nonfinite_json(failure.nonfinite),
+        "memory": None if failure.memory is None else memory_json(failure.memory, run_dir),
         **(ranks_json(failure) if failure.rank is not None else {}),
     }
