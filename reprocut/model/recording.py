@@ -31,7 +31,9 @@ from reprocut.model.case import (
 )
 from reprocut.model.compiled import CompileVerdict
 from reprocut.model.errors import CorruptRecordingError, NoRecordingError
+from reprocut.model.failing_test import FailingTest
 from reprocut.model.job import JobRerun, RankSummary
+from reprocut.model.memory import MemoryReport
 from reprocut.model.nonfinite import NonfiniteOrigin
 
 DEFAULT_ROOT = Path(".reprocut")
@@ -140,6 +142,8 @@ class Failure:
     ranks: tuple[RankSummary, ...] = ()  # every rank of the job, what it saw
     job_reruns: tuple[JobRerun, ...] = ()  # reruns of the whole job that localized the culprit
     torch_compile: CompileVerdict | None = None  # the script used torch.compile: the verdict
+    test: FailingTest | None = None  # under pytest: the test that failed (it has no step)
+    memory: MemoryReport | None = None  # an out-of-memory failure: request, holders, leak
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -175,6 +179,8 @@ class Failure:
             "ranks": [summary.to_json() for summary in self.ranks],
             "job_reruns": [rerun.to_json() for rerun in self.job_reruns],
             "torch_compile": None if self.torch_compile is None else self.torch_compile.to_json(),
+            "test": None if self.test is None else self.test.to_json(),
+            "memory": None if self.memory is None else self.memory.to_json(),
         }
 
     @classmethod
@@ -208,6 +214,7 @@ class Failure:
             loop={str(k): int(v) for k, v in (data.get("loop") or {}).items()},
             frameworks={str(k): str(v) for k, v in (data.get("frameworks") or {}).items()},
             run_module=data.get("run_module"),
+            test=FailingTest.from_json(data.get("test")),
             nonfinite=NonfiniteOrigin.from_json(data["nonfinite"])
             if data.get("nonfinite")
             else None,
@@ -218,6 +225,7 @@ class Failure:
             torch_compile=CompileVerdict.from_json(data["torch_compile"])
             if data.get("torch_compile")
             else None,
+            memory=MemoryReport.from_json(data["memory"]) if data.get("memory") else None,
         )
 
     def with_notes(self, *notes: str) -> Failure:
