@@ -21,6 +21,8 @@ from reprocut.model.memory import Holder, Leak, MemoryReport, StepMemory
 from reprocut.model.oom import device_figures, is_out_of_memory, requested_bytes
 from reprocut.model.signature import classify
 from reprocut.report.memory_plot import render_svg
+from reprocut.shrink.emitter import emit
+from reprocut.shrink.empty_inputs import empty_case, public_target
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "corpus" / "memory"
@@ -89,6 +91,24 @@ def test_the_report_survives_json_and_draws():
     assert svg.startswith("<svg") and "step 2: out of memory" in svg
 
 
+def test_an_expanded_input_stays_small_in_the_value_less_repro():
+    expanded = TensorSpec((400_000, 400_000), stride=(0, 1), requires_grad=True)
+    case = ReproCase("torch.ops.aten.eq.Tensor", (TensorSpec((400_000, 1)), expanded))
+    assert public_target(case) == "torch.eq"
+    assert public_target(ReproCase("torch.ops.aten._softmax_backward_data.default", ())) is None
+    forward, backward = empty_case(case), empty_case(case, backward=True)
+    assert forward is not None and backward is not None
+    code = emit(backward).code
+    assert "torch.empty_strided((400000, 400000), (0, 1))" in code, code
+    assert "requires_grad" not in code  # a backward op runs under autograd's no-grad
+    assert "requires_grad=True" in emit(forward).code
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "repro.py", "exec"), namespace)
+    with pytest.raises(RuntimeError) as raised:  # 160 GB of bool, from 3.2 MB of inputs
+        namespace["main"]()
+    assert requested_bytes(str(raised.value)) == 400_000 * 400_000
+
+
 # --- end to end, on the corpus cases -------------------------------------------------------
 
 
@@ -129,25 +149,56 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, d
         return {case: future.result() for case, future in futures.items()}
 
 
-@pytest.mark.parametrize("case", ["ranking_broadcast", "hard_negative_backward"])
-def test_an_op_level_oom_is_reported_with_its_request_and_why(recorded, case):
-    code, report = recorded[case]
-    truth = _truth(case)
-    assert code == 0, report
-    assert (report["op"], report["step"], report["phase"]) == (
-        truth["op"],
-        truth["step"],
-        truth["phase"],
-    )
-    line = report["forward_source"] if truth["phase"] == "backward" else report["source"]
-    assert line["line"] == _marked_line(case)  # a backward op: the forward line that built it
-    memory = report["memory"]
-    assert memory["cause"] == truth["cause"]
-    assert memory["requested_bytes"] == truth["requested_bytes"]
-    for sentence in truth["why"]:
-        assert any(sentence in why for why in memory["why"]), memory["why"]
-    assert Path(memory["plot"]).read_text().startswith("<svg")
-    assert report["signature"]["kind"] == "out of memory"
+OP_LEVEL = ("ranking_broadcast", "hard_negative_backward")
+
+
+def test_an_op_level_oom_is_reported_with_its_request_and_why(recorded):
+    for case in OP_LEVEL:
+        code, report = recorded[case]
+        truth = _truth(case)
+        assert code == 0, report
+        assert (report["op"], report["step"], report["phase"]) == (
+            truth["op"],
+            truth["step"],
+            truth["phase"],
+        )
+        line = report["forward_source"] if truth["phase"] == "backward" else report["source"]
+        assert line["line"] == _marked_line(case)  # a backward op: the forward line that built it
+        memory = report["memory"]
+        assert memory["cause"] == truth["cause"]
+        assert memory["requested_bytes"] == truth["requested_bytes"]
+        for sentence in truth["why"]:
+            assert any(sentence in why for why in memory["why"]), memory["why"]
+        assert Path(memory["plot"]).read_text().startswith("<svg")
+        assert report["signature"]["kind"] == "out of memory"
+
+
+def _shrink(run_dir: str) -> tuple[int, dict[str, Any]]:
+    command = [sys.executable, "-m", "reprocut", "shrink", "--json", "--runs", "2", run_dir]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_an_op_level_oom_shrinks_at_once_to_the_op_on_empty_inputs(recorded):
+    """No fork server, no reduction: the op on torch.empty inputs, verified by plain runs."""
+    with ThreadPoolExecutor(2) as pool:
+        shrunk = dict(
+            zip(
+                OP_LEVEL,
+                pool.map(_shrink, [recorded[c][1]["run_dir"] for c in OP_LEVEL]),
+                strict=True,
+            )
+        )
+    for case, (code, result) in shrunk.items():
+        assert code == 0 and result["status"] == "verified", (case, result)
+        assert result["path"] == "empty-inputs" and result["checks"] == 0
+        assert not {"fork_server", "first_check", "shrink"} & set(result["phases"])
+        repro = Path(result["repro"]).read_text()
+        assert "torch.empty(" in repro and "inputs[" not in repro, repro
+        assert not (Path(result["repro"]).parent / "repro_inputs.pt").exists()
+        assert "Made without a reduction" in Path(result["report"]).read_text()
+    backward = Path(shrunk["hard_negative_backward"][1]["repro"]).read_text()
+    assert "new_zeros([200000, 200000])" in backward and "Phase: backward" in backward
 
 
 def test_record_memory_names_the_growth_the_line_and_the_retaining_list(recorded):
