@@ -15,10 +15,16 @@ import pytest
 import tomllib
 import torch
 
+from reprocut.localize.memory import fragmentation
 from reprocut.localize.oom_why import explain_request
 from reprocut.model.case import ReproCase, TensorSpec
 from reprocut.model.memory import Holder, Leak, MemoryReport, StepMemory
-from reprocut.model.oom import device_figures, is_out_of_memory, requested_bytes
+from reprocut.model.oom import (
+    device_figures,
+    is_out_of_memory,
+    requested_bytes,
+    snapshot_free_blocks,
+)
 from reprocut.model.signature import classify
 from reprocut.report.memory_plot import render_svg
 from reprocut.shrink.emitter import emit
@@ -215,3 +221,62 @@ def test_record_memory_names_the_growth_the_line_and_the_retaining_list(recorded
     assert leak["line"].endswith(f"train.py:{forward}")  # the activations', in the forward
     assert truth["fix"] in leak["fix"]
     assert Path(memory["plot"]).exists()
+
+
+# a torch.cuda.memory_snapshot() as an H200 gives it after a run that freed tensors of many
+# sizes: two segments, each with live ("active_allocated") and freed ("inactive") blocks
+GIB = 1 << 30
+SNAPSHOT = [
+    {
+        "device": 0, "address": 139_000_000_000, "total_size": 40 * GIB, "allocated_size": 28 * GIB,
+        "active_size": 28 * GIB, "requested_size": 28 * GIB, "stream": 0,
+        "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+        "blocks": [
+            {"address": 1, "size": 20 * GIB, "requested_size": 20 * GIB,
+             "state": "active_allocated", "frames": []},
+            {"address": 2, "size": 6 * GIB, "requested_size": 0, "state": "inactive",
+             "frames": []},
+            {"address": 3, "size": 8 * GIB, "requested_size": 8 * GIB,
+             "state": "active_allocated", "frames": []},
+            {"address": 4, "size": 6 * GIB, "requested_size": 0, "state": "inactive",
+             "frames": []},
+        ],
+    },
+    {
+        "device": 0, "address": 140_000_000_000, "total_size": 10 * GIB, "allocated_size": 2 * GIB,
+        "active_size": 2 * GIB, "requested_size": 2 * GIB, "stream": 0,
+        "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+        "blocks": [
+            {"address": 5, "size": 2 * GIB, "requested_size": 2 * GIB,
+             "state": "active_pending_free", "frames": []},
+            {"address": 6, "size": 8 * GIB, "requested_size": 0, "state": "inactive",
+             "frames": []},
+        ],
+    },
+]  # fmt: skip
+
+
+def test_fragmentation_from_a_snapshot_says_when_expandable_segments_would_help():
+    largest, expandable = snapshot_free_blocks(SNAPSHOT)
+    assert (largest, expandable) == (8 * GIB, False)
+    cached = 20 * GIB  # reserved 50 GiB, allocated 30 GiB: 6 + 6 + 8 GiB free, in pieces
+    split = fragmentation(12 * GIB, cached=cached, device_free=GIB, largest=largest,
+                          expandable=expandable)  # fmt: skip
+    assert split.expandable_segments_would_help and split.largest_free_block == 8 * GIB
+    assert "expandable_segments:True would have helped" in split.text
+    short = fragmentation(40 * GIB, cached=cached, device_free=GIB, largest=largest,
+                          expandable=expandable)  # fmt: skip
+    assert short.expandable_segments_would_help is False and "not enough" in short.text
+    on = [{**segment, "is_expandable": True} for segment in SNAPSHOT]
+    already = fragmentation(12 * GIB, cached=cached, device_free=GIB,
+                            largest=largest, expandable=snapshot_free_blocks(on)[1])  # fmt: skip
+    assert already.expandable_segments_would_help is False and "on already" in already.text
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_snapshot_of_a_real_cuda_allocator_is_read():
+    kept = [torch.empty(1 << 20, device="cuda") for _ in range(8)]
+    del kept[::2]  # four freed blocks between live ones: the cache holds them
+    largest, _ = snapshot_free_blocks(torch.cuda.memory_snapshot())
+    assert largest >= 4 << 20
