@@ -91,6 +91,8 @@ def record_case(case: Path, device: str, workdir: Path, timeout: int) -> dict[st
         checks["fix"] = memory_truth["fix"] in (leak.get("fix") or "")
     checks["plot"] = bool(memory.get("plot")) and Path(memory["plot"]).exists()
     checks["snapshot"] = bool(memory.get("snapshot")) and Path(memory["snapshot"]).exists()
+    if report.get("status") != "passed":  # a failure on CUDA: the allocator's cache is read
+        checks["fragmentation"] = bool((memory.get("fragmentation") or {}).get("text"))
     result = {
         "case": case.name,
         "seconds": round(seconds, 1),
@@ -105,6 +107,7 @@ def record_case(case: Path, device: str, workdir: Path, timeout: int) -> dict[st
         "leak": memory.get("leak"),
         "growth_per_step_bytes": memory.get("growth_per_step_bytes"),
         "run_dir": report.get("run_dir"),
+        "fragmentation": memory.get("fragmentation"),
     }
     if memory_truth.get("repro"):
         shrink = subprocess.run(
@@ -124,11 +127,14 @@ def record_case(case: Path, device: str, workdir: Path, timeout: int) -> dict[st
             timeout=300,
         )
         try:
-            status = json.loads(shrink.stdout).get("status")
+            shrunk = json.loads(shrink.stdout)
         except json.JSONDecodeError:
-            status = f"exit {shrink.returncode}"
-        checks["repro verified"] = status == "verified"
-        result["shrink"] = status
+            shrunk = {"status": f"exit {shrink.returncode}"}
+        checks["repro verified"] = shrunk.get("status") == "verified"
+        checks["repro on empty inputs"] = shrunk.get("path") == "empty-inputs"
+        result["shrink"] = shrunk.get("status")
+        result["shrink_path"] = shrunk.get("path")
+        result["shrink_seconds"] = shrunk.get("seconds")
     else:
         shrink = subprocess.run(
             [sys.executable, "-m", "reprocut", "shrink", "--json", report["run_dir"]],

@@ -15,12 +15,20 @@ import pytest
 import tomllib
 import torch
 
+from reprocut.localize.memory import fragmentation
 from reprocut.localize.oom_why import explain_request
 from reprocut.model.case import ReproCase, TensorSpec
 from reprocut.model.memory import Holder, Leak, MemoryReport, StepMemory
-from reprocut.model.oom import device_figures, is_out_of_memory, requested_bytes
+from reprocut.model.oom import (
+    device_figures,
+    is_out_of_memory,
+    requested_bytes,
+    snapshot_free_blocks,
+)
 from reprocut.model.signature import classify
 from reprocut.report.memory_plot import render_svg
+from reprocut.shrink.emitter import emit
+from reprocut.shrink.empty_inputs import empty_case, public_target
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "corpus" / "memory"
@@ -89,6 +97,24 @@ def test_the_report_survives_json_and_draws():
     assert svg.startswith("<svg") and "step 2: out of memory" in svg
 
 
+def test_an_expanded_input_stays_small_in_the_value_less_repro():
+    expanded = TensorSpec((400_000, 400_000), stride=(0, 1), requires_grad=True)
+    case = ReproCase("torch.ops.aten.eq.Tensor", (TensorSpec((400_000, 1)), expanded))
+    assert public_target(case) == "torch.eq"
+    assert public_target(ReproCase("torch.ops.aten._softmax_backward_data.default", ())) is None
+    forward, backward = empty_case(case), empty_case(case, backward=True)
+    assert forward is not None and backward is not None
+    code = emit(backward).code
+    assert "torch.empty_strided((400000, 400000), (0, 1))" in code, code
+    assert "requires_grad" not in code  # a backward op runs under autograd's no-grad
+    assert "requires_grad=True" in emit(forward).code
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "repro.py", "exec"), namespace)
+    with pytest.raises(RuntimeError) as raised:  # 160 GB of bool, from 3.2 MB of inputs
+        namespace["main"]()
+    assert requested_bytes(str(raised.value)) == 400_000 * 400_000
+
+
 # --- end to end, on the corpus cases -------------------------------------------------------
 
 
@@ -129,25 +155,56 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, d
         return {case: future.result() for case, future in futures.items()}
 
 
-@pytest.mark.parametrize("case", ["ranking_broadcast", "hard_negative_backward"])
-def test_an_op_level_oom_is_reported_with_its_request_and_why(recorded, case):
-    code, report = recorded[case]
-    truth = _truth(case)
-    assert code == 0, report
-    assert (report["op"], report["step"], report["phase"]) == (
-        truth["op"],
-        truth["step"],
-        truth["phase"],
-    )
-    line = report["forward_source"] if truth["phase"] == "backward" else report["source"]
-    assert line["line"] == _marked_line(case)  # a backward op: the forward line that built it
-    memory = report["memory"]
-    assert memory["cause"] == truth["cause"]
-    assert memory["requested_bytes"] == truth["requested_bytes"]
-    for sentence in truth["why"]:
-        assert any(sentence in why for why in memory["why"]), memory["why"]
-    assert Path(memory["plot"]).read_text().startswith("<svg")
-    assert report["signature"]["kind"] == "out of memory"
+OP_LEVEL = ("ranking_broadcast", "hard_negative_backward")
+
+
+def test_an_op_level_oom_is_reported_with_its_request_and_why(recorded):
+    for case in OP_LEVEL:
+        code, report = recorded[case]
+        truth = _truth(case)
+        assert code == 0, report
+        assert (report["op"], report["step"], report["phase"]) == (
+            truth["op"],
+            truth["step"],
+            truth["phase"],
+        )
+        line = report["forward_source"] if truth["phase"] == "backward" else report["source"]
+        assert line["line"] == _marked_line(case)  # a backward op: the forward line that built it
+        memory = report["memory"]
+        assert memory["cause"] == truth["cause"]
+        assert memory["requested_bytes"] == truth["requested_bytes"]
+        for sentence in truth["why"]:
+            assert any(sentence in why for why in memory["why"]), memory["why"]
+        assert Path(memory["plot"]).read_text().startswith("<svg")
+        assert report["signature"]["kind"] == "out of memory"
+
+
+def _shrink(run_dir: str) -> tuple[int, dict[str, Any]]:
+    command = [sys.executable, "-m", "reprocut", "shrink", "--json", "--runs", "2", run_dir]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_an_op_level_oom_shrinks_at_once_to_the_op_on_empty_inputs(recorded):
+    """No fork server, no reduction: the op on torch.empty inputs, verified by plain runs."""
+    with ThreadPoolExecutor(2) as pool:
+        shrunk = dict(
+            zip(
+                OP_LEVEL,
+                pool.map(_shrink, [recorded[c][1]["run_dir"] for c in OP_LEVEL]),
+                strict=True,
+            )
+        )
+    for case, (code, result) in shrunk.items():
+        assert code == 0 and result["status"] == "verified", (case, result)
+        assert result["path"] == "empty-inputs" and result["checks"] == 0
+        assert not {"fork_server", "first_check", "shrink"} & set(result["phases"])
+        repro = Path(result["repro"]).read_text()
+        assert "torch.empty(" in repro and "inputs[" not in repro, repro
+        assert not (Path(result["repro"]).parent / "repro_inputs.pt").exists()
+        assert "Made without a reduction" in Path(result["report"]).read_text()
+    backward = Path(shrunk["hard_negative_backward"][1]["repro"]).read_text()
+    assert "new_zeros([200000, 200000])" in backward and "Phase: backward" in backward
 
 
 def test_record_memory_names_the_growth_the_line_and_the_retaining_list(recorded):
@@ -164,3 +221,62 @@ def test_record_memory_names_the_growth_the_line_and_the_retaining_list(recorded
     assert leak["line"].endswith(f"train.py:{forward}")  # the activations', in the forward
     assert truth["fix"] in leak["fix"]
     assert Path(memory["plot"]).exists()
+
+
+# a torch.cuda.memory_snapshot() as an H200 gives it after a run that freed tensors of many
+# sizes: two segments, each with live ("active_allocated") and freed ("inactive") blocks
+GIB = 1 << 30
+SNAPSHOT = [
+    {
+        "device": 0, "address": 139_000_000_000, "total_size": 40 * GIB, "allocated_size": 28 * GIB,
+        "active_size": 28 * GIB, "requested_size": 28 * GIB, "stream": 0,
+        "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+        "blocks": [
+            {"address": 1, "size": 20 * GIB, "requested_size": 20 * GIB,
+             "state": "active_allocated", "frames": []},
+            {"address": 2, "size": 6 * GIB, "requested_size": 0, "state": "inactive",
+             "frames": []},
+            {"address": 3, "size": 8 * GIB, "requested_size": 8 * GIB,
+             "state": "active_allocated", "frames": []},
+            {"address": 4, "size": 6 * GIB, "requested_size": 0, "state": "inactive",
+             "frames": []},
+        ],
+    },
+    {
+        "device": 0, "address": 140_000_000_000, "total_size": 10 * GIB, "allocated_size": 2 * GIB,
+        "active_size": 2 * GIB, "requested_size": 2 * GIB, "stream": 0,
+        "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+        "blocks": [
+            {"address": 5, "size": 2 * GIB, "requested_size": 2 * GIB,
+             "state": "active_pending_free", "frames": []},
+            {"address": 6, "size": 8 * GIB, "requested_size": 0, "state": "inactive",
+             "frames": []},
+        ],
+    },
+]  # fmt: skip
+
+
+def test_fragmentation_from_a_snapshot_says_when_expandable_segments_would_help():
+    largest, expandable = snapshot_free_blocks(SNAPSHOT)
+    assert (largest, expandable) == (8 * GIB, False)
+    cached = 20 * GIB  # reserved 50 GiB, allocated 30 GiB: 6 + 6 + 8 GiB free, in pieces
+    split = fragmentation(12 * GIB, cached=cached, device_free=GIB, largest=largest,
+                          expandable=expandable)  # fmt: skip
+    assert split.expandable_segments_would_help and split.largest_free_block == 8 * GIB
+    assert "expandable_segments:True would have helped" in split.text
+    short = fragmentation(40 * GIB, cached=cached, device_free=GIB, largest=largest,
+                          expandable=expandable)  # fmt: skip
+    assert short.expandable_segments_would_help is False and "not enough" in short.text
+    on = [{**segment, "is_expandable": True} for segment in SNAPSHOT]
+    already = fragmentation(12 * GIB, cached=cached, device_free=GIB,
+                            largest=largest, expandable=snapshot_free_blocks(on)[1])  # fmt: skip
+    assert already.expandable_segments_would_help is False and "on already" in already.text
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_snapshot_of_a_real_cuda_allocator_is_read():
+    kept = [torch.empty(1 << 20, device="cuda") for _ in range(8)]
+    del kept[::2]  # four freed blocks between live ones: the cache holds them
+    largest, _ = snapshot_free_blocks(torch.cuda.memory_snapshot())
+    assert largest >= 4 << 20

@@ -180,29 +180,52 @@ def _request(report: MemoryReport, failure: Failure, at_failure: dict[str, Any])
         device_free_bytes=free,
         cause=CAUSE_REQUEST if alone else CAUSE_HELD,
         why=tuple(why),
-        fragmentation=_fragmentation(requested, report, at_failure),
+        fragmentation=_fragmentation(
+            requested, replace(report, device_free_bytes=free), at_failure
+        ),
     )
 
 
 def _fragmentation(
     requested: int | None, report: MemoryReport, at_failure: dict[str, Any]
 ) -> Fragmentation | None:
-    """CUDA: the cache held enough in all but no block big enough?"""
-    if requested is None or report.reserved_bytes is None or report.allocated_bytes is None:
+    """On CUDA: what the caching allocator held unallocated, its largest free block, and
+    whether expandable segments would have helped (none on CPU: it has no cache)."""
+    if report.device == "cpu" or report.reserved_bytes is None or report.allocated_bytes is None:
         return None
-    cached = report.reserved_bytes - report.allocated_bytes
-    if cached <= 0:
-        return None
-    largest = at_failure.get("largest_free_block")
-    helps = cached >= requested and largest is not None and largest < requested
-    text = (
-        f"{format_bytes(cached)} reserved but unallocated"
-        + (f", the largest free block {format_bytes(largest)}" if largest is not None else "")
-        + (
-            ": enough in all but split; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True would "
-            "have helped"
-            if helps
-            else ": not enough for the request even if it were one block"
-        )
+    return fragmentation(
+        requested,
+        cached=max(0, report.reserved_bytes - report.allocated_bytes),
+        device_free=report.device_free_bytes,
+        largest=at_failure.get("largest_free_block"),
+        expandable=bool(at_failure.get("expandable_segments")),
     )
+
+
+def fragmentation(
+    requested: int | None,
+    *,
+    cached: int,
+    device_free: int | None,
+    largest: int | None,
+    expandable: bool,
+) -> Fragmentation:
+    """Expandable segments help when the cache and the device's free memory together hold the
+    request but no one block does: the cache is split, not short."""
+    text = f"{format_bytes(cached)} reserved but unallocated"
+    if largest is not None:
+        text += f", the largest free block {format_bytes(largest)}"
+    helps: bool | None = None
+    if requested is not None and largest is not None:
+        room = cached + (device_free or 0)
+        helps = not expandable and room >= requested and largest < requested
+        if expandable:
+            text += ": expandable segments are on already"
+        elif helps:
+            text += (
+                f": {format_bytes(room)} free in all but split; "
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True would have helped"
+            )
+        else:
+            text += ": not enough for the request even as one block"
     return Fragmentation(cached, largest, helps, text)

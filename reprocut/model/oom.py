@@ -92,3 +92,18 @@ def format_bytes(count: int | float | None) -> str:
     if unit == "B":
         return f"{sign}{int(value)} B"
     return f"{sign}{value:.2f} {unit}"
+
+
+def snapshot_free_blocks(segments: list[dict]) -> tuple[int, bool]:
+    """From `torch.cuda.memory_snapshot()`'s segments: the largest block the caching allocator
+    holds unallocated ("inactive"), and whether its segments are expandable already."""
+    largest = max(
+        (
+            int(block.get("size", 0))
+            for segment in segments
+            for block in segment.get("blocks", ())
+            if block.get("state") == "inactive"
+        ),
+        default=0,
+    )
+    return largest, any(bool(segment.get("is_expandable")) for segment in segments)

@@ -22,7 +22,7 @@ from typing import Any
 from rich.console import Console
 
 from reprocut.check.oracle import Oracle
-from reprocut.check.verify import verify
+from reprocut.check.verify import Verification, verify
 from reprocut.model.case import Captured
 from reprocut.model.compiled import COMPILE_ONLY
 from reprocut.model.errors import CorruptRecordingError, ExitCode, ReprocutError
@@ -36,6 +36,14 @@ from reprocut.pipeline.recover import (
     memcheck_evidence,
     start_memcheck,
     walk_back_outcome,
+)
+from reprocut.pipeline.request_repro import (
+    PATH_EMPTY_INPUTS,
+    PATH_SHRINK,
+    PATH_SOURCE,
+    RequestRepro,
+    applies,
+    request_repro,
 )
 from reprocut.pipeline.scripts import shrink_source
 from reprocut.report.display.console import print_line
@@ -139,6 +147,21 @@ def shrink_recording(
         with phases.phase(READ):
             failure = failure or run_dir.read_failure()
             _refuse(failure, settings)
+        fallback = ""
+        if applies(failure) and not settings.source:
+            fast = _request_repro(run_dir, failure, settings, phases, console)
+            if fast is not None and fast.verified:
+                if oracle is not None:
+                    oracle.close(wait=False)
+                return _finish(
+                    run_dir, failure, settings, phases, started,
+                    outcome=fast.outcome, verification=fast.verification,
+                    environment=fast.environment, notes=(fast.note(),), path=PATH_EMPTY_INPUTS,
+                )  # fmt: skip
+            if fast is not None:
+                fallback = fast.fallback_note()
+                print_line(console, f"[yellow]note[/]: {fallback}")
+        with phases.phase(READ):
             oracle = _fit_oracle(oracle, failure, settings)
             _start_server(oracle, phases, started)  # while the inputs are read
             agreement, log = agree(oracle, failure, _out(run_dir, settings),
@@ -180,21 +203,49 @@ def shrink_recording(
                 repro, failure, outcome, timeout=settings.timeout * 3, console=console,
                 started=memcheck if walked is None else None,  # walked back: another repro.py
             )  # fmt: skip
-        seconds = time.monotonic() - started
-        report = out / "report.md"
-        with phases.phase(REPORT):
-            written = replace(
-                report_inputs(outcome, failure, environment, verification, seconds),
-                notes=() if walked is None else (walked.describe(),),
-                sanitizer="" if evidence is None else evidence.markdown(),
-            )
-            atomic_write(report, render(written))
+        extra: dict[str, Any] = {"agreement": agreement.to_json()}
+        if walked is not None:
+            extra["walk_back"] = walked.to_json()
+        if evidence is not None:
+            extra["sanitizer"] = evidence.to_json()
+        notes = tuple(note for note in (fallback, walked and walked.describe()) if note)
+        return _finish(
+            run_dir, failure, settings, phases, started,
+            outcome=outcome, verification=verification, environment=environment,
+            notes=notes, path=PATH_SOURCE if _is_source(failure, settings) else PATH_SHRINK,
+            sanitizer="" if evidence is None else evidence.markdown(), extra=extra,
+        )  # fmt: skip
+
+
+def _finish(
+    run_dir: RunDir,
+    failure: Failure,
+    settings: ShrinkSettings,
+    phases: Phases,
+    started: float,
+    *,
+    outcome: Outcome,
+    verification: Verification,
+    environment: Environment,
+    notes: tuple[str, ...],
+    path: str,
+    sanitizer: str = "",
+    extra: dict[str, Any] | None = None,
+) -> Shrunk:
+    """report.md, the result (`--json`, with the path the repro was made by), meta.json."""
+    out = _out(run_dir, settings)
+    repro, report = out / "repro.py", out / "report.md"
+    seconds = time.monotonic() - started
+    with phases.phase(REPORT):
+        written = replace(
+            report_inputs(outcome, failure, environment, verification, seconds),
+            notes=notes,
+            sanitizer=sanitizer,
+        )
+        atomic_write(report, render(written))
     result = result_json(outcome, failure.signature, verification, repro, report, seconds)
-    result["agreement"] = agreement.to_json()
-    if walked is not None:
-        result["walk_back"] = walked.to_json()
-    if evidence is not None:
-        result["sanitizer"] = evidence.to_json()
+    result["path"] = path
+    result.update(extra or {})
     result["phases"] = phases.to_json()
     _write_meta(run_dir, result)
     exit_code = verification.exit_code if outcome.reproduced_from_capture else None
@@ -217,6 +268,18 @@ def _compile_only(
     _write_meta(run_dir, shrunk.result)
     reproduced = shrunk.result["verified"]["reproduced"] > 0
     return Shrunk(shrunk.result, failure.signature.describe(), reproduced, shrunk.exit_code)
+
+
+def _request_repro(
+    run_dir: RunDir, failure: Failure, settings: ShrinkSettings, phases: Phases, console: Console
+) -> RequestRepro | None:
+    """The value-less repro of an out-of-memory whose request alone is too big, verified."""
+    with phases.phase(READ):
+        environment = collect_environment(failure)
+    return request_repro(
+        failure, _out(run_dir, settings), environment, runs=settings.runs,
+        timeout=settings.timeout * 2, phases=phases, console=console,
+    )  # fmt: skip
 
 
 def _start_server(oracle: Oracle, phases: Phases, started: float) -> None:
@@ -329,6 +392,6 @@ def _write_meta(run_dir: RunDir, result: dict[str, Any]) -> None:
     except ReprocutError:  # a hand-made or older recording: start one
         meta = {}
     meta["shrink"] = {
-        key: result[key] for key in ("status", "repro", "seconds", "checks", "phases")
+        key: result[key] for key in ("status", "path", "repro", "seconds", "checks", "phases")
     }
     run_dir.write_meta(meta)

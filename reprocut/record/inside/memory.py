@@ -25,6 +25,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from reprocut.model.oom import snapshot_free_blocks
 from reprocut.model.recording import atomic_write
 from reprocut.record.inside.frames import UserFrames
 from reprocut.record.inside.state import RunState
@@ -189,13 +190,8 @@ def _cuda_state(run_dir: Path, history: bool) -> dict[str, Any]:
         free, total = torch.cuda.mem_get_info()
         state.update(device_free=free, device_total=total)
     with contextlib.suppress(Exception):
-        blocks = [
-            block["size"]
-            for segment in torch.cuda.memory_snapshot()
-            for block in segment["blocks"]
-            if block["state"] == "inactive"
-        ]
-        state["largest_free_block"] = max(blocks, default=0)
+        largest, expandable = snapshot_free_blocks(torch.cuda.memory_snapshot())
+        state.update(largest_free_block=largest, expandable_segments=expandable)
     if history:
         with contextlib.suppress(Exception):
             torch.cuda.memory._dump_snapshot(str(run_dir / SNAPSHOT_FILE))
