@@ -265,6 +265,7 @@ def _compile_only(
     shrunk = shrink_compile_only(run_dir, failure, out=_out(run_dir, settings),
                                  max_checks=settings.max_checks, max_time=settings.max_time,
                                  timeout=settings.timeout, runs=settings.runs)  # fmt: skip
+    shrunk.result["path"] = PATH_SOURCE  # the script, reduced (compiled)
     _write_meta(run_dir, shrunk.result)
     reproduced = shrunk.result["verified"]["reproduced"] > 0
     return Shrunk(shrunk.result, failure.signature.describe(), reproduced, shrunk.exit_code)
