@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reprocut.check.verify import last_exception, signature_from_stderr, verify
+from reprocut.check.verify import signature_from_stderr, verify
 from reprocut.model.case import Signature
 from reprocut.model.errors import ExitCode
+from reprocut.model.signature import last_exception
 
 CUDA_STDERR = """\
 /pytorch/aten/src/ATen/native/cuda/Indexing.cu:1553: indexSelectSmallIndex: block: [0,0,0], thread: [0,0,0] Assertion `srcIndex < srcSelectDimSize` failed.

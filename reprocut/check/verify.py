@@ -8,7 +8,6 @@ not compared (the error type or CUDA code and the normalized message or assertio
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -20,10 +19,9 @@ from reprocut.check import lifeline
 from reprocut.check.oracle import run_with_timeout
 from reprocut.model.case import Signature
 from reprocut.model.errors import ExitCode
-from reprocut.model.signature import classify, crash_signature
+from reprocut.model.signature import classify, crash_signature, last_exception
 
 DEVICE_BUSY = "busy or unavailable"  # "CUDA-capable device(s) is/are busy or unavailable"
-_EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: (?P<message>.*))?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,25 +52,6 @@ class Verification:
 
     def describe(self) -> str:
         return f"{self.reproduced}/{self.runs} plain runs failed with the expected signature"
-
-
-def last_exception(stderr: str) -> tuple[str, str] | None:
-    """(type, message) of the last traceback in `stderr`: the unindented line after its frames."""
-    lines = stderr.splitlines()
-    start = max(
-        (i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")), default=-1
-    )
-    if start < 0:
-        return None
-    for i in range(start + 1, len(lines)):
-        line = lines[i]
-        if not line or line[0].isspace():
-            continue
-        match = _EXCEPTION_LINE.match(line)
-        if match:
-            message = "\n".join([match["message"] or "", *lines[i + 1 :]]).strip()
-            return match["type"].rsplit(".", 1)[-1], message
-    return None
 
 
 def signature_from_stderr(stderr: str) -> Signature | None:

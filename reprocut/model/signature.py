@@ -250,3 +250,26 @@ def signal_name(returncode: int) -> str:
         return signal.Signals(-returncode).name if returncode < 0 else ""
     except ValueError:
         return ""
+
+
+# the last line of a traceback: `pkg.Error: message` (or just the type)
+_EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: (?P<message>.*))?$")
+
+
+def last_exception(stderr: str) -> tuple[str, str] | None:
+    """(type, message) of the last traceback in `stderr`: the unindented line after its frames."""
+    lines = stderr.splitlines()
+    start = max(
+        (i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")), default=-1
+    )
+    if start < 0:
+        return None
+    for i in range(start + 1, len(lines)):
+        line = lines[i]
+        if not line or line[0].isspace():
+            continue
+        match = _EXCEPTION_LINE.match(line)
+        if match:
+            message = "\n".join([match["message"] or "", *lines[i + 1 :]]).strip()
+            return match["type"].rsplit(".", 1)[-1], message
+    return None

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from reprocut.check import lifeline
 from reprocut.check.fresh import run_with_timeout
-from reprocut.check.verify import last_exception
 from reprocut.model.compiled import CompiledRun, compile_environment, inductor_evidence
 from reprocut.model.launch import Launch
+from reprocut.model.signature import last_exception
 
 LOG = "compiled.stderr.txt"  # in the run folder, beside record's own logs
 NO_LIMIT = 7 * 24 * 3600.0  # record without --timeout: the run may take as long as it takes
