@@ -61,6 +61,15 @@ def record_case(case: Path, device: str, workdir: Path, timeout: int) -> dict[st
         report = json.loads(done.stdout)
     except json.JSONDecodeError:
         return {"case": case.name, "ok": False, "seconds": seconds, "error": done.stderr[-1500:]}
+    if "run_dir" not in report:  # record's own error object: a timeout, a crash, a bad launch
+        return {
+            "case": case.name,
+            "ok": False,
+            "seconds": round(seconds, 1),
+            "exit": done.returncode,
+            "error": f"{report.get('status')}: {report.get('message')}",
+            "stderr": done.stderr[-1500:],
+        }
     memory = report.get("memory") or {}
     checks = {}
     for key in ("op", "step", "phase"):

@@ -77,7 +77,10 @@ def record(
     command = [sys.executable, "-m", "reprocut", "record", "--json", "--quiet"]
     command += ["--root", str(root), *(["--nan"] if case.with_nan else [])]
     command += [str(case.script), *case.args, "--device", device]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=timeout, env=env, cwd=root
     )

@@ -233,3 +233,29 @@ def test_on_a_gpu_the_compiled_model_device_asserts_in_a_triton_kernel(tmp_path:
     assert (verdict["kernel"] or "").startswith(truth["cuda"]["kernel_prefix"])
     assert report["op"] == truth["op"] and report["step"] == truth["step"]
     assert report["shrink"]["status"] == "verified"
+
+
+def test_a_triton_assert_without_its_kernels_name_is_named_from_the_generated_file(
+    tmp_path: Path,
+) -> None:
+    """Triton prints `unknown` where the kernel's name would stand (as on the H200 with torch
+    2.11); the generated file the assert names holds the `def` that encloses its line."""
+    cache = tmp_path / "torchinductor_root" / "ro"
+    cache.mkdir(parents=True)
+    generated = cache / "crorn.py"
+    generated.write_text(
+        "import triton\n\n@triton.jit\ndef triton_poi_fused_embedding_0(in_ptr0, out_ptr0, xnumel):\n"
+        "    tmp4 = tl.load(in_ptr0)\n    tl.device_assert(tmp4 < 64)\n\n"
+        "@triton.jit\ndef triton_per_fused_mean_1(in_ptr0):\n    pass\n"
+    )
+    output = (
+        f"{generated}:6: unknown: block: [3,0,0], thread: [0,0,0] Assertion `index out of "
+        "bounds: 0 <= tmp4 < 64` failed.\nTraceback (most recent call last):\n"
+        '  File "/tmp/torchinductor_root/cd/ccd34.py", line 80, in call\n'
+        "    triton_per_fused_mean_1.run(buf2, buf3)\n"
+        "torch.AcceleratorError: CUDA error: device-side assert triggered\n"
+    )
+    kernel, assertion, kernel_file = inductor_evidence(output)
+    assert kernel == "triton_poi_fused_embedding_0"
+    assert assertion == "index out of bounds: 0 <= tmp4 < 64"
+    assert kernel_file == str(generated)

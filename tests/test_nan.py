@@ -258,7 +258,12 @@ def test_shrink_writes_a_verified_repro_of_the_producing_op(recorded, tmp_path):
         done = subprocess.run(
             [sys.executable, "-m", "reprocut", "shrink", run_dir, "--json", "--max-time", "60"],
             capture_output=True, text=True, timeout=400,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(
+                    [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+                ),
+            },
         )  # fmt: skip
         return done.returncode, json.loads(done.stdout or "{}"), run_dir
 
@@ -309,7 +314,12 @@ def test_nan_on_a_healthy_script_says_nothing_non_finite_was_seen(tmp_path: Path
     done = subprocess.run(
         [sys.executable, "-m", "reprocut", "record", "--nan", "--json", "--quiet", str(script)],
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(
+                    [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+                ),
+            },
     )  # fmt: skip
     assert done.returncode == 1, done.stderr[-2000:]
     result = json.loads(done.stdout)

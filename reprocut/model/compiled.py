@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 COMPILE_ONLY = "compile-only"  # Failure.status of a failure only the compiled script shows
@@ -24,6 +25,9 @@ _INDUCTOR_ASSERT = re.compile(r"index out of bounds: [^\n]*?<=? ?\w+ <=? ?[\w.]+
 _KERNEL_NAME = re.compile(r"\b((?:triton|cpp)_(?:poi|red|per|tem|fused)\w*)\b")
 # a device-side assert's line names its kernel: "...py:45: triton_poi_fused_embedding_0: block: [..."
 _ASSERTING_KERNEL = re.compile(r": ((?:triton|cpp)_\w+): block: \[")
+# the assert's site in a generated file: "/tmp/torchinductor_root/ro/cror....py:28: unknown: block: ["
+_ASSERT_SITE = re.compile(r"(?P<file>\S*torchinductor\S*?\.py):(?P<line>\d+): [^:\n]*: block: \[")
+_KERNEL_DEF = re.compile(r"\s*def ((?:triton|cpp)_\w+)\(")
 # a file under Inductor's cache: /tmp/torchinductor_<user>/ih/cihu3e...main.cpp:29
 _CACHE_FILE = re.compile(
     r"(?P<file>[^\s\"',]*torchinductor[^\s\"',:]*?\.(?:py|cpp))(?::(?P<line>\d+))?"
@@ -148,15 +152,39 @@ def compile_environment(compiled: bool) -> dict[str, str]:
 
 
 def inductor_evidence(output: str) -> tuple[str | None, str | None, str | None]:
-    """(kernel name, assertion, kernel file) an Inductor-generated kernel left in `output`."""
+    """(kernel name, assertion, kernel file) an Inductor-generated kernel left in `output`.
+
+    A device-side assert's line names the generated file and line; Triton prints `unknown` where
+    the kernel's name would stand, so the name is read from that file, whose `def` encloses the
+    line (Inductor leaves its cache on disk)."""
     assertion = _INDUCTOR_ASSERT.search(output)
     kernels = _ASSERTING_KERNEL.findall(output)[:1] or _KERNEL_NAME.findall(output)
     cache = list(_CACHE_FILE.finditer(output))
+    asserting = _ASSERT_SITE.search(output)
+    kernel_file = cache[-1]["file"] if cache else None  # the deepest: the kernel's own file
+    if asserting:
+        kernel_file = asserting["file"]
+        defined = kernel_defined_at(Path(kernel_file), int(asserting["line"]))
+        if defined and not _ASSERTING_KERNEL.search(output):
+            kernels = [defined]
     return (
         kernels[-1] if kernels else None,  # the asserting one, else the traceback's deepest
         assertion.group(0).strip() if assertion else None,
-        cache[-1]["file"] if cache else None,  # the deepest: the kernel's own file
+        kernel_file,
     )
+
+
+def kernel_defined_at(source: Path, line: int) -> str | None:
+    """The generated kernel whose `def` encloses `line` of `source`, if the file is readable."""
+    try:
+        lines = source.read_text().splitlines()[:line]
+    except (OSError, UnicodeDecodeError):
+        return None
+    for text in reversed(lines):
+        found = _KERNEL_DEF.match(text)
+        if found:
+            return found[1]
+    return None
 
 
 def normalize_inductor(message: str) -> str:
