@@ -51,6 +51,24 @@ def _expected(case: ReproCase, failure: Failure) -> Signature:
     return case.expected or failure.signature
 
 
+def with_definitions(failure: Failure) -> Failure:
+    """Cases calling a custom op (torch.ops.<ns> outside aten) carry the code registering it,
+    from the script or the sibling module that does (reprocut.source.custom_ops)."""
+    if not failure.script or not Path(failure.script).is_file():
+        return failure
+    from reprocut.source.custom_ops import definitions_for
+    from reprocut.source.validity import reducible_files
+
+    script = Path(failure.script).resolve()
+    files = [script, *sorted(reducible_files(script, (script.parent,)) - {script})]
+    cases = tuple(
+        replace(case, definitions=definitions_for(case.target, files)) if not case.definitions
+        else case
+        for case in failure.cases
+    )  # fmt: skip
+    return replace(failure, cases=cases)
+
+
 def pick_case(
     failure: Failure, inputs: dict[str, Any], oracle: Oracle
 ) -> tuple[ReproCase | None, list[Verdict]]:

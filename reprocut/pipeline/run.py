@@ -26,7 +26,7 @@ from reprocut.check.verify import verify
 from reprocut.model.case import Captured
 from reprocut.model.errors import CorruptRecordingError, ExitCode, ReprocutError
 from reprocut.model.recording import Failure, RunDir, atomic_write
-from reprocut.pipeline.cases import Outcome, shrink_case
+from reprocut.pipeline.cases import Outcome, shrink_case, with_definitions
 from reprocut.pipeline.finish import report_inputs, result_json
 from reprocut.pipeline.phases import FORK_SERVER, READ, REPORT, SOURCE, VERIFY, Phases
 from reprocut.pipeline.recover import (
@@ -290,8 +290,8 @@ def _shrink(
         with phases.phase(SOURCE):
             kept = run_dir.launch_probe_path
             return shrink_source(failure, oracle, on_event=on_event, kept=kept, **limits)
-    return shrink_case(
-        failure,
+    outcome = shrink_case(
+        with_definitions(failure),
         inputs,
         oracle,
         out=_out(run_dir, settings),
@@ -300,6 +300,14 @@ def _shrink(
         phases=phases,
         **limits,
     )
+    if outcome.reproduced_from_capture or not failure.script or not Path(failure.script).is_file():
+        return outcome
+    # the captured call alone does not fail so (a custom op whose code could not be carried,
+    # state the call depends on): the script itself, reduced, may still
+    print_phase(console, "the captured call did not reproduce: reducing the script instead")
+    with phases.phase(SOURCE):
+        return shrink_source(failure, oracle, on_event=on_event, kept=run_dir.launch_probe_path,
+                             **limits)  # fmt: skip
 
 
 def _write_meta(run_dir: RunDir, result: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ wherever the repro is written.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,23 +17,10 @@ import libcst.matchers as m
 
 from reprocut.source.focus import statement_text
 from reprocut.source.launch_specs import LaunchSpecs, with_value_ranges
-from reprocut.source.passes import import_module_name, parse, sibling_file, sibling_imports
 from reprocut.source.probe import KeptLaunch, failing_frames, kept_launch, probe_launch
 from reprocut.source.reducer import reduce_source
 from reprocut.source.results import SourceEvent, SourceResult
-
-
-def reducible_files(script_path: Path, search_dirs: Sequence[Path]) -> set[Path]:
-    """The script and the sibling modules it imports: the code the reducer edits."""
-    files = {script_path.resolve()}
-    module = parse(script_path.read_text())
-    if module is not None:
-        for line in sibling_imports(module, search_dirs):
-            name = import_module_name(line.body[0])
-            path = None if name is None else sibling_file(name, search_dirs)
-            if path is not None:
-                files.add(path.resolve())
-    return files
+from reprocut.source.validity import reducible_files
 
 
 def reduce_recorded(
