@@ -1,0 +1,103 @@
+"""Custom operators: the repro carries the code that registers the op it calls."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from reprocut.check.verify import signature_from_stderr
+from reprocut.model.case import ReproCase, TensorSpec
+from reprocut.model.errors import ExitCode
+from reprocut.shrink.emitter import emit
+from reprocut.source.custom_ops import (
+    custom_op_name,
+    definitions_for,
+    registering_names,
+    registers,
+    slice_definitions,
+)
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts" / "custom_op"
+
+
+def test_only_ops_outside_aten_are_custom() -> None:
+    assert custom_op_name("torch.ops.demo.gather_rows.default") == "demo::gather_rows"
+    assert custom_op_name("torch.ops.aten.embedding.default") is None
+    assert custom_op_name("torch.nn.functional.embedding") is None
+
+
+def test_registration_is_found_in_python_and_cpp_sources() -> None:
+    assert registers('@torch.library.custom_op("demo::f", mutates_args=())', "demo::f")
+    cpp = 'TORCH_LIBRARY(rowops, m) {\n  m.def("pad_rows(Tensor x) -> Tensor");\n}'
+    assert registers(cpp, "rowops::pad_rows")
+    assert not registers(cpp, "rowops::other")
+    assert not registers('"demo::fx"', "demo::f")
+
+
+def test_the_slice_keeps_the_op_and_what_it_needs_and_drops_the_rest() -> None:
+    code = (SCRIPTS / "ops.py").read_text()
+    kept = slice_definitions(code, "demo::gather_rows")
+    assert "custom_op" in kept and "register_fake" in kept and "import torch" in kept
+    assert "UNUSED_SCALE" not in kept and "def describe" not in kept
+    train = (SCRIPTS / "train.py").read_text()
+    assert slice_definitions(train, "demo::gather_rows") == ""  # it only imports the op
+    names = registering_names("demo::gather_rows", [SCRIPTS / "train.py", SCRIPTS / "ops.py"])
+    assert names == ("gather_rows",)
+
+
+def test_an_emitted_call_of_a_custom_op_defines_it_and_runs_from_an_empty_folder(
+    tmp_path: Path,
+) -> None:
+    files = [SCRIPTS / "train.py", SCRIPTS / "ops.py"]
+    definitions = definitions_for("torch.ops.demo.gather_rows.default", files)
+    case = ReproCase(
+        target="torch.ops.demo.gather_rows.default",
+        args=(TensorSpec((16, 4)), TensorSpec((1,), dtype="int64", values=_ids(18))),
+        definitions=definitions,
+    )
+    code = emit(case).code
+    assert code.count("import torch\n") == 1
+    assert ReproCase.loads(case.dumps()).definitions == definitions
+    (tmp_path / "repro.py").write_text(code)
+    done = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert "IndexError: row id 18 is past the table's 16 rows" in done.stderr, done.stderr
+
+
+def _ids(value: int):  # a Literal of one id
+    from reprocut.model.case import Literal
+
+    return Literal((value,))
+
+
+def test_record_then_shrink_of_a_custom_op_verifies_from_an_empty_folder(tmp_path: Path) -> None:
+    """The op is defined in a sibling module; its implementation raises at step 5."""
+    work = tmp_path / "project"
+    shutil.copytree(SCRIPTS, work, ignore=shutil.ignore_patterns("__pycache__"))
+    record = subprocess.run(
+        [sys.executable, "-m", "reprocut", "record", "--json", "train.py"],
+        cwd=work, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    recorded = json.loads(record.stdout)
+    assert recorded["status"] == "localized", record.stderr[-2000:]
+    shrink = subprocess.run(
+        [sys.executable, "-m", "reprocut", "shrink", "--json", "--max-time", "60"],
+        cwd=work, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert shrink.returncode == ExitCode.OK, shrink.stderr[-2000:]
+    result = json.loads(shrink.stdout)
+    assert result["status"] == "verified"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    shutil.copy(result["repro"], empty / "repro.py")
+    shutil.rmtree(work)  # nothing of the project is left to import
+    done = subprocess.run([sys.executable, "repro.py"], cwd=empty, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    found = signature_from_stderr(done.stderr)
+    assert found is not None, done.stderr
+    assert found.error_type == "IndexError"
+    assert found.kind == "row id <n> is past the table's <n> rows"
+    assert "torch.ops.demo.gather_rows" in (empty / "repro.py").read_text()
