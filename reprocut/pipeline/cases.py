@@ -45,6 +45,8 @@ class Outcome:
     cpu_reproduces: bool | None = None
     cpu_message: str = ""
     passes: tuple[tuple[str, int], ...] = ()  # a script reduction's: accepted candidates by pass
+    from_script: bool = False  # the user's script reduced (not a captured call shrunk)
+    stopped: str = ""  # what ended the shrink: "fixed point", or the limit that stopped it
 
 
 def _expected(case: ReproCase, failure: Failure) -> Signature:

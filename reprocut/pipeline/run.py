@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,9 +22,11 @@ from typing import Any
 from rich.console import Console
 
 from reprocut.check.oracle import Oracle
-from reprocut.check.verify import verify
+from reprocut.check.sanitizer import Evidence
+from reprocut.check.verify import Verification, verify
 from reprocut.model.case import Captured
 from reprocut.model.errors import CorruptRecordingError, ExitCode, ReprocutError
+from reprocut.model.fingerprint import MemoryFingerprint, SameBug
 from reprocut.model.recording import Failure, RunDir, atomic_write
 from reprocut.pipeline.cases import Outcome, shrink_case, with_definitions
 from reprocut.pipeline.finish import report_inputs, result_json
@@ -35,11 +37,19 @@ from reprocut.pipeline.recover import (
     start_memcheck,
     walk_back_outcome,
 )
+from reprocut.pipeline.same_bug import (
+    memcheck_same_bug,
+    recheck_after_walk_back,
+    signature_same_bug,
+    start_original_memcheck,
+    walk_back_to_fingerprint,
+)
 from reprocut.pipeline.scripts import shrink_source
 from reprocut.report.display.console import print_line
 from reprocut.report.display.shrink import print_phase, shrink_display
-from reprocut.report.markdown import collect_environment, render
-from reprocut.shrink.header import Environment
+from reprocut.report.markdown import collect_environment
+from reprocut.shrink.header import Environment, Header
+from reprocut.shrink.walkback import AcceptedLog, Render, renderer
 
 
 class NothingToShrinkError(ReprocutError):
@@ -159,8 +169,13 @@ def shrink_recording(
         repro = out / "repro.py"
         atomic_write(repro, outcome.code)
         print_phase(console, f"verifying: {settings.runs} plain runs of python {repro.name}")
-        with ThreadPoolExecutor(max_workers=1) as pool:
+        render = renderer(Header(expected=failure.signature, environment=environment))
+        with ThreadPoolExecutor(max_workers=2) as pool:
             memcheck = start_memcheck(pool, repro, failure, timeout=settings.timeout * 3)
+            original = start_original_memcheck(
+                pool, repro, failure, log, source=outcome.from_script, render=render,
+                inputs=inputs, timeout=settings.timeout * 3,
+            )  # fmt: skip
             with phases.phase(VERIFY):
                 verification = verify(
                     repro, failure.signature, runs=settings.runs, timeout=settings.timeout * 2
@@ -173,6 +188,10 @@ def shrink_recording(
                 repro, failure, outcome, timeout=settings.timeout * 3, console=console,
                 started=memcheck if walked is None else None,  # walked back: another repro.py
             )  # fmt: skip
+            outcome, verification, evidence, same = _same_bug(
+                failure, outcome, verification, evidence, original, log, render, inputs,
+                settings, out, console,
+            )  # fmt: skip
         seconds = time.monotonic() - started
         report = out / "report.md"
         with phases.phase(REPORT):
@@ -180,6 +199,7 @@ def shrink_recording(
                 report_inputs(outcome, failure, environment, verification, seconds),
                 notes=() if walked is None else (walked.describe(),),
                 sanitizer="" if evidence is None else evidence.markdown(),
+                same_bug=same.markdown(),
             )
             atomic_write(report, render(written))
     result = result_json(outcome, failure.signature, verification, repro, report, seconds)
@@ -188,6 +208,7 @@ def shrink_recording(
         result["walk_back"] = walked.to_json()
     if evidence is not None:
         result["sanitizer"] = evidence.to_json()
+    result["same_bug"] = same.to_json()
     result["phases"] = phases.to_json()
     _write_meta(run_dir, result)
     exit_code = verification.exit_code if outcome.reproduced_from_capture else None
@@ -197,6 +218,44 @@ def shrink_recording(
         outcome.reproduced_from_capture,
         exit_code if exit_code is not None else ExitCode.NOT_REPRODUCED,
     )
+
+
+def _same_bug(
+    failure: Failure,
+    outcome: Outcome,
+    verification: Verification,
+    evidence: Evidence | None,
+    original: Future[Evidence] | None,
+    log: AcceptedLog,
+    render: Render,
+    inputs: dict[str, Any],
+    settings: ShrinkSettings,
+    out: Path,
+    console: Console,
+) -> tuple[Outcome, Verification, Evidence | None, SameBug]:
+    """The repro's fingerprint against the original's; on a mismatch, the walk-back to the
+    last accepted candidate whose fingerprint matches (reprocut.pipeline.same_bug)."""
+    if original is None:
+        return outcome, verification, evidence, signature_same_bug(failure, verification)
+    same = memcheck_same_bug(failure, original, evidence)
+    if same.equal is not False or same.original is None or len(log.entries) < 2:
+        return outcome, verification, evidence, same
+    print_phase(console, "repro.py is another memory fault: walking back to the original's")
+    target = MemoryFingerprint.from_json(same.original)
+    chosen, verified, walked = walk_back_to_fingerprint(
+        log, outcome, failure, target, render=render, inputs=inputs, runs=settings.runs,
+        timeout=settings.timeout * 3, out=out,
+    )  # fmt: skip
+    if walked.chosen is None or verified is None:
+        note = f"walking back found no candidate with the original's fingerprint ({walked.reason})"
+        return outcome, verification, evidence, replace(same, note=note)
+    note = (f"walked back to accepted candidate {walked.chosen.index} of {walked.candidates - 1}: "
+            "the latest whose memcheck fingerprint is the original's")  # fmt: skip
+    repro = out / "repro.py"
+    evidence, same = recheck_after_walk_back(
+        repro, failure, original, timeout=settings.timeout * 3, note=note
+    )
+    return replace(chosen, code=repro.read_text()), verified, evidence, same
 
 
 def _start_server(oracle: Oracle, phases: Phases, started: float) -> None:
