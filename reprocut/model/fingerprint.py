@@ -132,6 +132,7 @@ class SameBug:
 
     def markdown(self) -> str:
         """The section report.md gives it: both fingerprints side by side."""
+
         def text(side: dict[str, Any] | None) -> str:
             return "-" if side is None else str(side.get("text", side)).replace("|", "\\|")
 
@@ -139,6 +140,8 @@ class SameBug:
         lines = [f"Same bug as the original ({how}): **{self.verdict()}**", "",
                  "| | fingerprint |", "|---|---|",
                  f"| original | {text(self.original)} |", f"| repro.py | {text(self.repro)} |"]  # fmt: skip
+        if self.skipped or self.note:
+            lines.append("")
         lines += [f"- skipped: {reason}" for reason in self.skipped]
         if self.note:
             lines.append(f"- {self.note}")

@@ -191,7 +191,14 @@ def shrink_case(
         sidecar=bool(emitted.sidecar_keys),
         cpu_reproduces=cpu_reproduces,
         cpu_message=cpu_message,
+        stopped=_stopped(shrinker, max_checks),
     )
+
+
+def _stopped(shrinker: Shrinker, max_checks: int) -> str:
+    if not shrinker.exhausted:
+        return "fixed point"
+    return "max checks" if shrinker.checks >= max_checks else "max time"
 
 
 def _assertion(failure: Failure) -> str:

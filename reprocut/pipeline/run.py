@@ -47,7 +47,7 @@ from reprocut.pipeline.same_bug import (
 from reprocut.pipeline.scripts import shrink_source
 from reprocut.report.display.console import print_line
 from reprocut.report.display.shrink import print_phase, shrink_display
-from reprocut.report.markdown import collect_environment
+from reprocut.report.markdown import collect_environment, render
 from reprocut.shrink.header import Environment, Header
 from reprocut.shrink.walkback import AcceptedLog, Render, renderer
 
@@ -60,6 +60,17 @@ class NothingToShrinkError(ReprocutError):
 # the share of --max-time that plain-run confirmations may take; the final verification and
 # the walk-back answer for the candidates accepted after that
 PLAIN_SHARE = 0.2
+# Default reduction limits. A script reduction (a custom kernel's memory fault) gets most of its
+# cut from its first passes (the jump to the failing call, the recorded tensors in place of the
+# model); on the H200 each later check is seconds, and at 30 s the fault cases took 46 s median
+# from `reprocut shrink` to a verified repro against 110-343 s at 300 s (faults-cuda.md). An
+# op-level shrink's checks are a fraction of a second: 120 s is rarely reached.
+SCRIPT_TIME = 30.0
+CASE_TIME = 120.0
+LIMITS = {  # what stopped a shrink early, in words
+    "max time": lambda s, script: f"{s.time_limit(script=script):.0f} s limit (--max-time)",
+    "max checks": lambda s, script: f"{s.max_checks}-check limit (--max-checks)",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +79,17 @@ class ShrinkSettings:
 
     out: Path | None = None  # default: the run folder
     max_checks: int = 500
-    max_time: float = 300.0
+    max_time: float | None = None  # None: SCRIPT_TIME for a script reduction, else CASE_TIME
     timeout: float = 60.0  # per check; plain runs get twice that
     fork: bool = True
     source: bool = False
     runs: int = 3
+
+    def time_limit(self, *, script: bool) -> float:
+        """The reduction's time limit: --max-time, else the default for its kind."""
+        if self.max_time is not None:
+            return self.max_time
+        return SCRIPT_TIME if script else CASE_TIME
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +164,7 @@ def shrink_recording(
             agreement, log = agree(oracle, failure, _out(run_dir, settings),
                                    source=_is_source(failure, settings),
                                    timeout=settings.timeout * 2,
-                                   max_seconds=settings.max_time * PLAIN_SHARE)  # fmt: skip
+                                   max_seconds=settings.time_limit(script=_is_source(failure, settings)) * PLAIN_SHARE)  # fmt: skip
             on_event = log.watch(shown)
             try:
                 inputs, environment = _read(run_dir, failure, settings)
@@ -161,6 +178,8 @@ def shrink_recording(
         finally:
             oracle.close(wait=False)  # its processes end while the plain runs start
             agreement.close()
+        for note in _stopped_note(outcome, settings):
+            print_line(console, f"[yellow]note[/]: {note}")
         if oracle.fork_disabled:
             print_line(
                 console, f"[yellow]note[/]: checks ran in fresh processes ({oracle.fork_disabled})"
@@ -169,11 +188,11 @@ def shrink_recording(
         repro = out / "repro.py"
         atomic_write(repro, outcome.code)
         print_phase(console, f"verifying: {settings.runs} plain runs of python {repro.name}")
-        render = renderer(Header(expected=failure.signature, environment=environment))
+        render_case = renderer(Header(expected=failure.signature, environment=environment))
         with ThreadPoolExecutor(max_workers=2) as pool:
             memcheck = start_memcheck(pool, repro, failure, timeout=settings.timeout * 3)
             original = start_original_memcheck(
-                pool, repro, failure, log, source=outcome.from_script, render=render,
+                pool, repro, failure, log, source=outcome.from_script, render=render_case,
                 inputs=inputs, timeout=settings.timeout * 3,
             )  # fmt: skip
             with phases.phase(VERIFY):
@@ -189,7 +208,7 @@ def shrink_recording(
                 started=memcheck if walked is None else None,  # walked back: another repro.py
             )  # fmt: skip
             outcome, verification, evidence, same = _same_bug(
-                failure, outcome, verification, evidence, original, log, render, inputs,
+                failure, outcome, verification, evidence, original, log, render_case, inputs,
                 settings, out, console,
             )  # fmt: skip
         seconds = time.monotonic() - started
@@ -197,7 +216,10 @@ def shrink_recording(
         with phases.phase(REPORT):
             written = replace(
                 report_inputs(outcome, failure, environment, verification, seconds),
-                notes=() if walked is None else (walked.describe(),),
+                notes=(
+                    *(() if walked is None else (walked.describe(),)),
+                    *_stopped_note(outcome, settings),
+                ),
                 sanitizer="" if evidence is None else evidence.markdown(),
                 same_bug=same.markdown(),
             )
@@ -209,6 +231,9 @@ def shrink_recording(
     if evidence is not None:
         result["sanitizer"] = evidence.to_json()
     result["same_bug"] = same.to_json()
+    result["stopped"] = outcome.stopped
+    result["limits"] = {"max_time": settings.time_limit(script=outcome.from_script),
+                        "max_checks": settings.max_checks}  # fmt: skip
     result["phases"] = phases.to_json()
     _write_meta(run_dir, result)
     exit_code = verification.exit_code if outcome.reproduced_from_capture else None
@@ -218,6 +243,14 @@ def shrink_recording(
         outcome.reproduced_from_capture,
         exit_code if exit_code is not None else ExitCode.NOT_REPRODUCED,
     )
+
+
+def _stopped_note(outcome: Outcome, settings: ShrinkSettings) -> tuple[str, ...]:
+    """A limit that ended the shrink before its fixed point, in words (nothing otherwise)."""
+    if outcome.stopped not in LIMITS:
+        return ()
+    limit = LIMITS[outcome.stopped](settings, outcome.from_script)
+    return (f"The shrink stopped early, at its {limit}: a larger limit may give a smaller repro.",)
 
 
 def _same_bug(
@@ -342,13 +375,14 @@ def _shrink(
     console: Console,
 ) -> Outcome:
     """The captured call, shrunk; or the script, reduced."""
-    limits = {"max_checks": settings.max_checks, "max_time": settings.max_time}
+    script = {"max_checks": settings.max_checks, "max_time": settings.time_limit(script=True)}
+    limits = {"max_checks": settings.max_checks, "max_time": settings.time_limit(script=False)}
     if _is_source(failure, settings):
         if not failure.cases and not settings.source and failure.status != "outside-dispatcher":
             print_phase(console, "no captured call to shrink: reducing the script instead")
         with phases.phase(SOURCE):
             kept = run_dir.launch_probe_path
-            return shrink_source(failure, oracle, on_event=on_event, kept=kept, **limits)
+            return shrink_source(failure, oracle, on_event=on_event, kept=kept, **script)
     outcome = shrink_case(
         with_definitions(failure),
         inputs,
@@ -366,7 +400,7 @@ def _shrink(
     print_phase(console, "the captured call did not reproduce: reducing the script instead")
     with phases.phase(SOURCE):
         return shrink_source(failure, oracle, on_event=on_event, kept=run_dir.launch_probe_path,
-                             **limits)  # fmt: skip
+                             **script)  # fmt: skip
 
 
 def _write_meta(run_dir: RunDir, result: dict[str, Any]) -> None:
