@@ -97,3 +97,19 @@ def test_the_reducer_never_runs_a_candidate_the_rules_reject() -> None:
     assert bad not in checked
     assert reducer.best == good
     assert reducer.rejected == {"a CPU tensor's pointer: out.data_ptr()": 1}
+
+
+def test_a_cupy_launch_whose_arguments_are_bound_to_a_name_is_checked() -> None:
+    """As the hashed-ids kernel launches: `args = (cupy.asarray(ids), ...)`, `k(grid, block, args)`."""
+    best = (
+        'ids = torch.randint(0, 9, (4, 2), device="cuda")\n'
+        'out = torch.empty(4, 8, device="cuda")\n'
+        "args = (cupy.asarray(ids), cupy.asarray(out), np.int32(4))\n"
+        "_KERNEL((1,), (128,), args)\n"
+    )
+    on_cpu = best.replace(
+        'torch.randint(0, 9, (4, 2), device="cuda")', "torch.randint(0, 9, (4, 2))"
+    )
+    assert MEMORY.rejects(on_cpu, best) == ["a CPU tensor handed to _KERNEL: ids"]
+    regridded = best.replace("_KERNEL((1,), (128,), args)", "_KERNEL((1,), (1,), args)")
+    assert MEMORY.rejects(regridded, best) == ["launch _KERNEL[(1,), (1,)]"]

@@ -36,23 +36,29 @@ def relation(error: MemcheckError, tensors: Sequence[TensorRange]) -> tuple[str 
     if error.problem == "misaligned":
         found = None if address is None else _containing(address, tensors)
         return MISALIGNED, "" if found is None else found.label()
-    if error.nearest is not None:
+    nearest = _nearest_tensor(address, tensors)
+    if error.nearest is not None:  # what memcheck measured: the relation
         side, _, base, size = error.nearest
-        named = next((t for t in tensors if t.storage_start == base), None)
+        named = next((t for t in tensors if t.storage_start == base), nearest)
         target = named.label() if named is not None else f"an allocation of {size} B"
         return (PAST_END if side == "after" else BEFORE_START), target
-    if address is None or not tensors:
+    if address is None or nearest is None:
         return None, ""
+    if nearest.storage_start <= address < nearest.storage_end:
+        return INSIDE, nearest.label()
+    return (BEFORE_START if address < nearest.storage_start else PAST_END), nearest.label()
+
+
+def _nearest_tensor(address: int | None, tensors: Sequence[TensorRange]) -> TensorRange | None:
+    if address is None or not tensors:
+        return None
 
     def distance(t: TensorRange) -> int:
         if address < t.storage_start:
             return t.storage_start - address
         return 0 if address < t.storage_end else address - t.storage_end + 1
 
-    best = min(tensors, key=distance)
-    if best.storage_start <= address < best.storage_end:
-        return INSIDE, best.label()
-    return (BEFORE_START if address < best.storage_start else PAST_END), best.label()
+    return min(tensors, key=distance)
 
 
 def memory_fingerprint(evidence: Evidence | None, op: str | None) -> MemoryFingerprint | None:
@@ -67,7 +73,11 @@ def memory_fingerprint(evidence: Evidence | None, op: str | None) -> MemoryFinge
     where, target = relation(first, evidence.tensors)
     aten = bool(op) and str(op).startswith("aten::")
     kernel = op if aten else kernel_key(first.kernel)
-    return MemoryFingerprint(kernel, first.access, first.size, where, target, by_kernel=not aten)
+    kinds = sorted(
+        {e.access for e in evidence.report.errors if e.access and e.kernel == first.kernel}
+    )
+    return MemoryFingerprint(kernel, first.access, first.size, where, target, by_kernel=not aten,
+                             accesses=tuple(kinds))  # fmt: skip
 
 
 def compare(original: Evidence | None, repro: Evidence | None, op: str | None) -> SameBug:

@@ -42,15 +42,21 @@ class MemoryFingerprint:
     """One memory fault as memcheck reported its first access error."""
 
     kernel: str | None  # kernel_key of the faulting kernel; an aten op's name for aten kernels
-    access: str | None  # "read", "write", "atomic"
+    access: str | None  # the first error's: "read", "write", "atomic"
     size: int | None  # bytes per access
     relation: str | None  # one of RELATIONS; None: memcheck named no allocation near it
     target: str = ""  # the tensor or allocation named (shown, not compared: names change)
-    by_kernel: bool = True  # False: an aten op's kernel, chosen by shape (kernel and size vary)
+    by_kernel: bool = True  # False: an aten op's kernel, chosen by shape
+    accesses: tuple[str, ...] = ()  # every kind among the errors memcheck printed
 
     def compared(self) -> tuple[str, ...]:
-        """The fields two fingerprints are compared on."""
-        return ("kernel", "access", "size", "relation") if self.by_kernel else ("kernel", "access", "relation")  # fmt: skip
+        """The fields two fingerprints are compared on. The access kinds match when the errors
+        share one (threads report in no fixed order: a kernel that reads and writes out of
+        bounds may show either first). The size counts for a misaligned access only, where the
+        vector width is the bug; out of bounds it is the compiler's choice (Triton vectorizes
+        by the arguments' alignment: 4 B in one run, 16 B in another)."""
+        fields = ("kernel", "access", "relation")
+        return (*fields, "size") if self.relation == MISALIGNED else fields
 
     def differences(self, other: MemoryFingerprint) -> tuple[list[str], list[str]]:
         """(fields that differ, fields that could not be compared: unknown on either side)."""
@@ -59,6 +65,9 @@ class MemoryFingerprint:
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine is None or theirs is None:
                 unknown.append(name)
+            elif name == "access":
+                if not set(self.accesses or (mine,)) & set(other.accesses or (theirs,)):
+                    differ.append(name)
             elif mine != theirs:
                 differ.append(name)
         return differ, unknown
@@ -80,13 +89,15 @@ class MemoryFingerprint:
             "relation": self.relation,
             "target": self.target,
             "by_kernel": self.by_kernel,
+            "accesses": list(self.accesses),
             "text": self.describe(),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MemoryFingerprint:
         return cls(data.get("kernel"), data.get("access"), data.get("size"), data.get("relation"),
-                   data.get("target", ""), data.get("by_kernel", True))  # fmt: skip
+                   data.get("target", ""), data.get("by_kernel", True),
+                   tuple(data.get("accesses", ())))  # fmt: skip
 
 
 def signature_fingerprint(signature: Signature | None) -> dict[str, Any] | None:

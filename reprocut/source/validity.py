@@ -95,7 +95,9 @@ class Launch:
 
 
 def launches(module: cst.Module) -> list[Launch]:
-    """Triton `kernel[grid](args)` and CuPy `kernel(grid, block, (args,))` calls."""
+    """Triton `kernel[grid](args)` and CuPy `kernel(grid, block, args)` calls (`args` a tuple,
+    or a name bound to one)."""
+    bound = _bindings(module)
     found = []
     for node in _walk(module):
         if not isinstance(node, cst.Call):
@@ -104,11 +106,37 @@ def launches(module: cst.Module) -> list[Launch]:
             kernel = _code(node.func.value)
             config = _code(node.func.slice[0]) if node.func.slice else ""
             found.append(Launch(kernel, config, tuple(a.value for a in node.args)))
-        elif len(node.args) >= 3 and isinstance(node.args[2].value, cst.Tuple):
+            continue
+        items = _cupy_arguments(node, bound)
+        if items is not None:
             config = f"{_code(node.args[0].value)}, {_code(node.args[1].value)}"
-            items = tuple(e.value for e in node.args[2].value.elements)
             found.append(Launch(_code(node.func), config, items))
     return found
+
+
+def _cupy_arguments(
+    node: cst.Call, bound: dict[str, list[cst.BaseExpression]]
+) -> tuple[cst.BaseExpression, ...] | None:
+    """A CuPy launch's kernel arguments: `k((blocks,), (threads,), (a, b, n))`."""
+    if len(node.args) < 3 or any(a.keyword for a in node.args[:3]):
+        return None
+    if not all(isinstance(a.value, (cst.Tuple, cst.Name)) for a in node.args[:2]):
+        return None
+    args = node.args[2].value
+    if isinstance(args, cst.Name) and len(bound.get(args.value, [])) == 1:
+        args = bound[args.value][0]
+    if not isinstance(args, cst.Tuple):
+        return None
+    return tuple(_unwrapped(e.value) for e in args.elements)
+
+
+def _unwrapped(value: cst.BaseExpression) -> cst.BaseExpression:
+    """`cupy.asarray(x)` (or `cp.asarray`, `from_dlpack`) -> `x`: the tensor it views."""
+    if isinstance(value, cst.Call) and value.args:
+        name = _code(value.func).rsplit(".", 1)[-1]
+        if name in ("asarray", "from_dlpack", "fromDlpack"):
+            return value.args[0].value
+    return value
 
 
 def pointer_problems(module: cst.Module) -> list[str]:
