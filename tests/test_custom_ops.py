@@ -101,3 +101,27 @@ def test_record_then_shrink_of_a_custom_op_verifies_from_an_empty_folder(tmp_pat
     assert found.error_type == "IndexError"
     assert found.kind == "row id <n> is past the table's <n> rows"
     assert "torch.ops.demo.gather_rows" in (empty / "repro.py").read_text()
+
+
+CORPUS = Path(__file__).resolve().parents[1] / "corpus"
+
+
+def test_the_extension_and_triton_op_definitions_keep_what_builds_and_registers_them() -> None:
+    """The corpus's TORCH_LIBRARY extension (load_inline) and triton_op cases."""
+    ext = CORPUS / "cuda_extension_pad_rows"
+    built = definitions_for(
+        "torch.ops.rowpad.pack_rows.default", [ext / "train.py", ext / "ext.py"]
+    )
+    assert "TORCH_LIBRARY(rowpad" in built and "pack_rows_kernel" in built
+    assert (
+        "load_inline(name=" in built
+        and "from torch.utils.cpp_extension import load_inline" in built
+    )
+    compiled = CORPUS / "cuda_triton_op_compiled"
+    files = [compiled / "train.py", compiled / "kernels.py"]
+    gated = definitions_for("torch.ops.fused.gated.default", files)
+    for needed in ("@triton.jit", "def gated_kernel", '@torch.library.triton_op("fused::gated"',
+                   "gated.register_autograd", "def _backward", "def _setup", "import triton.language as tl"):  # fmt: skip
+        assert needed in gated, needed
+    assert "__future__" not in gated
+    assert registering_names("fused::gated", files) == ("gated",)
