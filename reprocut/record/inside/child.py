@@ -166,12 +166,12 @@ def _location_json(location: Any) -> dict[str, Any] | None:
     return None if location is None else location.to_json()
 
 
-if __name__ == "__main__":
-    main(sys.argv[1])
-
-
 def _launch_step(line_sync: Any, step: int | None) -> int | None:
     """The step that launched the faulting kernel, when the line sync saw its launch."""
     if line_sync is not None and line_sync.launch_step is not None:
         return line_sync.launch_step
     return step
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
