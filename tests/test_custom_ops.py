@@ -125,3 +125,40 @@ def test_the_extension_and_triton_op_definitions_keep_what_builds_and_registers_
         assert needed in gated, needed
     assert "__future__" not in gated
     assert registering_names("fused::gated", files) == ("gated",)
+
+
+READS_ITS_SOURCE = """\
+import inspect
+
+import torch
+
+
+def jit(fn):  # as @triton.jit does: it reads the function's source from its file
+    fn.source = inspect.getsource(fn)
+    return fn
+
+
+@jit
+def kernel(rows):
+    return rows
+
+
+@torch.library.custom_op("demo::sourced", mutates_args=())
+def sourced(x: torch.Tensor) -> torch.Tensor:
+    raise IndexError(f"row {x.shape[0]} past the table ({len(kernel.source)} chars of kernel)")
+"""
+
+
+def test_an_oracle_check_of_a_custom_op_call_can_read_the_ops_source() -> None:
+    """`@triton.jit` reads its function's source from the file: the check writes it."""
+    from reprocut.check.oracle import Oracle, Reproduced
+    from reprocut.model.case import Signature
+
+    expected = Signature(
+        "IndexError", None, "demo::sourced", "row <n> past the table (<n> chars of kernel)"
+    )
+    case = ReproCase(target="torch.ops.demo.sourced.default", args=(TensorSpec((3, 2)),),
+                     expected=expected, definitions=READS_ITS_SOURCE)  # fmt: skip
+    with Oracle(timeout=60) as oracle:
+        verdict = oracle.check_case(case)
+    assert isinstance(verdict, Reproduced), verdict
