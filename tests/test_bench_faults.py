@@ -82,7 +82,9 @@ def test_the_table_shows_verified_same_bug_truth_and_the_median_shrink_time():
         "**Median shrink time 55.0 s (reduction alone 19.9 s); verified and the same bug: 1/2**"
         in table
     )
-    assert matches_truth(expected, {**original, "relation": "before the start of"}) is False
+    assert matches_truth(expected, {**original, "relation": "before the start of"}) is True
+    assert matches_truth(expected, {**original, "relation": "misaligned inside"}) is False
+    assert matches_truth(expected, {**original, "accesses": ["write"]}) is False
 
 
 def test_code_lines_leave_out_the_header_only():

@@ -3,8 +3,8 @@
 Each clip has up to MAX_LEN frames of DIM bins; a CUDA C++ extension op (`rowpad::pack_rows`,
 built by ext.py) packs the valid frames and marks each clip's end. Bug: from step 5 on, the data
 loader cuts long recordings at exactly MAX_LEN frames; the op writes the end marker of a full
-clip one row past its slot, and for the batch's last clip one row past the output (a 32 MiB
-allocation of its own): an illegal memory access in the extension's kernel.
+clip one row past its slot, and for the batch's last clip one row (16 MiB) past the output, a
+512 MiB allocation of its own: an illegal memory access in the extension's kernel.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BATCH, MAX_LEN, DIM, CLASSES = 16, 8, 1 << 16, 10
+BATCH, MAX_LEN, DIM, CLASSES = 4, 8, 1 << 22, 10
 
 
 def clips(step: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(step)
-    frames = torch.randn(BATCH, MAX_LEN, DIM, generator=g)
     lengths = torch.randint(1, MAX_LEN, (BATCH,), generator=g)
     if step >= 5:  # long recordings are now cut at the limit instead of dropped
         lengths[-1] = MAX_LEN
     labels = torch.randint(0, CLASSES, (BATCH,), generator=g)
-    return frames.to(device), lengths.to(device), labels.to(device)
+    frames = torch.randn(BATCH, MAX_LEN, DIM, device=device)  # 512 MiB: made where it is used
+    return frames, lengths.to(device), labels.to(device)
 
 
 class ClipClassifier(nn.Module):

@@ -43,6 +43,10 @@ FALLBACK = Path("/usr/local/cuda/bin/compute-sanitizer")
 LOG_NAME = "sanitizer.log"
 HEADER_TITLE = "compute-sanitizer (memcheck):"
 PRINT_LIMIT = 20  # errors memcheck prints (`--print-limit`): the first explains the fault
+# bytes of padding memcheck puts after every allocation: a write just past one tensor may land in
+# the next allocation, which memcheck takes for valid (on the H200 an extension writing one row
+# past its output faulted in plain runs while memcheck reported no error)
+PADDING = 1 << 16
 QUIET_SECONDS = 0.5  # the log unchanged this long: the errors printed so far are whole
 MAP_ENV = "REPROCUT_TENSOR_MAP"
 
@@ -233,7 +237,8 @@ def _memcheck(repro: Path, exe: str, timeout: float, options: list[str], where: 
             Path(tmp) / "tensors.json",
             Path(tmp) / "out",
         )
-        command = [exe, "--tool", "memcheck", "--print-limit", str(PRINT_LIMIT), *options, "--log-file",
+        command = [exe, "--tool", "memcheck", "--print-limit", str(PRINT_LIMIT), "--padding",
+                   str(PADDING), *options, "--log-file",
                    str(log), sys.executable, "-c", _WRAPPER, str(repro), *where.argv]  # fmt: skip
         env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", MAP_ENV: str(tensor_map)}
         with output.open("w") as sink:

@@ -22,6 +22,23 @@ BEFORE_START = "before the start of"
 MISALIGNED = "misaligned inside"
 INSIDE = "inside"
 RELATIONS = (PAST_END, BEFORE_START, MISALIGNED, INSIDE)
+OUT_OF_BOUNDS = "out of bounds"
+# what the comparison looks at: an address between two allocations is "past the end of" the one
+# below or "before the start of" the one above, whichever memcheck finds nearer, and that depends
+# on the layout of the run (on the H200 a Triton read past an expand()ed gate's storage showed
+# as "before the start of" the next tensor); the side is shown, the class compared
+_CLASS = {
+    PAST_END: OUT_OF_BOUNDS,
+    BEFORE_START: OUT_OF_BOUNDS,
+    MISALIGNED: MISALIGNED,
+    INSIDE: INSIDE,
+}
+
+
+def location_class(relation: str | None) -> str | None:
+    """out of bounds, misaligned or inside: what two fingerprints must share."""
+    return None if relation is None else _CLASS.get(relation, relation)
+
 
 _SIGNATURE_HEAD = re.compile(r"^(?:void\s+)?(?P<name>[^(<]+)")
 
@@ -50,7 +67,8 @@ class MemoryFingerprint:
     accesses: tuple[str, ...] = ()  # every kind among the errors memcheck printed
 
     def compared(self) -> tuple[str, ...]:
-        """The fields two fingerprints are compared on. The access kinds match when the errors
+        """The fields two fingerprints are compared on (the relation by its location_class).
+        The access kinds match when the errors
         share one (threads report in no fixed order: a kernel that reads and writes out of
         bounds may show either first). The size counts for a misaligned access only, where the
         vector width is the bug; out of bounds it is the compiler's choice (Triton vectorizes
@@ -67,6 +85,9 @@ class MemoryFingerprint:
                 unknown.append(name)
             elif name == "access":
                 if not set(self.accesses or (mine,)) & set(other.accesses or (theirs,)):
+                    differ.append(name)
+            elif name == "relation":
+                if location_class(mine) != location_class(theirs):
                     differ.append(name)
             elif mine != theirs:
                 differ.append(name)
