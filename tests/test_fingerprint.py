@@ -169,3 +169,25 @@ def test_walk_back_to_the_last_candidate_whose_fingerprint_matches(tmp_path, mon
     assert walked.chosen is not None and walked.chosen.index == 2
     assert verified is not None and verified.reproduced == 2
     assert "# candidate 2" in (out / "repro.py").read_text() == chosen.code
+
+
+def test_the_unshrunk_script_runs_from_accepted_with_its_sibling_modules(tmp_path) -> None:
+    """The walk-back's first probe is the user's script, copied to accepted/: its imports of
+    sibling modules still resolve (on the H200 a walk-back stopped at 'the unshrunk candidate
+    does not verify' because they did not)."""
+    from reprocut.check.verify import run_plain
+    from reprocut.source.recorded import with_script_dir_on_path
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "kernels.py").write_text(
+        'def launch():\n    raise RuntimeError("CUDA error: an illegal memory access was encountered")\n'
+    )
+    script = project / "train.py"
+    script.write_text(
+        '"""Trains."""\nfrom __future__ import annotations\n\nimport kernels\n\nkernels.launch()\n'
+    )
+    log = AcceptedLog(tmp_path / "out" / "accepted")
+    log.start_source(with_script_dir_on_path(script.read_text(), project))
+    seen = run_plain(log.entries[0].path, timeout=60).signature
+    assert seen is not None and seen.matches(ILLEGAL, compare_op=False), seen

@@ -35,6 +35,7 @@ from reprocut.pipeline.recover import (
     agree,
     memcheck_evidence,
     start_memcheck,
+    unshrunk_script,
     walk_back_outcome,
 )
 from reprocut.pipeline.same_bug import (
@@ -172,9 +173,8 @@ def shrink_recording(
                 oracle.close(wait=False)
                 raise
         try:
-            outcome = _shrink(
-                run_dir, failure, inputs, environment, oracle, settings, phases, on_event, console
-            )
+            outcome = _shrink(run_dir, failure, inputs, environment, oracle, settings, phases,
+                              on_event, console, log)  # fmt: skip
         finally:
             oracle.close(wait=False)  # its processes end while the plain runs start
             agreement.close()
@@ -373,8 +373,10 @@ def _shrink(
     phases: Phases,
     on_event: Any,
     console: Console,
+    log: AcceptedLog | None = None,
 ) -> Outcome:
-    """The captured call, shrunk; or the script, reduced."""
+    """The captured call, shrunk; or the script, reduced (`log`: the accepted candidates,
+    started afresh from the script when the captured call does not reproduce)."""
     script = {"max_checks": settings.max_checks, "max_time": settings.time_limit(script=True)}
     limits = {"max_checks": settings.max_checks, "max_time": settings.time_limit(script=False)}
     if _is_source(failure, settings):
@@ -398,6 +400,8 @@ def _shrink(
     # the captured call alone does not fail so (a custom op whose code could not be carried,
     # state the call depends on): the script itself, reduced, may still
     print_phase(console, "the captured call did not reproduce: reducing the script instead")
+    if log is not None and not log.entries:
+        log.start_source(unshrunk_script(failure))
     with phases.phase(SOURCE):
         return shrink_source(failure, oracle, on_event=on_event, kept=run_dir.launch_probe_path,
                              **script)  # fmt: skip

@@ -136,3 +136,23 @@ def pin_script_dir(code: str, directory: Path) -> str:
     except cst.ParserSyntaxError:
         return code
     return module.visit(_PinScriptDir(str(directory))).code
+
+
+def with_script_dir_on_path(code: str, directory: Path) -> str:
+    """The user's script as it runs from another folder: its sibling modules found where they
+    are (`sys.path[0]` is the script's folder when Python runs it; the unshrunk candidate kept
+    under accepted/ is not beside them)."""
+    try:
+        module = cst.parse_module(code)
+    except cst.ParserSyntaxError:
+        return code
+    body = list(module.body)
+    at = 0
+    while at < len(body) and (
+        m.matches(body[at], m.SimpleStatementLine([m.Expr(m.SimpleString())]))
+        or m.matches(body[at], m.SimpleStatementLine([m.ImportFrom(module=m.Name("__future__"))]))
+    ):
+        at += 1
+    lines = [cst.parse_statement("import sys\n"),
+             cst.parse_statement(f"sys.path.insert(0, {str(directory)!r})\n")]  # fmt: skip
+    return module.with_changes(body=[*body[:at], *lines, *body[at:]]).code
