@@ -1,7 +1,10 @@
 """The corpus on disk: one folder per case with `case.toml` (ground truth) and its scripts.
 
 The culprit line is not written in case.toml: it is wherever the single `# reprocut: culprit`
-comment sits, so editing a script cannot silently desynchronise the truth.
+comment sits, so editing a script cannot silently desynchronise the truth (in a notebook: the
+line within its code cell). A case is launched as `launch` says: a script (`train.py`), a
+notebook (`train.ipynb`) or a pytest suite (`tests/`, run as `-- pytest`); a test has no
+training step, so a pytest case names its failing test (`test`, `test_line`) instead.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as the `test` extra installs it
     import tomli as tomllib
 
+import json
+
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "corpus"
 MARKER = "# reprocut: culprit"
 DEVICES = ("cpu", "cuda")
 EXPECTS = ("fail", "pass", "flaky", "silent-cuda")
+LAUNCHES = ("script", "notebook", "pytest")
 
 
 class CaseFormatError(ValueError):
@@ -60,9 +66,18 @@ class CorpusCase:
     # a memory fault's expected memcheck fingerprint (reprocut.model.fingerprint): kernel,
     # access, size (misaligned accesses), relation, target (informational)
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    launch: str = "script"  # "script", "notebook" or "pytest"
+    cell: int | None = None  # notebook: the culprit's cell (index in the cells list)
+    test: str | None = None  # pytest: the failing test's node id
+    test_line: int | None = None  # pytest: the test's own line the error passed through
 
     @property
     def script(self) -> Path:
+        """What `record` runs: train.py, train.ipynb, or a suite's tests folder."""
+        if self.launch == "notebook":
+            return self.folder / "train.ipynb"
+        if self.launch == "pytest":
+            return self.folder / "tests"
         return self.folder / "train.py"
 
     def applies_to(self, device: str) -> bool:
@@ -89,11 +104,29 @@ class CorpusCase:
 
 
 def culprit_markers(folder: Path) -> list[tuple[str, int]]:
+    """(file, line) of every marker; in a notebook the line within its code cell."""
     hits = []
     for path in sorted(folder.rglob("*.py")):
         for number, line in enumerate(path.read_text().splitlines(), start=1):
             if MARKER in line:
                 hits.append((str(path.relative_to(folder)), number))
+    for path in sorted(folder.rglob("*.ipynb")):
+        for _, number in notebook_markers(path):
+            hits.append((str(path.relative_to(folder)), number))
+    return hits
+
+
+def notebook_markers(path: Path) -> list[tuple[int, int]]:
+    """(cell index, line within the cell) of each marker in a notebook's code cells."""
+    hits = []
+    for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+        source = cell.get("source", "")
+        text = "".join(source) if isinstance(source, list) else source
+        if cell.get("cell_type") != "code":
+            continue
+        for number, line in enumerate(text.splitlines(), start=1):
+            if MARKER in line:
+                hits.append((index, number))
     return hits
 
 
@@ -134,6 +167,8 @@ def load_case(folder: Path) -> CorpusCase:
             raise CaseFormatError(f"{path}: missing '{key}'")
     if data["name"] != folder.name:
         raise CaseFormatError(f"{path}: name {data['name']!r} is not the folder name")
+    if data.get("launch", "script") not in LAUNCHES:
+        raise CaseFormatError(f"{path}: launch must be one of {LAUNCHES}")
     if data["expect"] not in EXPECTS:
         raise CaseFormatError(f"{path}: expect must be one of {EXPECTS}")
     unknown = set(data["devices"]) - set(DEVICES)
@@ -161,6 +196,10 @@ def load_case(folder: Path) -> CorpusCase:
         per_device=per_device,
         record_args=tuple(data.get("record_args", ())),
         fingerprint=dict(expected.get("fingerprint", {})),
+        launch=data.get("launch", "script"),
+        cell=expected.get("cell"),
+        test=expected.get("test"),
+        test_line=expected.get("test_line"),
     )
 
 

@@ -103,7 +103,9 @@ def record_failed(run: RunOutput) -> bool | None:
     if run.timed_out:
         return None
     status = str((run.data or {}).get("status", "")).lower()
-    if run.returncode == RECORD_NOTHING_TO_REPRODUCE or status in PASS_STATUSES:
+    under_pytest = bool((run.data or {}).get("test"))  # exit code: pytest's own
+    nothing = run.returncode == RECORD_NOTHING_TO_REPRODUCE and not under_pytest
+    if nothing or status in PASS_STATUSES or status == "no-failing-test":
         return False
     if run.data is None:
         return None
@@ -130,7 +132,18 @@ def _line_right(case: CorpusCase, data: dict[str, Any]) -> bool:
         return False
     want_file, want_line = culprit
     got = PurePath(str(source["file"])).as_posix()
+    if case.cell is not None and source.get("cell") != case.cell:  # a notebook's cell
+        return False
     return got.endswith(f"{case.name}/{want_file}") and source.get("line") == want_line
+
+
+def _step_right(case: CorpusCase, data: dict[str, Any]) -> bool | None:
+    """The optimizer step; a pytest case has none: its failing test and the test's line."""
+    if case.test is not None:
+        test = data.get("test") or {}
+        line_right = case.test_line is None or test.get("line") == case.test_line
+        return test.get("nodeid") == case.test and line_right
+    return None if case.step is None else data.get("step") == case.step
 
 
 def _signature_right(case: CorpusCase, device: str, data: dict[str, Any]) -> bool:
@@ -199,7 +212,7 @@ def score_case(
         outcome=True,
         op=_op_right(case, device, data),
         line=_line_right(case, data),
-        step=None if case.step is None else data.get("step") == case.step,
+        step=_step_right(case, data),
         signature=_signature_right(case, device, data),
         facts=_facts_right(case, data) if case.facts else None,
         module=None if case.module is None else data.get("module") == case.module,

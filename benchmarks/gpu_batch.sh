@@ -27,6 +27,12 @@
 #   profile  issue #14: benchmarks/profile_record.py --device cuda (plain, record, record --nan on
 #            the launch-bound loop, 3 rounds, then one profiled run of each; ~2 min, at most
 #            PROFILE_LIMIT); not in the default list: STAGES=profile
+#   memory   issue #24: benchmarks/bench_memory.py --device cuda: the corpus/memory OOM cases
+#            recorded one at a time (request, why, holders vs the allocator, leak and retainer,
+#            picture and snapshot, fragmentation filled; op-level repros made on torch.empty
+#            inputs in seconds and verified (path empty-inputs), held ones refused with exit 9)
+#            and record's overhead on the gpu_bound loop, then tests/test_memory.py -m cuda (the
+#            allocator snapshot read); ~4 min, at most MEMORY_LIMIT + 60 s: STAGES=memory
 # Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
 # (*_LIMIT, seconds). Result files go to $OUT (default benchmarks/results) under their current
 # names (faults-cuda.md, corpus-cuda.md, ...: the date is inside), overwriting the last run's;
@@ -170,6 +176,16 @@ stage_speed() {
         --out "$OUT/source-speed-cuda.md" >"$LOGS/bench_source_speed.log" 2>&1
     echo "bench_source_speed exit $?" >>"$LOGS/bench_source_speed.log"
     grep -hE "^\| cuda|exit" "$OUT/source-speed-cuda.md" "$LOGS/bench_source_speed.log"
+}
+
+stage_memory() {
+    timeout -k 10 "${MEMORY_LIMIT:-420}" python3 benchmarks/bench_memory.py --device cuda \
+        --repeats "${MEMORY_REPEATS:-2}" --out "$OUT" >"$LOGS/bench_memory.log" 2>&1
+    echo "bench_memory exit $?" >>"$LOGS/bench_memory.log"
+    timeout -k 10 60 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_memory.py \
+        >"$LOGS/memory-cuda-tests.log" 2>&1
+    tail -n 3 "$LOGS/memory-cuda-tests.log"
+    grep -hE "^\| |ratio|exit" "$LOGS/bench_memory.log"
 }
 
 stage_faults() {

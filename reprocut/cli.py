@@ -45,6 +45,7 @@ exit codes:
   6  timeout (the script hung or ran past --timeout)
   7  the failure was seen but could not be localized to an op
   8  the repro fails only some of the time
+  9  out of memory only because other memory was held: no op-level repro (see the memory report)
 
 typical use:
   reprocut record train.py --epochs 3

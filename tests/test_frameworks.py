@@ -159,3 +159,11 @@ def test_loop_counters_are_reported_beside_the_optimizer_step(warmup):
     assert report["loop"] == {"episode": 2, "t": 3}
     assert "your loop: episode=2, t=3" in panel_text(report)
     assert "- your loop counters: `episode=2, t=3`" in report_md(report)
+
+
+def test_while_loop_counters_are_reported_at_the_users_step(tmp_path):
+    code, report = record(tmp_path, str(SCRIPTS / "while_counter.py"))
+    assert code == ExitCode.OK and report["op"] == "aten::embedding"
+    assert report["loop"] == {"step": 7}  # the user's step, beside reprocut's optimizer step
+    assert report["step"] == 7
+    assert "your loop: step=7" in panel_text(report)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import sys
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from reprocut.record.inside.frames import UserFrames
-from reprocut.record.inside.loops import LoopCounters
+from reprocut.record.inside.loops import LoopCounters, while_counters
 from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
 
@@ -204,3 +205,25 @@ def test_loop_counters_are_read_from_a_traceback_and_the_header_line_is_not_in_t
     except KeyError as exc:
         found = counters.from_traceback(exc.__traceback__)
     assert found == {"i": 0}
+
+
+def test_while_loop_counters_are_names_the_test_compares_and_the_body_steps():
+    counters = LoopCounters(UserFrames())
+    seen: dict[str, int] = {}
+    step, limit, unrelated = 0, 5, 3
+    while step < limit and unrelated > 0:
+        if step == 3:
+            seen.update(counters.read(sys._getframe()))
+        step += 1
+    assert seen == {"step": 3}  # `limit` and `unrelated` are compared, never stepped
+
+
+def test_while_counters_read_the_shapes_of_stepping():
+    tree = ast.parse(
+        "while n > 0 and i < 9 and k <= j:\n"
+        "    n -= 1\n"
+        "    i = i + 2\n"
+        "    def f():\n"
+        "        k += 1\n"
+    )
+    assert while_counters(tree.body[0]) == ["n", "i"]  # k is stepped in another scope

@@ -27,6 +27,7 @@ from pathlib import Path
 from rich.console import Console
 
 from reprocut.check.warmer import OracleWarmer, gpu_present
+from reprocut.model.cell_code import translate_cell
 from reprocut.model.errors import (
     STATUS_EXIT,
     ExitCode,
@@ -34,7 +35,9 @@ from reprocut.model.errors import (
     ScriptDidNotFailError,
     ScriptNotFoundError,
 )
+from reprocut.model.failing_test import FailingTest
 from reprocut.model.launch import Launch
+from reprocut.model.notebook import cell_filename, code_cells, is_notebook, place_of
 from reprocut.model.recording import DEFAULT_ROOT, RunDir
 from reprocut.record.parent.launch import locate, parse_launch, split_command
 from reprocut.record.parent.runner import RunRequest, run_script
@@ -97,6 +100,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "outputs, read without waiting for the GPU); report the first op that made one from "
         "finite inputs, found by a rerun to that step",
     )
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="watch memory: which op and line made each live tensor, memory per step, and when "
+        "it grows, what keeps it alive (a run that does not fail gets this report too); an "
+        "out-of-memory failure gets it from a rerun without this option",
+    )
     parser.add_argument("--quiet", action="store_true", help="do not echo the script's own output")
     parser.add_argument(
         "--shrink",
@@ -125,12 +135,23 @@ def check_script(script: Path) -> None:
         raise ScriptNotFoundError(f"no such script: {script}", hint="check the path")
     if not script.is_file():
         raise ScriptNotFoundError(f"{script} is not a file")
-    source = script.read_text(errors="replace")
+    if is_notebook(script):
+        for cell in code_cells(script):
+            _check_compiles(
+                translate_cell(cell.source).code, cell_filename(str(script), cell.index)
+            )
+        return
+    _check_compiles(script.read_text(errors="replace"), str(script))
+
+
+def _check_compiles(source: str, filename: str) -> None:
     try:
-        compile(source, str(script), "exec")
+        compile(source, filename, "exec")
     except SyntaxError as exc:
+        place = place_of(filename, exc.lineno or 0)
+        where = place.describe() if place else f"{filename}:{exc.lineno}"
         error = ReprocutError(
-            f"{script}:{exc.lineno}: syntax error: {exc.msg}",
+            f"{where}: syntax error: {exc.msg}",
             hint="the script does not compile, so it cannot fail in a torch op: fix it first",
         )
         error.exit_code = ExitCode.SCRIPT_ERROR
@@ -138,7 +159,7 @@ def check_script(script: Path) -> None:
         raise error from exc
 
 
-def run(options: argparse.Namespace, console: Console) -> ExitCode:
+def run(options: argparse.Namespace, console: Console) -> int:
     cwd = Path.cwd()
     launch = locate(parse_launch(getattr(options, "launch_args", [])), cwd)
     assert launch.script is not None
@@ -180,7 +201,7 @@ def _record(
     cwd: Path,
     run_dir: RunDir,
     warmer: OracleWarmer | None,
-) -> ExitCode:
+) -> int:
     def progress(message: str) -> None:
         print_line(console, f"[bold blue]reprocut[/]: {message}")
 
@@ -199,6 +220,7 @@ def _record(
             light_steps=False if options.full_trace else None,
             launch_blocking=False,
             nan=options.nan,
+            memory=options.memory,
             timeout=options.timeout,
             cwd=cwd,
             launch=launch,
@@ -209,6 +231,17 @@ def _record(
     )
     from reprocut.localize.failure import LocalizeOptions
     from reprocut.localize.localizer import localize
+
+    test = FailingTest.from_json((first.outcome or {}).get("test"))
+    under_pytest = launch.module == "pytest"
+    if under_pytest and test is None and first.outcome is not None and not first.timed_out:
+        progress(
+            f"no test failed in a torch op or with a CUDA error (pytest exited {first.returncode})"
+        )
+        run_dir.write_meta({**run_dir.read_meta(), "status": "passed"})
+        if options.json:
+            print(json.dumps({"status": "no-failing-test", "exit_code": first.returncode}))
+        return first.returncode or 0  # pytest's own
 
     localize_options = LocalizeOptions(
         script=script,
@@ -223,6 +256,8 @@ def _record(
         rerun=options.rerun,
         oracle=None if warmer is None else warmer.ready(),
         nan=options.nan,
+        test=test,
+        memory=options.memory,
     )
     meta = run_dir.read_meta()
     localize_started = time.perf_counter()
@@ -230,6 +265,10 @@ def _record(
         failure = localize(localize_options, first, progress)
     except ScriptDidNotFailError:
         run_dir.write_meta({**meta, "status": "passed", "seconds": round(first.seconds, 3)})
+        if options.memory:  # the growth and leak report of a run that did not fail
+            from reprocut.commands.memory_run import report_passed
+
+            return report_passed(options, console, run_dir)
         raise
     meta.update(  # where the time went: the script's run, then finding the culprit
         status=failure.status,
@@ -248,4 +287,6 @@ def _record(
         code, report["shrink"] = shrink_recorded(run_dir, failure, oracle, console, options.json)
     if options.json:
         print(json.dumps(report, indent=2))
+    if under_pytest and not options.shrink and first.returncode is not None:
+        return first.returncode  # pytest's, as without reprocut
     return code

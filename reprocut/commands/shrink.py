@@ -19,8 +19,10 @@ from rich.console import Console
 
 from reprocut.check.oracle import Oracle
 from reprocut.commands.runs import pick_recording
-from reprocut.model.errors import ExitCode
+from reprocut.model.errors import ExitCode, MemoryHeldError
 from reprocut.model.job import culprit_path
+from reprocut.model.memory import CAUSE_HELD
+from reprocut.model.oom import format_bytes
 from reprocut.model.recording import Failure, RunDir
 from reprocut.pipeline.run import ShrinkSettings, Shrunk, shrink_recording
 from reprocut.report.display.console import print_line
@@ -59,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(options: argparse.Namespace, console: Console) -> ExitCode:
     run_dir = pick_recording(options.run_dir, options.root, console)
     run_dir = RunDir.open(culprit_path(run_dir.path))  # a torchrun job: its culprit rank's
+    refuse_held_memory(run_dir.read_failure(), run_dir)
     settings = ShrinkSettings(
         out=options.out,
         max_checks=options.max_checks,
@@ -89,6 +92,7 @@ def shrink_recorded(
 ) -> tuple[ExitCode, dict[str, Any]]:
     """`record --shrink`: what `reprocut shrink RUN_DIR` does, on the failure record just
     localized, with record's warm oracle. The caller prints the JSON."""
+    refuse_held_memory(failure, run_dir)
     shrunk = shrink_recording(
         run_dir,
         ShrinkSettings(),
@@ -100,6 +104,22 @@ def shrink_recorded(
     if not as_json:
         show(console, shrunk)
     return shrunk.exit_code, shrunk.result
+
+
+def refuse_held_memory(failure: Failure, run_dir: RunDir) -> None:
+    """An OOM whose request fits the device failed because of what was held, not because of the
+    op: a repro of that op alone cannot fail the same way."""
+    memory = failure.memory
+    if memory is None or memory.cause != CAUSE_HELD:
+        return
+    held = format_bytes(memory.reserved_bytes)
+    raise MemoryHeldError(
+        f"out of memory in {failure.op or 'the script'} only because {held} was already held; "
+        f"the request ({format_bytes(memory.requested_bytes)}) alone fits the device",
+        hint=f"see the memory report (`reprocut record` output, {run_dir.failure_path} 'memory'"
+        + (f", {run_dir.path / memory.plot}" if memory.plot else "")
+        + "): free what holds it, then rerun",
+    )
 
 
 def show(console: Console, shrunk: Shrunk) -> None:

@@ -18,7 +18,9 @@ from typing import Any, Protocol
 import torch
 
 from reprocut.model.case import Signature, SourceLocation
+from reprocut.model.failing_test import FailingTest
 from reprocut.model.launch import Launch
+from reprocut.model.notebook import source_line
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
 from reprocut.model.signature import classify, cuda_error_code, parse_assertions
 from reprocut.record.parent.runner import RunResult
@@ -51,7 +53,9 @@ class LocalizeOptions:
     launch: Launch | None = None  # `-m`, argv[0] as typed, python options: reruns launch alike
     frameworks: tuple[tuple[str, str], ...] = ()  # versions the script imported (its outcome)
     nan: bool = False  # `--nan`: the first op that made a NaN/inf is the failure
+    memory: bool = False  # `--memory`: the run had the memory watch on (memory.json)
     rerunner: Rerunner | None = None  # None: reruns run the script alone
+    test: FailingTest | None = None  # under pytest: the first run's failing test
 
 
 def environment_summary() -> dict[str, str]:
@@ -69,7 +73,7 @@ def location(data: dict[str, Any] | None) -> SourceLocation | None:
     (the end-of-script marker, a launch line read by line_sync)."""
     if not data:
         return None
-    text = data.get("text", "")
+    text = data.get("text", "") or source_line(data["file"], data["line"]) or ""
     if not text:
         try:
             lines = Path(data["file"]).read_text().splitlines()
@@ -103,6 +107,7 @@ def finish(options: LocalizeOptions, failure: Failure) -> Failure:
         env=environment_summary(),
         frameworks=dict(options.frameworks),
         run_module=options.launch.module if options.launch else None,
+        test=options.test,
     )
     options.run_dir.write_failure(failure)
     return failure

@@ -8,6 +8,7 @@ In order of cost:
 3. rerun: the script runs again to the failing step, synchronizing around each op of that step;
    a fault pending *before* an op came from outside the dispatcher, and a blocking rerun then
    names the Python line that launched the custom kernel.
+An out-of-memory failure gets a MemoryReport from a rerun under the memory watch (memory.py).
 A NaN or inf (a `--nan` run's flag flipped, or the failure's inputs held one) is traced to the
 op that made it by one more rerun (nonfinite.py).
 """
@@ -23,6 +24,12 @@ from reprocut.localize.failure import (
     finish,
     not_localized,
     script_error,
+)
+from reprocut.localize.memory import (
+    is_oom_failure,
+    is_oom_outcome,
+    oom_in_light_step,
+    with_memory,
 )
 from reprocut.localize.nonfinite import flagged_step, trace_origin, wants_origin
 from reprocut.localize.replay import replay_snapshots
@@ -54,6 +61,8 @@ def localize(options: LocalizeOptions, first: RunResult, progress: Progress) -> 
                 hint=exc.hint,
             ) from None
         raise
+    if is_oom_failure(failure) and failure.memory is None and options.rerun:
+        failure = with_memory(options, failure, progress)
     if wants_origin(failure):
         progress("NaN/inf in what failed; finding the op that made it")
         origin_step = failure.step if failure.step is not None else first.outcome["step"]
@@ -90,6 +99,8 @@ def _localize_error(options: LocalizeOptions, first: RunResult, progress: Progre
     cuda = is_cuda_failure(error["type"], error["message"], error.get("code"))
     if names_op(culprit):
         return from_culprit(options, first, outcome, culprit, first, "in-process")
+    if is_oom_outcome(outcome) and outcome.get("light_step") and options.rerun:
+        return oom_in_light_step(options, first, outcome, progress)
     if not cuda and outcome.get("light_step") and options.rerun:
         return rerun_for_op(options, first, outcome, progress)
     if names_public_call(culprit):

@@ -37,8 +37,8 @@ class Literal:
 class Generated:
     """Values made by a generator, when only the shape (or a range) matters.
 
-    kind: "randn", "rand", "zeros", "ones", "full" (uses `low` as the fill), "randint" ([low, high)),
-    or "arange".
+    kind: "randn", "rand", "zeros", "ones", "full" (`low` is the fill), "randint" ([low, high)),
+    "arange", or "empty" (no values: an out-of-memory repro needs the layout alone).
     """
 
     kind: str = "randn"

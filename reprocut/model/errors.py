@@ -20,6 +20,7 @@ class ExitCode(IntEnum):
     TIMEOUT = 6  # the script (or a check) ran past --timeout
     NOT_LOCALIZED = 7  # the failure was recorded but its first faulting op could not be pinned down
     FLAKY = 8  # the repro fails only some of the time
+    MEMORY_HELD = 9  # out of memory only because other memory was held: no op-level repro
 
 
 class ReprocutError(Exception):
@@ -58,6 +59,14 @@ class ScriptTimeoutError(ReprocutError):
 class NotReproducedError(ReprocutError):
     slug = "not-reproduced"
     exit_code = ExitCode.NOT_REPRODUCED
+
+
+class MemoryHeldError(ReprocutError):
+    """The allocation failed only because other memory was held (a leak, saved activations):
+    an op-level repro with the same shapes would not fail; the memory report says why."""
+
+    slug = "memory-held"
+    exit_code = ExitCode.MEMORY_HELD
 
 
 class EmitError(ReprocutError):

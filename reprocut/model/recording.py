@@ -30,7 +30,9 @@ from reprocut.model.case import (
     spec_to_json,
 )
 from reprocut.model.errors import CorruptRecordingError, NoRecordingError
+from reprocut.model.failing_test import FailingTest
 from reprocut.model.job import JobRerun, RankSummary
+from reprocut.model.memory import MemoryReport
 from reprocut.model.nonfinite import NonfiniteOrigin
 
 DEFAULT_ROOT = Path(".reprocut")
@@ -138,6 +140,8 @@ class Failure:
     world_size: int | None = None
     ranks: tuple[RankSummary, ...] = ()  # every rank of the job, what it saw
     job_reruns: tuple[JobRerun, ...] = ()  # reruns of the whole job that localized the culprit
+    test: FailingTest | None = None  # under pytest: the test that failed (it has no step)
+    memory: MemoryReport | None = None  # an out-of-memory failure: request, holders, leak
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -172,6 +176,8 @@ class Failure:
             "world_size": self.world_size,
             "ranks": [summary.to_json() for summary in self.ranks],
             "job_reruns": [rerun.to_json() for rerun in self.job_reruns],
+            "test": None if self.test is None else self.test.to_json(),
+            "memory": None if self.memory is None else self.memory.to_json(),
         }
 
     @classmethod
@@ -205,6 +211,7 @@ class Failure:
             loop={str(k): int(v) for k, v in (data.get("loop") or {}).items()},
             frameworks={str(k): str(v) for k, v in (data.get("frameworks") or {}).items()},
             run_module=data.get("run_module"),
+            test=FailingTest.from_json(data.get("test")),
             nonfinite=NonfiniteOrigin.from_json(data["nonfinite"])
             if data.get("nonfinite")
             else None,
@@ -212,6 +219,7 @@ class Failure:
             world_size=data.get("world_size"),
             ranks=tuple(RankSummary.from_json(r) for r in data.get("ranks", ())),
             job_reruns=tuple(JobRerun.from_json(r) for r in data.get("job_reruns", ())),
+            memory=MemoryReport.from_json(data["memory"]) if data.get("memory") else None,
         )
 
     def with_notes(self, *notes: str) -> Failure:

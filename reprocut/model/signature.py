@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from reprocut.model.case import Signature
+from reprocut.model.oom import OOM_KIND, is_out_of_memory
 
 # "CUDA error: device-side assert triggered" and friends, by CUDA runtime error code.
 CUDA_ERRORS = {
@@ -206,10 +207,13 @@ def classify(
     op: str | None = None,
     error_code: int | None = None,
 ) -> Signature:
-    """The signature of a failure, from what a process showed of it."""
+    """The signature of a failure, from what a process showed of it. Every out-of-memory
+    error has the kind "out of memory": its amounts depend on the device and what it held."""
     code, name = cuda_error_code(message)
     if error_code is None:
         error_code = code
+    if is_out_of_memory(error_type, message):
+        return Signature(error_type, error_code, op, OOM_KIND)
     if error_code is not None:
         assertions = parse_assertions(stderr)
         if assertions:

@@ -188,6 +188,8 @@ def generate(
     values: Generated, numel: int, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
     kind = values.kind
+    if kind == "empty":
+        return torch.empty(numel, dtype=dtype, device=device)
     if kind == "zeros":
         return torch.zeros(numel, dtype=dtype, device=device)
     if kind == "ones":

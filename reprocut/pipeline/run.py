@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,11 +22,9 @@ from typing import Any
 from rich.console import Console
 
 from reprocut.check.oracle import Oracle
-from reprocut.check.sanitizer import Evidence
 from reprocut.check.verify import Verification, verify
 from reprocut.model.case import Captured
 from reprocut.model.errors import CorruptRecordingError, ExitCode, ReprocutError
-from reprocut.model.fingerprint import MemoryFingerprint, SameBug
 from reprocut.model.recording import Failure, RunDir, atomic_write
 from reprocut.pipeline.cases import Outcome, shrink_case, with_definitions
 from reprocut.pipeline.finish import report_inputs, result_json
@@ -38,19 +36,25 @@ from reprocut.pipeline.recover import (
     unshrunk_script,
     walk_back_outcome,
 )
+from reprocut.pipeline.request_repro import (
+    PATH_EMPTY_INPUTS,
+    PATH_SHRINK,
+    PATH_SOURCE,
+    RequestRepro,
+    applies,
+    request_repro,
+)
 from reprocut.pipeline.same_bug import (
-    memcheck_same_bug,
-    recheck_after_walk_back,
-    signature_same_bug,
+    same_bug_after_verification,
     start_original_memcheck,
-    walk_back_to_fingerprint,
+    stopped_note,
 )
 from reprocut.pipeline.scripts import shrink_source
 from reprocut.report.display.console import print_line
 from reprocut.report.display.shrink import print_phase, shrink_display
 from reprocut.report.markdown import collect_environment, render
 from reprocut.shrink.header import Environment, Header
-from reprocut.shrink.walkback import AcceptedLog, Render, renderer
+from reprocut.shrink.walkback import AcceptedLog, renderer
 
 
 class NothingToShrinkError(ReprocutError):
@@ -68,10 +72,6 @@ PLAIN_SHARE = 0.2
 # op-level shrink's checks are a fraction of a second: 120 s is rarely reached.
 SCRIPT_TIME = 30.0
 CASE_TIME = 120.0
-LIMITS = {  # what stopped a shrink early, in words
-    "max time": lambda s, script: f"{s.time_limit(script=script):.0f} s limit (--max-time)",
-    "max checks": lambda s, script: f"{s.max_checks}-check limit (--max-checks)",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +160,21 @@ def shrink_recording(
         with phases.phase(READ):
             failure = failure or run_dir.read_failure()
             _refuse(failure, settings)
+        fallback = ""
+        if applies(failure) and not settings.source:
+            fast = _request_repro(run_dir, failure, settings, phases, console)
+            if fast is not None and fast.verified:
+                if oracle is not None:
+                    oracle.close(wait=False)
+                return _finish(
+                    run_dir, failure, settings, phases, started,
+                    outcome=fast.outcome, verification=fast.verification,
+                    environment=fast.environment, notes=(fast.note(),), path=PATH_EMPTY_INPUTS,
+                )  # fmt: skip
+            if fast is not None:
+                fallback = fast.fallback_note()
+                print_line(console, f"[yellow]note[/]: {fallback}")
+        with phases.phase(READ):
             oracle = _fit_oracle(oracle, failure, settings)
             _start_server(oracle, phases, started)  # while the inputs are read
             agreement, log = agree(oracle, failure, _out(run_dir, settings),
@@ -178,7 +193,8 @@ def shrink_recording(
         finally:
             oracle.close(wait=False)  # its processes end while the plain runs start
             agreement.close()
-        for note in _stopped_note(outcome, settings):
+        limit = settings.time_limit(script=outcome.from_script)
+        for note in stopped_note(outcome, limit, settings.max_checks):
             print_line(console, f"[yellow]note[/]: {note}")
         if oracle.fork_disabled:
             print_line(
@@ -207,33 +223,62 @@ def shrink_recording(
                 repro, failure, outcome, timeout=settings.timeout * 3, console=console,
                 started=memcheck if walked is None else None,  # walked back: another repro.py
             )  # fmt: skip
-            outcome, verification, evidence, same = _same_bug(
+            outcome, verification, evidence, same = same_bug_after_verification(
                 failure, outcome, verification, evidence, original, log, render_case, inputs,
-                settings, out, console,
+                runs=settings.runs, timeout=settings.timeout * 3, out=out, console=console,
             )  # fmt: skip
-        seconds = time.monotonic() - started
-        report = out / "report.md"
-        with phases.phase(REPORT):
-            written = replace(
-                report_inputs(outcome, failure, environment, verification, seconds),
-                notes=(
-                    *(() if walked is None else (walked.describe(),)),
-                    *_stopped_note(outcome, settings),
-                ),
-                sanitizer="" if evidence is None else evidence.markdown(),
-                same_bug=same.markdown(),
-            )
-            atomic_write(report, render(written))
+        extra: dict[str, Any] = {"agreement": agreement.to_json()}
+        if walked is not None:
+            extra["walk_back"] = walked.to_json()
+        if evidence is not None:
+            extra["sanitizer"] = evidence.to_json()
+        extra["same_bug"] = same.to_json()
+        extra["stopped"] = outcome.stopped
+        extra["limits"] = {"max_time": settings.time_limit(script=outcome.from_script),
+                           "max_checks": settings.max_checks}  # fmt: skip
+        notes = tuple(note for note in (fallback, walked and walked.describe()) if note)
+        notes += stopped_note(outcome, settings.time_limit(script=outcome.from_script),
+                              settings.max_checks)  # fmt: skip
+        return _finish(
+            run_dir, failure, settings, phases, started,
+            outcome=outcome, verification=verification, environment=environment,
+            notes=notes, path=PATH_SOURCE if outcome.from_script else PATH_SHRINK,
+            sanitizer="" if evidence is None else evidence.markdown(), extra=extra,
+            same_bug=same.markdown(),
+        )  # fmt: skip
+
+
+def _finish(
+    run_dir: RunDir,
+    failure: Failure,
+    settings: ShrinkSettings,
+    phases: Phases,
+    started: float,
+    *,
+    outcome: Outcome,
+    verification: Verification,
+    environment: Environment,
+    notes: tuple[str, ...],
+    path: str,
+    sanitizer: str = "",
+    extra: dict[str, Any] | None = None,
+    same_bug: str = "",
+) -> Shrunk:
+    """report.md, the result (`--json`, with the path the repro was made by), meta.json."""
+    out = _out(run_dir, settings)
+    repro, report = out / "repro.py", out / "report.md"
+    seconds = time.monotonic() - started
+    with phases.phase(REPORT):
+        written = replace(
+            report_inputs(outcome, failure, environment, verification, seconds),
+            notes=notes,
+            sanitizer=sanitizer,
+            same_bug=same_bug,
+        )
+        atomic_write(report, render(written))
     result = result_json(outcome, failure.signature, verification, repro, report, seconds)
-    result["agreement"] = agreement.to_json()
-    if walked is not None:
-        result["walk_back"] = walked.to_json()
-    if evidence is not None:
-        result["sanitizer"] = evidence.to_json()
-    result["same_bug"] = same.to_json()
-    result["stopped"] = outcome.stopped
-    result["limits"] = {"max_time": settings.time_limit(script=outcome.from_script),
-                        "max_checks": settings.max_checks}  # fmt: skip
+    result["path"] = path
+    result.update(extra or {})
     result["phases"] = phases.to_json()
     _write_meta(run_dir, result)
     exit_code = verification.exit_code if outcome.reproduced_from_capture else None
@@ -245,50 +290,16 @@ def shrink_recording(
     )
 
 
-def _stopped_note(outcome: Outcome, settings: ShrinkSettings) -> tuple[str, ...]:
-    """A limit that ended the shrink before its fixed point, in words (nothing otherwise)."""
-    if outcome.stopped not in LIMITS:
-        return ()
-    limit = LIMITS[outcome.stopped](settings, outcome.from_script)
-    return (f"The shrink stopped early, at its {limit}: a larger limit may give a smaller repro.",)
-
-
-def _same_bug(
-    failure: Failure,
-    outcome: Outcome,
-    verification: Verification,
-    evidence: Evidence | None,
-    original: Future[Evidence] | None,
-    log: AcceptedLog,
-    render: Render,
-    inputs: dict[str, Any],
-    settings: ShrinkSettings,
-    out: Path,
-    console: Console,
-) -> tuple[Outcome, Verification, Evidence | None, SameBug]:
-    """The repro's fingerprint against the original's; on a mismatch, the walk-back to the
-    last accepted candidate whose fingerprint matches (reprocut.pipeline.same_bug)."""
-    if original is None:
-        return outcome, verification, evidence, signature_same_bug(failure, verification)
-    same = memcheck_same_bug(failure, original, evidence)
-    if same.equal is not False or same.original is None or len(log.entries) < 2:
-        return outcome, verification, evidence, same
-    print_phase(console, "repro.py is another memory fault: walking back to the original's")
-    target = MemoryFingerprint.from_json(same.original)
-    chosen, verified, walked = walk_back_to_fingerprint(
-        log, outcome, failure, target, render=render, inputs=inputs, runs=settings.runs,
-        timeout=settings.timeout * 3, out=out,
+def _request_repro(
+    run_dir: RunDir, failure: Failure, settings: ShrinkSettings, phases: Phases, console: Console
+) -> RequestRepro | None:
+    """The value-less repro of an out-of-memory whose request alone is too big, verified."""
+    with phases.phase(READ):
+        environment = collect_environment(failure)
+    return request_repro(
+        failure, _out(run_dir, settings), environment, runs=settings.runs,
+        timeout=settings.timeout * 2, phases=phases, console=console,
     )  # fmt: skip
-    if walked.chosen is None or verified is None:
-        note = f"walking back found no candidate with the original's fingerprint ({walked.reason})"
-        return outcome, verification, evidence, replace(same, note=note)
-    note = (f"walked back to accepted candidate {walked.chosen.index} of {walked.candidates - 1}: "
-            "the latest whose memcheck fingerprint is the original's")  # fmt: skip
-    repro = out / "repro.py"
-    evidence, same = recheck_after_walk_back(
-        repro, failure, original, timeout=settings.timeout * 3, note=note
-    )
-    return replace(chosen, code=repro.read_text()), verified, evidence, same
 
 
 def _start_server(oracle: Oracle, phases: Phases, started: float) -> None:
@@ -414,6 +425,6 @@ def _write_meta(run_dir: RunDir, result: dict[str, Any]) -> None:
     except ReprocutError:  # a hand-made or older recording: start one
         meta = {}
     meta["shrink"] = {
-        key: result[key] for key in ("status", "repro", "seconds", "checks", "phases")
+        key: result[key] for key in ("status", "path", "repro", "seconds", "checks", "phases")
     }
     run_dir.write_meta(meta)

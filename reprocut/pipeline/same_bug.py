@@ -17,6 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from reprocut.check.fingerprint import compare, memory_fingerprint
 from reprocut.check.sanitizer import Evidence, attach, run_memcheck, wants_evidence
 from reprocut.check.verify import Verification, verify
@@ -24,6 +26,7 @@ from reprocut.model.errors import ExitCode
 from reprocut.model.fingerprint import MemoryFingerprint, SameBug, signature_fingerprint
 from reprocut.model.recording import Failure
 from reprocut.pipeline.cases import Outcome
+from reprocut.report.display.shrink import print_phase
 from reprocut.shrink.emitter import SIDECAR_NAME, count_statements
 from reprocut.shrink.walkback import AcceptedLog, Render, WalkBack, install, walk_back
 
@@ -124,3 +127,54 @@ def recheck_after_walk_back(
     evidence = run_memcheck(repro, timeout=timeout, kernel=failure.kernel)
     attach(repro, evidence)
     return evidence, replace(memcheck_same_bug(failure, original, evidence), note=note)
+
+
+def stopped_note(outcome: Outcome, max_time: float, max_checks: int) -> tuple[str, ...]:
+    """A limit that ended the shrink before its fixed point, in words (nothing otherwise)."""
+    limits = {"max time": f"{max_time:.0f} s limit (--max-time)",
+              "max checks": f"{max_checks}-check limit (--max-checks)"}  # fmt: skip
+    if outcome.stopped not in limits:
+        return ()
+    return (
+        f"The shrink stopped early, at its {limits[outcome.stopped]}: a larger limit may give "
+        "a smaller repro.",
+    )
+
+
+def same_bug_after_verification(
+    failure: Failure,
+    outcome: Outcome,
+    verification: Verification,
+    evidence: Evidence | None,
+    original: Future[Evidence] | None,
+    log: AcceptedLog,
+    render: Render,
+    inputs: dict[str, Any],
+    *,
+    runs: int,
+    timeout: float,
+    out: Path,
+    console: Console,
+) -> tuple[Outcome, Verification, Evidence | None, SameBug]:
+    """The repro's fingerprint against the original's (None `original`: not a memory fault,
+    the signature is the fingerprint); on a mismatch, the walk-back to the last accepted
+    candidate whose fingerprint matches."""
+    if original is None:
+        return outcome, verification, evidence, signature_same_bug(failure, verification)
+    same = memcheck_same_bug(failure, original, evidence)
+    if same.equal is not False or same.original is None or len(log.entries) < 2:
+        return outcome, verification, evidence, same
+    print_phase(console, "repro.py is another memory fault: walking back to the original's")
+    target = MemoryFingerprint.from_json(same.original)
+    chosen, verified, walked = walk_back_to_fingerprint(
+        log, outcome, failure, target, render=render, inputs=inputs, runs=runs,
+        timeout=timeout, out=out,
+    )  # fmt: skip
+    if walked.chosen is None or verified is None:
+        note = f"walking back found no candidate with the original's fingerprint ({walked.reason})"
+        return outcome, verification, evidence, replace(same, note=note)
+    note = (f"walked back to accepted candidate {walked.chosen.index} of {walked.candidates - 1}: "
+            "the latest whose memcheck fingerprint is the original's")  # fmt: skip
+    repro = out / "repro.py"
+    evidence, same = recheck_after_walk_back(repro, failure, original, timeout=timeout, note=note)
+    return replace(chosen, code=repro.read_text()), verified, evidence, same

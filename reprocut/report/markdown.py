@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from reprocut.model.case import SourceLocation
 from reprocut.model.nonfinite import NonfiniteOrigin
+from reprocut.model.notebook import place_of
 from reprocut.model.recording import Failure
 from reprocut.report.paths import relative_to_folder, shown_path
 from reprocut.shrink.header import Environment
@@ -155,6 +156,10 @@ def render(inputs: ReportInputs) -> str:
         )
     parts += ["", "## Where it happened in the original program", ""]
     folder = os.path.dirname(failure.script) if failure.script else ""
+    if failure.test is not None:  # under pytest: paths from where pytest ran
+        folder = failure.cwd
+        test_line = f"{shown_path(failure.test.file, folder)}:{failure.test.line}"
+        parts.append(f"- test `{failure.test.nodeid}` (its line: `{test_line}`)")
     if failure.rank is not None:
         parts.append(
             f"- rank {failure.rank} of {failure.world_size} under torchrun (the first to fail; "
@@ -174,7 +179,7 @@ def render(inputs: ReportInputs) -> str:
         ("public call", failure.public_call),
         ("module", failure.module),
         ("phase", failure.phase),
-        ("training step", failure.step),
+        ("training step", failure.step if failure.test is None else None),
     ]
     parts += [f"- {name}: `{value}`" for name, value in facts if value is not None]
     if failure.loop:
@@ -207,5 +212,9 @@ def render(inputs: ReportInputs) -> str:
 
 def _line(location: SourceLocation, folder: str) -> str:
     """`` `file:line`: `text` `` with the file relative to the script's folder."""
+    place = place_of(location.file, location.line)
+    if place is not None:
+        where = f"`{place.describe(folder)}`"
+        return f"{where}: `{location.text}`" if location.text else where
     where = f"`{shown_path(location.file, folder)}:{location.line}`"
     return f"{where}: `{location.text}`" if location.text else where

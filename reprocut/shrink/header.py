@@ -42,10 +42,15 @@ class Header:
     cpu_reproduces: bool | None = None  # None: not checked
     cpu_message: str = ""
     float64: str = ""  # a non-finite output: does the same call in float64 stay finite?
+    notes: tuple[str, ...] = ()  # sentences after the call (an out-of-memory's why, its phase)
 
 
 def data_origin(case: ReproCase) -> str:
     """ "real", "synthetic" or "mixed": did the values come from the user's run?"""
+    generated = [getattr(leaf.values, "kind", "") for _, spec in case.tensors()
+                 for leaf in (spec.parts or (spec,))]  # fmt: skip
+    if "empty" in generated and set(generated) <= {"empty", "zeros"}:
+        return "none needed (torch.empty of the recorded shapes, strides and dtypes)"
     kinds = {
         isinstance(leaf.values, (Captured, Literal))
         for _, spec in case.tensors()
@@ -73,6 +78,7 @@ def header_text(case: ReproCase, header: Header) -> str:
     if header.assertion:
         lines.append(f"Assertion: {header.assertion}")
     lines.append(f"Call: {case.target}")
+    lines.extend(header.notes)
     for name, value in case.env:
         lines.append(f"Environment: {name}={value} (set below: it fails only with it)")
     lines.append(f"Data: {data_origin(case)}")

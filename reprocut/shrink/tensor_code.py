@@ -88,6 +88,19 @@ def _literal_tensor(values: Sequence[Any], spec: TensorSpec, shape: tuple[int, .
     return call("torch.empty", *(literal(s) for s in shape), **kwargs)
 
 
+def _empty_call(spec: TensorSpec) -> cst.Call:
+    """No values, only the layout: `torch.empty` for a contiguous tensor, `torch.empty_strided`
+    for a strided one (an expanded view keeps its stride 0 and stays small)."""
+    kwargs = _tensor_kwargs(spec, implied="float32")
+    if spec.storage_offset:  # empty_strided has no offset: a view into a storage of its own
+        storage = call("torch.empty", literal(spec.storage_numel), **kwargs)
+        return _as_strided(storage, spec)
+    if spec.is_contiguous:
+        return _with_grad(call("torch.empty", _shape(spec.shape), **kwargs), spec)
+    stride = literal(tuple(spec.stride or ()))
+    return _with_grad(call("torch.empty_strided", _shape(spec.shape), stride, **kwargs), spec)
+
+
 def _with_grad(call: cst.Call, spec: TensorSpec) -> cst.Call:
     if spec.requires_grad and spec.dtype in FLOAT_DTYPES:
         return call.with_changes(args=[*call.args, keyword("requires_grad", cst.Name("True"))])
@@ -101,6 +114,8 @@ def tensor_statements(name: str, spec: TensorSpec) -> list[cst.BaseStatement]:
     target = cst.Name(name)
     plain = spec.is_contiguous and spec.storage_offset == 0
     values = spec.values
+    if isinstance(values, Generated) and values.kind == "empty":
+        return [assign(target, _empty_call(spec))]
     if isinstance(values, Captured):
         loaded = cst.Subscript(
             value=cst.Name("inputs"),

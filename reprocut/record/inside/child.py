@@ -25,6 +25,7 @@ from reprocut.model.case import SourceLocation
 from reprocut.model.recording import atomic_write
 from reprocut.record.inside.main_module import run_main
 from reprocut.record.inside.outcome import OUTCOME_FILE, error_json, recorded_state
+from reprocut.record.inside.pytest_failure import FailedTest
 
 NONFINITE_INPUTS_FILE = "nonfinite-inputs.pt"
 
@@ -73,12 +74,13 @@ def main(config_path: str) -> None:
     exit_code, ended = 0, False
     exit_request: SystemExit | None = None
     stopped = False  # --nan: reprocut ended the run (NonfiniteStop)
+    memory = _memory_watch(config, recorder, run_dir)  # below the recorder's own modes
     recorder.__enter__()
     line_sync = LineSync(step=lambda: recorder.state.step) if config.get("sync_lines") else None
     try:
         try:
             with line_sync or contextlib.nullcontext():
-                run_main(script, module)
+                run_main(script, module, recorder.state)
         except SystemExit as exc:
             exit_request = exc
         except NonfiniteStop:
@@ -95,6 +97,9 @@ def main(config_path: str) -> None:
             outcome = {"status": "stopped", "exit_code": 0}
     except BaseException as exc:  # the failure under study: everything is data now
         exit_code = 1
+        test = None
+        if isinstance(exc, FailedTest):  # pytest ended; its first test failing in a torch op
+            test, exit_code, exc = exc.test, exc.exit_code, exc.error
         surfaced = recorder.frames.innermost_in_traceback(exc.__traceback__)
         if line_sync is not None and line_sync.launch is not None:
             surfaced = line_sync.launch  # the line after which the GPU first reported the fault
@@ -102,7 +107,7 @@ def main(config_path: str) -> None:
             surfaced = _script_end(script)
         outcome = {
             "status": "failed",
-            "exit_code": 1,
+            "exit_code": exit_code,
             "error": error_json(exc),
             "traceback": user_traceback(exc),
             "surfaced_at": _location_json(surfaced),
@@ -115,12 +120,20 @@ def main(config_path: str) -> None:
             # the non-blocking run, where the fault surfaced a step later
             "step": _launch_step(line_sync, recorder.state.step),
         }
-        sys.stderr.write(outcome["traceback"])
+        if test is None:
+            sys.stderr.write(outcome["traceback"])
+        else:  # pytest printed its own report
+            outcome["test"] = test
         recorder.early.write(outcome)  # before closing and teardown, which may crash
+        if memory is not None:
+            memory.at_failure(exc)
     finally:
         torch.compile = original_compile  # type: ignore[assignment]
         light_step = recorder.light_step  # read before close(), which turns the modes off
         recorder.close()
+        if memory is not None:
+            memory.stop()
+            memory.write()
     failed = outcome["status"] == "failed"
     outcome.update(recorded_state(recorder.state, light_step, failed=failed))
     if failed:
@@ -139,6 +152,17 @@ def main(config_path: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)
+
+
+def _memory_watch(config: dict[str, Any], recorder: Any, run_dir: Path) -> Any:
+    """`record --memory` or an out-of-memory rerun: every storage's maker, memory per step."""
+    if not config.get("memory"):
+        return None
+    from reprocut.record.inside.memory import MemoryWatch
+
+    watch = MemoryWatch(recorder.state, recorder.frames, run_dir, cuda_history=True).start()
+    recorder.step_listeners.append(watch.end_step)
+    return watch
 
 
 def _script_end(script: str) -> SourceLocation:

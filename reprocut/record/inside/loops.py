@@ -5,7 +5,9 @@ reprocut counts optimizer steps, which is not how people count: a failure after
 after a warm-up is 16 steps behind its loop. So at the failure the `for` statements enclosing
 the executing line of each of the user's frames are found in the file's AST, and their integer
 targets read from the frame's locals (`for epoch in range(...)`, `for step, batch in
-enumerate(loader)`: epoch and step; batch is no integer).
+enumerate(loader)`: epoch and step; batch is no integer). A `while` loop counts too, by the
+names its test compares that its body increments (`while step < n: ... step += 1`: step), the
+shape of a counter that spans epochs.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ from types import CodeType, FrameType, TracebackType
 from reprocut.record.inside.frames import UserFrames
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+Loop = ast.For | ast.AsyncFor | ast.While
 
 
 class _FileLoops:
-    """The `for` statements of one file, each with the scope it runs in."""
+    """The `for` and `while` statements of one file, each with the scope it runs in."""
 
     def __init__(self, source: str) -> None:
-        self.loops: list[tuple[ast.For | ast.AsyncFor, ast.AST | None]] = []
+        self.loops: list[tuple[Loop, ast.AST | None]] = []
         self.scopes: list[ast.AST] = []
         try:
             tree = ast.parse(source)
@@ -38,7 +42,7 @@ class _FileLoops:
                 self.scopes.append(child)
                 self._visit(child, child)
                 continue
-            if isinstance(child, (ast.For, ast.AsyncFor)):
+            if isinstance(child, _LOOPS):
                 self.loops.append((child, scope))
             self._visit(child, scope)
 
@@ -58,8 +62,56 @@ class _FileLoops:
                 continue
             end = getattr(loop.body[-1], "end_lineno", None) or loop.body[-1].lineno
             if loop.body[0].lineno <= line <= end:  # not the header: the iterator is running
-                names.extend(n for n in _names(loop.target) if n not in names)
+                names.extend(n for n in _counters_of(loop) if n not in names)
         return tuple(names)
+
+
+def _counters_of(loop: Loop) -> list[str]:
+    if isinstance(loop, ast.While):
+        return while_counters(loop)
+    return _names(loop.target)
+
+
+def while_counters(loop: ast.While) -> list[str]:
+    """The names a `while` loop's test compares that its body increments or decrements
+    (`x += k`, `x -= k`, `x = x + k`), in the order the test names them."""
+    compared: list[str] = []
+    for node in ast.walk(loop.test):
+        if isinstance(node, ast.Compare):
+            for side in (node.left, *node.comparators):
+                if isinstance(side, ast.Name) and side.id not in compared:
+                    compared.append(side.id)
+    stepped = _stepped_names(loop.body)
+    return [name for name in compared if name in stepped and not name.startswith("_")]
+
+
+def _stepped_names(body: list[ast.stmt]) -> set[str]:
+    """Names the statements add to or subtract from (nested scopes left out)."""
+    stepped: set[str] = set()
+    pending: list[ast.AST] = list(body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, _SCOPES):
+            continue
+        if (
+            isinstance(node, ast.AugAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(node.op, (ast.Add, ast.Sub))
+        ):
+            stepped.add(node.target.id)
+        elif (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.BinOp)
+            and isinstance(node.value.op, (ast.Add, ast.Sub))
+        ):
+            operands = (node.value.left, node.value.right)
+            for target in node.targets:
+                if isinstance(target, ast.Name) and any(
+                    isinstance(o, ast.Name) and o.id == target.id for o in operands
+                ):
+                    stepped.add(target.id)
+        pending.extend(ast.iter_child_nodes(node))
+    return stepped
 
 
 def _names(target: ast.AST) -> list[str]:
@@ -73,7 +125,7 @@ def _names(target: ast.AST) -> list[str]:
 
 
 class LoopCounters:
-    """Reads the integer targets of the user's enclosing `for` loops (ASTs cached per file)."""
+    """Reads the integer counters of the user's enclosing loops (ASTs cached per file)."""
 
     def __init__(self, frames: UserFrames) -> None:
         self.frames = frames

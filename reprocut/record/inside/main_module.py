@@ -4,7 +4,9 @@
 `python train.py` leaves argv[0] as typed and `__package__` None; scripts that read
 `sys.argv[0]` (argparse's `prog`, paths next to it) would see a difference. So a script is
 compiled and run here in a fresh `__main__` module; a module (`-m`) goes through
-`runpy.run_module`, which is what `python -m` does (argv[0] becomes the module's file).
+`runpy.run_module`, which is what `python -m` does (argv[0] becomes the module's file). A
+notebook (`.ipynb`) runs its code cells in order (notebook.py), and pytest runs with reprocut's
+plugin that notes the first test failing in a torch op (pytest_watch.py).
 """
 
 from __future__ import annotations
@@ -15,13 +17,29 @@ import io
 import runpy
 import sys
 import types
+from typing import TYPE_CHECKING
+
+from reprocut.model.notebook import is_notebook
+
+if TYPE_CHECKING:
+    from reprocut.record.inside.state import RunState
 
 
-def run_main(script: str, module: str | None = None) -> None:
+def run_main(script: str, module: str | None = None, state: RunState | None = None) -> None:
     """Run `module` (as `python -m`) or else the file `script` (an absolute path) as __main__;
-    sys.argv and sys.path are the caller's to set."""
+    sys.argv and sys.path are the caller's to set. `state`: the recorder's, for pytest's watch."""
+    if module == "pytest" and state is not None:
+        from reprocut.record.inside.pytest_watch import run_pytest
+
+        run_pytest(state)
+        return
     if module:
         runpy.run_module(module, {"__builtins__": builtins}, run_name="__main__", alter_sys=True)
+        return
+    if is_notebook(script):
+        from reprocut.record.inside.notebook import run_notebook
+
+        run_notebook(script)
         return
     with io.open_code(script) as source:
         code = compile(source.read(), script, "exec", dont_inherit=True)

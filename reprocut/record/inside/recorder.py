@@ -111,6 +111,8 @@ class Recorder:
         self._original_optimizer_init: Any = None
         self._original_function_apply: Any = None
         self._original_backward: Any = None
+        # called with each step's number as it ends (`record --memory`: memory per step)
+        self.step_listeners: list[Any] = []
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -202,6 +204,8 @@ class Recorder:
         self.store.forget_queued()
         ended = state.step
         state.step += 1
+        for listener in self.step_listeners:
+            listener(ended)
         state.localizing = self._in_localize_window(state.step)
         self._function_mode.set(not torch.cuda.is_initialized() or state.localizing)
         self._set_every_op(self.wants_every_op(state.step, layout_changed))

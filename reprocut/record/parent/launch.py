@@ -10,6 +10,8 @@ Three spellings run the same thing, and the script sees the `sys.argv` plain `py
 and after `--` a torchrun command (`torchrun [OPTIONS] (train.py | -m pkg.train) ARGS...`, or
 `python -m torch.distributed.run ...`), whose every rank runs the Launch as torchrun runs it
 (`python -u ...`); the launcher's own part is `Launch.torchrun` (record/ranks/torchrun.py reads it).
+`-- pytest ARGS` (or `py.test`) runs pytest as `python -m pytest ARGS` does, which is what its
+console script runs.
 
 `split_command` cuts reprocut's own options from the launch command before argparse sees it
 (argparse would take `-m` and the script's options for its own); `parse_launch` turns the launch
@@ -36,6 +38,7 @@ from reprocut.model.launch import Launch, LaunchError
 PYTHON_FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-s", "-b", "-bb", "-q", "-v", "-d", "-R"})
 PYTHON_VALUE_OPTIONS = frozenset({"-W", "-X"})
 _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?$")
+PYTEST_COMMANDS = frozenset({"pytest", "py.test"})
 TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
 
 
@@ -81,6 +84,8 @@ def parse_command(tokens: list[str]) -> Launch:
         from reprocut.record.ranks.torchrun import parse_torchrun  # torchrun's parser imports torch
 
         return parse_torchrun(tokens[:launcher], tokens[launcher:])
+    if tokens and os.path.basename(tokens[0]) in PYTEST_COMMANDS:
+        return Launch(module="pytest", args=tuple(tokens[1:]))
     if tokens and is_python(tokens[0]):
         return _parse_python(tokens[1:])
     return _parse_target(tokens, ())

@@ -59,6 +59,7 @@ class RunRequest:
     launch_blocking: bool = False
     sync_lines: bool = False  # wait for the GPU after each user line (see line_sync)
     nan: bool = False  # a non-finite flag per step; finite checks per op in the localize window
+    memory: bool = False  # who made each live storage, memory per step (record/inside/memory.py)
     timeout: float | None = None
     cwd: Path | None = None
     launch: Launch | None = None  # how it was launched: `-m`, argv[0] as typed, python options
@@ -103,6 +104,7 @@ def run_script(
                 "module": launch.module,
                 "argv0": launch.argv0 or str(request.script),
                 "nan": request.nan,
+                "memory": request.memory,
                 "parent_pid": os.getpid(),  # the child ends its group once this pid is gone
             }
         )

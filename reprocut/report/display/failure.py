@@ -11,8 +11,10 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 from reprocut.model.case import Captured, Generated, Literal, SourceLocation, TensorSpec
+from reprocut.model.notebook import cell_source, place_of
 from reprocut.model.recording import Failure
 from reprocut.model.signature import is_nonfinite
+from reprocut.report.display.memory import memory_json, memory_section
 from reprocut.report.display.nonfinite import nonfinite_json, nonfinite_section
 from reprocut.report.display.ranks import other_ranks, rank_head, ranks_json
 from reprocut.report.display.tables import FittedTable
@@ -30,6 +32,9 @@ TITLES = {
 def _where(location: SourceLocation | None, cwd: str = "") -> str:
     if location is None:
         return "unknown"
+    place = place_of(location.file, location.line)
+    if place is not None:  # `train.ipynb, cell 7 (In [5]), line 3`
+        return place.describe(cwd)
     path = location.file
     if cwd and path.startswith(cwd.rstrip("/") + "/"):
         path = path[len(cwd.rstrip("/")) + 1 :]
@@ -37,6 +42,9 @@ def _where(location: SourceLocation | None, cwd: str = "") -> str:
 
 
 def _where_shown(location: SourceLocation, cwd: str) -> str:
+    place = place_of(location.file, location.line)
+    if place is not None:
+        return place.describe(cwd)
     return f"{shown_path(location.file, cwd)}:{location.line}"
 
 
@@ -51,8 +59,9 @@ def loop_text(loop: dict[str, int]) -> str:
 
 def source_context(location: SourceLocation, context: int = 3) -> RenderableType:
     """A few syntax-highlighted lines around the user's line, the line itself marked."""
+    code = cell_source(location.file)  # a notebook cell: its own lines
     try:
-        code = Path(location.file).read_text()
+        code = Path(location.file).read_text() if code is None else code
     except OSError:
         return Text(location.text or "(source not available)")
     total = code.count("\n") + 1
@@ -132,7 +141,11 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
         head.append("kernel   ", style="bold")
         head.append(failure.kernel, style="bold cyan")
         head.append("   (not a PyTorch op)\n", style="dim")
-    if failure.step is not None:
+    if failure.test is not None:  # a test has no training step: the test is where
+        head.append("test     ", style="bold")
+        head.append(failure.test.nodeid, style="bold cyan")
+        head.append(f"   line {shown_path(failure.test.file, failure.cwd)}:{failure.test.line}\n")
+    elif failure.step is not None:
         head.append("step     ", style="bold")
         head.append(f"{failure.step}" + (f" ({failure.phase})" if failure.phase else ""))
         if failure.loop:
@@ -189,6 +202,8 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
     if failure.nonfinite is not None:  # --nan: the panel's op is the origin; else traced to it
         full = not is_nonfinite(failure.signature)
         parts.append(nonfinite_section(failure.nonfinite, failure.cwd, full=full))
+    if failure.memory is not None:
+        parts.append(memory_section(failure.memory, run_dir))
     if failure.diagnosis:
         parts.append(Text("\ndiagnosis", style="bold"))
         parts.append(Text(failure.diagnosis))
@@ -220,6 +235,9 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
     def location(loc: SourceLocation | None) -> dict[str, Any] | None:
         if loc is None:
             return None
+        place = place_of(loc.file, loc.line)
+        if place is not None:  # the notebook's file, the cell (0-based) and the line in it
+            return {"file": place.notebook, "cell": place.cell, "line": loc.line, "text": loc.text}
         return {"file": loc.file, "line": loc.line, "text": loc.text}
 
     facts = [fact for row in failure.tensors for fact in row.facts]
@@ -257,6 +275,8 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
         "device": failure.device,
         "notes": list(failure.notes),
         "run_dir": str(run_dir),
+        "test": None if failure.test is None else failure.test.to_json(),
         "nonfinite": None if failure.nonfinite is None else nonfinite_json(failure.nonfinite),
+        "memory": None if failure.memory is None else memory_json(failure.memory, run_dir),
         **(ranks_json(failure) if failure.rank is not None else {}),
     }

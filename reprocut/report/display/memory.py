@@ -1,0 +1,125 @@
+"""The memory section of `record`'s output: the request and why, who holds the memory, growth,
+the leak and its retainer, fragmentation, the picture; and the same as JSON."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.text import Text
+
+from reprocut.model.case import SourceLocation
+from reprocut.model.memory import CAUSE_HELD, MemoryReport
+from reprocut.model.oom import format_bytes
+from reprocut.report.display.tables import FittedTable
+
+
+def _line(location: SourceLocation | None) -> str:
+    return "?" if location is None else f"{os.path.basename(location.file)}:{location.line}"
+
+
+def memory_section(report: MemoryReport, run_dir: Path, *, limit: int = 5) -> RenderableType:
+    parts: list[RenderableType] = [Text("\nmemory", style="bold")]
+    head = Text()
+    if report.requested_bytes is not None:
+        head.append("  asked for ", style="bold")
+        head.append(format_bytes(report.requested_bytes), style="bold red")
+        if report.device_total_bytes is not None:
+            head.append(f"   device: {format_bytes(report.device_total_bytes)} in all")
+            if report.device_free_bytes is not None:
+                head.append(f", {format_bytes(report.device_free_bytes)} free")
+        head.append("\n")
+    for sentence in report.why:
+        head.append("  why: ", style="bold")
+        head.append(f"{sentence}\n", style="yellow")
+    if report.growth_per_step_bytes is not None and report.steps:
+        head.append("  growth: ", style="bold")
+        head.append(f"{format_bytes(report.growth_per_step_bytes)} per step over ")
+        head.append(f"{len(report.steps)} steps\n")
+    parts.append(head)
+    if report.leak is not None:
+        leak = Text("  leak: ", style="bold")
+        leak.append(report.leak.text + "\n", style="red")
+        for i, step in enumerate(report.leak.retainer):
+            leak.append(f"    {'   ' * i}{'-> ' if i else ''}{step}\n")
+        leak.append("  fix: ", style="bold")
+        leak.append(report.leak.fix + "\n", style="green")
+        parts.append(leak)
+    if report.held:
+        total = sum(size for _, size in report.held)
+        figure = report.reserved_bytes if report.reserved_bytes is not None else total
+        rows = [(role, format_bytes(size)) for role, size in report.held]
+        parts.append(
+            FittedTable(
+                ("held by", "bytes"),
+                rows,
+                title=f"who holds the memory ({format_bytes(figure)})",
+                title_justify="left",
+            )
+        )
+    if report.top:
+        rows = [
+            (_line(h.line), h.op or "", h.module or "", format_bytes(h.bytes))
+            for h in report.top[:limit]
+        ]
+        parts.append(
+            FittedTable(
+                ("made at", "op", "module", "live"),
+                rows,
+                title="largest holders, by the line that made them",
+                title_justify="left",
+            )
+        )
+    if report.fragmentation is not None:
+        parts.append(Text(f"  fragmentation: {report.fragmentation.text}"))
+    files = Text()
+    if report.plot:
+        files.append("  picture: ", style="bold")
+        files.append(f"{run_dir / report.plot}\n", style="cyan")
+    if report.snapshot:
+        files.append("  allocator snapshot: ", style="bold")
+        files.append(f"{run_dir / report.snapshot}", style="cyan")
+        files.append("  (open at pytorch.org/memory_viz)\n", style="dim")
+    if report.cause == CAUSE_HELD:
+        files.append(
+            "  the request failed only because other memory was held: `reprocut shrink` "
+            "points here instead of writing an op-level repro\n",
+            style="dim",
+        )
+    parts.append(files)
+    return Group(*parts)
+
+
+def memory_panel(report: MemoryReport, run_dir: Path) -> Panel:
+    """A `record --memory` run that did not fail."""
+    title = "reprocut: memory grows" if report.leak else "reprocut: memory per step"
+    return Panel(
+        Group(memory_section(report, run_dir), Text(f"recording: {run_dir}", style="dim")),
+        title=title,
+        title_align="left",
+        border_style="yellow" if report.leak else "green",
+    )
+
+
+def show_memory(console: Console, report: MemoryReport, run_dir: Path) -> None:
+    console.print(memory_panel(report, run_dir))
+
+
+def memory_json(report: MemoryReport, run_dir: Path) -> dict[str, Any]:
+    """The `memory` object of `--json`."""
+    data = report.to_json()
+    leak = data.get("leak")
+    if leak is not None:
+        line = leak.get("line")
+        leak["line"] = None if line is None else f"{line['file']}:{line['line']}"
+    data["top"] = [
+        {**h, "line": None if h["line"] is None else f"{h['line']['file']}:{h['line']['line']}"}
+        for h in data["top"]
+    ]
+    for key in ("plot", "snapshot"):
+        if data.get(key):
+            data[key] = str(run_dir / data[key])
+    return data
