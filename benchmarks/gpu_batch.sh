@@ -24,6 +24,10 @@
 #            shrink on the same limit; faults-cuda.md/.json and faults-cuda-repros/;
 #            shrinkray comes from $SHRINKRAY, PATH, or the wheels
 #            carried in .whl/shrinkray (installed into a virtual environment of its own)
+#   compile  issue #25: the compiled-model corpus case (corpus/compile/compile_embedding_vocab)
+#            recorded with --shrink on the GPU: the Inductor Triton kernel's device-side assert,
+#            the verdict (fails eagerly too) and the verified eager repro; compile-cuda.json;
+#            about 1-2 min, at most COMPILE_LIMIT
 #   profile  issue #14: benchmarks/profile_record.py --device cuda (plain, record, record --nan on
 #            the launch-bound loop, 3 rounds, then one profiled run of each; ~2 min, at most
 #            PROFILE_LIMIT); not in the default list: STAGES=profile
@@ -43,7 +47,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
 LOGS=$OUT/logs
-STAGES=${STAGES:-tests source_tests record source corpus shrink nan ranks}
+STAGES=${STAGES:-tests source_tests record source corpus shrink nan ranks compile}
 mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 # the commit this tree is (the device copy's git metadata is stale): .whl/COMMIT, written by the caller
@@ -53,7 +57,7 @@ stage_tests() {
     timeout -k 10 "${TESTS_LIMIT:-330}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 4 \
         --timeout 240 --ignore tests/test_source_reducer.py --ignore tests/test_nan.py \
         --ignore tests/test_nan_flags.py \
-        --ignore tests/test_ranks_cuda.py ${TESTS:-tests/} >"$LOGS/cuda-tests.log" 2>&1
+        --ignore tests/test_ranks_cuda.py --ignore tests/test_compile.py ${TESTS:-tests/} >"$LOGS/cuda-tests.log" 2>&1
     echo "pytest exit $?" >>"$LOGS/cuda-tests.log"
     grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$LOGS/cuda-tests.log"
 }
@@ -117,6 +121,14 @@ stage_pipeline() {
         ${PIPELINE_CASES:+--cases $PIPELINE_CASES} >"$LOGS/bench_pipeline.log" 2>&1
     echo "bench_pipeline exit $?" >>"$LOGS/bench_pipeline.log"
     tail -22 "$LOGS/bench_pipeline.log"
+}
+
+stage_compile() {
+    REPROCUT_COMPILE_OUT="$OUT/compile-cuda.json" timeout -k 10 "${COMPILE_LIMIT:-240}" \
+        python3 -m pytest -v -rA -p no:cacheprovider -m cuda --timeout 230 tests/test_compile.py \
+        >"$LOGS/compile-cuda-tests.log" 2>&1
+    echo "pytest exit $?" >>"$LOGS/compile-cuda-tests.log"
+    grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$LOGS/compile-cuda-tests.log"
 }
 
 stage_nan_tests() {

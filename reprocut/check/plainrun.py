@@ -41,7 +41,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 class _Standby:
     """One waiting interpreter and the file its stderr goes to."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, env: dict[str, str] | None = None) -> None:
         handle, name = tempfile.mkstemp(prefix="plain-", suffix=".err", dir=directory)
         self.stderr_path = Path(name)
         with os.fdopen(handle, "w") as stderr:
@@ -50,7 +50,7 @@ class _Standby:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
-                env=dict(os.environ),  # the user's environment, as `python repro.py` has it
+                env=dict(os.environ) if env is None else env,  # as `python repro.py` has it
                 start_new_session=True,
                 text=True,
             )
@@ -80,7 +80,9 @@ class _Standby:
 class PlainRunner:
     """Plain runs of scripts, each in a fresh interpreter started one run ahead."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        """`env`: the processes' environment (default: this one's, as the user's shell has it)."""
+        self._env = env
         self._tmp = tempfile.TemporaryDirectory(prefix="reprocut-plain-")
         self._standby: _Standby | None = None
         self.runs = 0
@@ -89,7 +91,7 @@ class PlainRunner:
     def warm_up(self) -> None:
         """Start the next interpreter now (it imports torch while the caller works)."""
         if self._standby is None:
-            self._standby = _Standby(Path(self._tmp.name))
+            self._standby = _Standby(Path(self._tmp.name), self._env)
 
     def run(
         self, script: Path, *, argv: Sequence[str] = (), cwd: Path | None = None,

@@ -83,8 +83,11 @@ def signature_from_stderr(stderr: str) -> Signature | None:
     return classify(error_type, message, stderr)
 
 
-def run_plain(script: Path, *, timeout: float = 120.0) -> RunOutcome:
-    """`python script` from the script's folder, in its own process group."""
+def run_plain(
+    script: Path, *, timeout: float = 120.0, env: dict[str, str] | None = None
+) -> RunOutcome:
+    """`python script` from the script's folder, in its own process group (`env`: its
+    environment, this process's by default)."""
     started = time.perf_counter()
     process = subprocess.Popen(
         [sys.executable, script.name],
@@ -92,7 +95,7 @@ def run_plain(script: Path, *, timeout: float = 120.0) -> RunOutcome:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env=dict(os.environ),
+        env=dict(os.environ) if env is None else env,
         start_new_session=True,
     )
     stderr_bytes = b""
@@ -117,6 +120,7 @@ def verify(
     runs: int = 3,
     timeout: float = 120.0,
     parallel: bool = True,
+    env: dict[str, str] | None = None,
 ) -> Verification:
     """Run `script` `runs` times; count the runs whose signature matches `expected` (op aside).
 
@@ -125,10 +129,12 @@ def verify(
     outcomes: tuple[RunOutcome, ...] = ()
     if parallel and runs > 1:
         with ThreadPoolExecutor(max_workers=runs) as pool:
-            outcomes = tuple(pool.map(lambda _: run_plain(script, timeout=timeout), range(runs)))
+            outcomes = tuple(
+                pool.map(lambda _: run_plain(script, timeout=timeout, env=env), range(runs))
+            )
     if not outcomes or any(DEVICE_BUSY in outcome.stderr_tail for outcome in outcomes):
         # a GPU in exclusive-process mode gives one process at a time: one after another, then
-        outcomes = tuple(run_plain(script, timeout=timeout) for _ in range(runs))
+        outcomes = tuple(run_plain(script, timeout=timeout, env=env) for _ in range(runs))
     reproduced = sum(
         1
         for outcome in outcomes

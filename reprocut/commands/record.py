@@ -22,12 +22,14 @@ import platform
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 
 from reprocut.check.warmer import OracleWarmer, gpu_present
 from reprocut.model.cell_code import translate_cell
+from reprocut.model.compiled import CompiledRun
 from reprocut.model.errors import (
     STATUS_EXIT,
     ExitCode,
@@ -39,8 +41,9 @@ from reprocut.model.failing_test import FailingTest
 from reprocut.model.launch import Launch
 from reprocut.model.notebook import cell_filename, code_cells, is_notebook, place_of
 from reprocut.model.recording import DEFAULT_ROOT, RunDir
+from reprocut.record.parent.compiled_run import run_compiled
 from reprocut.record.parent.launch import locate, parse_launch, split_command
-from reprocut.record.parent.runner import RunRequest, run_script
+from reprocut.record.parent.runner import RunRequest, RunResult, run_script
 from reprocut.report.display.console import print_line
 from reprocut.report.display.failure import failure_json, show_failure
 
@@ -99,6 +102,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="watch for NaN/inf (a flag per step over losses, gradients, parameters and model "
         "outputs, read without waiting for the GPU); report the first op that made one from "
         "finite inputs, found by a rerun to that step",
+    )
+    parser.add_argument(
+        "--no-compiled-run",
+        dest="compiled_run",
+        action="store_false",
+        help="when the script used torch.compile, do not run it once more compiled (that run "
+        "says whether the failure also happens eagerly)",
     )
     parser.add_argument(
         "--memory",
@@ -194,6 +204,31 @@ def run(options: argparse.Namespace, console: Console) -> int:
             warmer.close()
 
 
+def _compiled_run(
+    options: argparse.Namespace,
+    launch: Launch,
+    cwd: Path,
+    run_dir: RunDir,
+    first: RunResult,
+    progress: Callable[[str], None],
+) -> CompiledRun | None:
+    """The script once more as the user ran it, compiled, when it used torch.compile."""
+    used = (first.outcome or {}).get("compiled") or []
+    if not used or not options.compiled_run:
+        return None
+    if launch.module == "pytest" or (launch.script and is_notebook(launch.script)):
+        progress("torch.compile was used; the compiled run is not made for notebooks and pytest")
+        return None  # `python NOTEBOOK` cannot run; pytest's exit says nothing of one failure
+    progress(
+        f"torch.compile was used ({', '.join(used)}); the recording ran it eagerly. One more "
+        "run of the script, compiled as you ran it, says whether the failure needs the "
+        "compiler (--no-compiled-run skips it)"
+    )
+    compiled = run_compiled(launch, cwd, run_dir.path, options.timeout)
+    progress(f"compiled run ({compiled.seconds:.1f} s): {compiled.describe()}")
+    return compiled
+
+
 def _record(
     options: argparse.Namespace,
     console: Console,
@@ -229,6 +264,7 @@ def _record(
         echo_stderr=None if options.quiet else sys.stderr,
         on_line=None if warmer is None else warmer.on_line,
     )
+    from reprocut.localize.compiled import compile_only, with_compile_verdict
     from reprocut.localize.failure import LocalizeOptions
     from reprocut.localize.localizer import localize
 
@@ -260,16 +296,21 @@ def _record(
         memory=options.memory,
     )
     meta = run_dir.read_meta()
+    compiled = _compiled_run(options, launch, cwd, run_dir, first, progress)
     localize_started = time.perf_counter()
     try:
         failure = localize(localize_options, first, progress)
     except ScriptDidNotFailError:
-        run_dir.write_meta({**meta, "status": "passed", "seconds": round(first.seconds, 3)})
-        if options.memory:  # the growth and leak report of a run that did not fail
-            from reprocut.commands.memory_run import report_passed
+        if compiled is None or not compiled.failed or compiled.timed_out:
+            run_dir.write_meta({**meta, "status": "passed", "seconds": round(first.seconds, 3)})
+            if options.memory:  # the growth and leak report of a run that did not fail
+                from reprocut.commands.memory_run import report_passed
 
-            return report_passed(options, console, run_dir)
-        raise
+                return report_passed(options, console, run_dir)
+            raise
+        failure = compile_only(localize_options, first, compiled)  # it fails only compiled
+    else:
+        failure = with_compile_verdict(localize_options, first, compiled, failure)
     meta.update(  # where the time went: the script's run, then finding the culprit
         status=failure.status,
         seconds=round(first.seconds, 3),

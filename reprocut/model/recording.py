@@ -29,6 +29,7 @@ from reprocut.model.case import (
     spec_from_json,
     spec_to_json,
 )
+from reprocut.model.compiled import CompileVerdict
 from reprocut.model.errors import CorruptRecordingError, NoRecordingError
 from reprocut.model.failing_test import FailingTest
 from reprocut.model.job import JobRerun, RankSummary
@@ -140,6 +141,7 @@ class Failure:
     world_size: int | None = None
     ranks: tuple[RankSummary, ...] = ()  # every rank of the job, what it saw
     job_reruns: tuple[JobRerun, ...] = ()  # reruns of the whole job that localized the culprit
+    torch_compile: CompileVerdict | None = None  # the script used torch.compile: the verdict
     test: FailingTest | None = None  # under pytest: the test that failed (it has no step)
     memory: MemoryReport | None = None  # an out-of-memory failure: request, holders, leak
 
@@ -176,6 +178,7 @@ class Failure:
             "world_size": self.world_size,
             "ranks": [summary.to_json() for summary in self.ranks],
             "job_reruns": [rerun.to_json() for rerun in self.job_reruns],
+            "torch_compile": None if self.torch_compile is None else self.torch_compile.to_json(),
             "test": None if self.test is None else self.test.to_json(),
             "memory": None if self.memory is None else self.memory.to_json(),
         }
@@ -219,6 +222,9 @@ class Failure:
             world_size=data.get("world_size"),
             ranks=tuple(RankSummary.from_json(r) for r in data.get("ranks", ())),
             job_reruns=tuple(JobRerun.from_json(r) for r in data.get("job_reruns", ())),
+            torch_compile=CompileVerdict.from_json(data["torch_compile"])
+            if data.get("torch_compile")
+            else None,
             memory=MemoryReport.from_json(data["memory"]) if data.get("memory") else None,
         )
 

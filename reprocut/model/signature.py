@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from reprocut.model.case import Signature
+from reprocut.model.compiled import normalize_inductor
 from reprocut.model.oom import OOM_KIND, is_out_of_memory
 
 # "CUDA error: device-side assert triggered" and friends, by CUDA runtime error code.
@@ -169,6 +170,7 @@ def assertion_kind(condition: str) -> str:
 def normalize_message(message: str) -> str:
     """The first line of a message with numbers replaced, so shrinking sizes keeps it equal."""
     first = message.strip().splitlines()[0] if message.strip() else ""
+    first = normalize_inductor(first)  # a generated kernel's cache file and temporaries
     first = _SIZES.sub(lambda m: "x".join("<n>" for _ in m.group(0).split("x")), first)
     return _NUMBER.sub("<n>", first).strip()
 

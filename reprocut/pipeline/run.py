@@ -24,9 +24,11 @@ from rich.console import Console
 from reprocut.check.oracle import Oracle
 from reprocut.check.verify import Verification, verify
 from reprocut.model.case import Captured
+from reprocut.model.compiled import COMPILE_ONLY
 from reprocut.model.errors import CorruptRecordingError, ExitCode, ReprocutError
 from reprocut.model.recording import Failure, RunDir, atomic_write
 from reprocut.pipeline.cases import Outcome, shrink_case, with_definitions
+from reprocut.pipeline.compiled import shrink_compile_only
 from reprocut.pipeline.finish import report_inputs, result_json
 from reprocut.pipeline.phases import FORK_SERVER, READ, REPORT, SOURCE, VERIFY, Phases
 from reprocut.pipeline.recover import (
@@ -65,11 +67,9 @@ class NothingToShrinkError(ReprocutError):
 # the share of --max-time that plain-run confirmations may take; the final verification and
 # the walk-back answer for the candidates accepted after that
 PLAIN_SHARE = 0.2
-# Default reduction limits. A script reduction (a custom kernel's memory fault) gets most of its
-# cut from its first passes (the jump to the failing call, the recorded tensors in place of the
-# model); on the H200 each later check is seconds, and at 30 s the fault cases took 46 s median
-# from `reprocut shrink` to a verified repro against 110-343 s at 300 s (faults-cuda.md). An
-# op-level shrink's checks are a fraction of a second: 120 s is rarely reached.
+# Default reduction limits. A script reduction gets most of its cut from its first passes (the
+# jump to the failing call, recorded tensors for the model); at 30 s the H200's fault cases took
+# 46 s median to a verified repro, 110-343 s at 300 s. A captured call's checks are fast.
 SCRIPT_TIME = 30.0
 CASE_TIME = 120.0
 
@@ -155,6 +155,11 @@ def shrink_recording(
     warm already (record's, with torch imported and a CUDA child standing by), used for the
     captured call's checks; it is closed here either way."""
     started = time.monotonic()
+    failure = failure or run_dir.read_failure()
+    if failure.status == COMPILE_ONLY:  # no op recorded: the script, compiled, is reduced
+        if oracle is not None:
+            oracle.close(wait=False)
+        return _compile_only(run_dir, failure, settings, console)
     with shrink_display(console, enabled=show) as shown:
         phases = Phases(shown)
         with phases.phase(READ):
@@ -288,6 +293,20 @@ def _finish(
         outcome.reproduced_from_capture,
         exit_code if exit_code is not None else ExitCode.NOT_REPRODUCED,
     )
+
+
+def _compile_only(
+    run_dir: RunDir, failure: Failure, settings: ShrinkSettings, console: Console
+) -> Shrunk:
+    print_phase(console, "fails only under torch.compile: reducing the script while it fails "
+                "compiled and passes with TORCH_COMPILE_DISABLE=1 (two runs per candidate)")  # fmt: skip
+    shrunk = shrink_compile_only(run_dir, failure, out=_out(run_dir, settings),
+                                 max_checks=settings.max_checks, max_time=settings.max_time,
+                                 timeout=settings.timeout, runs=settings.runs)  # fmt: skip
+    shrunk.result["path"] = PATH_SOURCE  # the script, reduced (compiled)
+    _write_meta(run_dir, shrunk.result)
+    reproduced = shrunk.result["verified"]["reproduced"] > 0
+    return Shrunk(shrunk.result, failure.signature.describe(), reproduced, shrunk.exit_code)
 
 
 def _request_repro(

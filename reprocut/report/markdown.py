@@ -18,6 +18,7 @@ from reprocut.model.case import SourceLocation
 from reprocut.model.nonfinite import NonfiniteOrigin
 from reprocut.model.notebook import place_of
 from reprocut.model.recording import Failure
+from reprocut.report.compiled import compile_markdown
 from reprocut.report.paths import relative_to_folder, shown_path
 from reprocut.shrink.header import Environment
 
@@ -93,6 +94,8 @@ def _fence(text: str, language: str = "") -> str:
 def summary_line(failure: Failure) -> str:
     signature = failure.signature
     where = failure.public_call or failure.op or failure.kernel or "a torch call"
+    if failure.torch_compile is not None and failure.torch_compile.fails_eagerly is False:
+        where = f"torch.compile({', '.join(failure.torch_compile.used)})"
     if signature.error_code is not None:
         name = failure.error.name or signature.kind
         return f"`{where}` raises CUDA error {signature.error_code} ({name}): {signature.kind}"
@@ -188,6 +191,8 @@ def render(inputs: ReportInputs) -> str:
     parts += [f"- `{row.name}`: {fact}" for row in failure.tensors for fact in row.facts]
     if failure.nonfinite is not None:
         parts += ["", *nonfinite_lines(failure.nonfinite)]
+    if failure.torch_compile is not None:
+        parts += ["", *compile_markdown(failure.torch_compile)]
     if failure.diagnosis:
         parts += ["", failure.diagnosis]
     if inputs.same_bug:

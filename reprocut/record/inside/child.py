@@ -41,20 +41,12 @@ def main(config_path: str) -> None:
     import torch  # after the environment is set: CUDA reads it when it initialises
 
     from reprocut.check.attribution import settle_cuda
+    from reprocut.record.inside.compile_use import CompileUse, inductor_settings
     from reprocut.record.inside.line_sync import LineSync
     from reprocut.record.inside.nonfinite import NonfiniteStop
     from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
-    compiled: list[str] = []
-    original_compile = torch.compile
-
-    def eager_compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
-        compiled.append(getattr(model, "__name__", type(model).__name__))
-        if model is None:  # used as @torch.compile(...)
-            return lambda fn: fn
-        return model
-
-    torch.compile = eager_compile  # type: ignore[assignment]
+    compile_use = CompileUse(torch).__enter__()  # the model runs eagerly: see compile_use
 
     recorder = Recorder(
         RecorderConfig(
@@ -128,7 +120,7 @@ def main(config_path: str) -> None:
         if memory is not None:
             memory.at_failure(exc)
     finally:
-        torch.compile = original_compile  # type: ignore[assignment]
+        compile_use.__exit__()
         light_step = recorder.light_step  # read before close(), which turns the modes off
         recorder.close()
         if memory is not None:
@@ -138,7 +130,10 @@ def main(config_path: str) -> None:
     outcome.update(recorded_state(recorder.state, light_step, failed=failed))
     if failed:
         outcome["step"] = _launch_step(line_sync, outcome["step"])
-    outcome["compiled"] = compiled
+    outcome["compiled"] = compile_use.used()
+    if outcome["compiled"]:
+        outcome["inductor_settings"] = inductor_settings()
+        outcome["compiled_calls"] = compile_use.first_calls
     if recorder.flags is not None:
         recorder.flags.flush(recorder.state.step)
         outcome["nonfinite"] = recorder.flags.to_json()

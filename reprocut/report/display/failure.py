@@ -14,6 +14,7 @@ from reprocut.model.case import Captured, Generated, Literal, SourceLocation, Te
 from reprocut.model.notebook import cell_source, place_of
 from reprocut.model.recording import Failure
 from reprocut.model.signature import is_nonfinite
+from reprocut.report.display.compiled import compile_section
 from reprocut.report.display.memory import memory_json, memory_section
 from reprocut.report.display.nonfinite import nonfinite_json, nonfinite_section
 from reprocut.report.display.ranks import other_ranks, rank_head, ranks_json
@@ -26,6 +27,7 @@ TITLES = {
     "not-localized": "failure seen, but not localized",
     "script-error": "the script failed outside torch",
     "nonfinite-input": "a NaN/inf came in from outside the step's ops",
+    "compile-only": "fails only under torch.compile",
 }
 
 
@@ -202,6 +204,8 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
     if failure.nonfinite is not None:  # --nan: the panel's op is the origin; else traced to it
         full = not is_nonfinite(failure.signature)
         parts.append(nonfinite_section(failure.nonfinite, failure.cwd, full=full))
+    if failure.torch_compile is not None:
+        parts.append(compile_section(failure.torch_compile))
     if failure.memory is not None:
         parts.append(memory_section(failure.memory, run_dir))
     if failure.diagnosis:
@@ -212,7 +216,7 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
     for note in failure.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
     footer = Text(f"\nrecording: {run_dir}", style="dim")
-    if failure.status in ("localized", "outside-dispatcher"):
+    if failure.status in ("localized", "outside-dispatcher", "compile-only"):
         footer.append("\nnext: ", style="dim")
         footer.append("reprocut shrink", style="bold green")
         footer.append("  (writes a minimal repro.py and report.md)", style="dim")
@@ -277,6 +281,7 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
         "run_dir": str(run_dir),
         "test": None if failure.test is None else failure.test.to_json(),
         "nonfinite": None if failure.nonfinite is None else nonfinite_json(failure.nonfinite),
+        "torch_compile": None if failure.torch_compile is None else failure.torch_compile.to_json(),
         "memory": None if failure.memory is None else memory_json(failure.memory, run_dir),
         **(ranks_json(failure) if failure.rank is not None else {}),
     }
