@@ -67,9 +67,8 @@ class NothingToShrinkError(ReprocutError):
 # the share of --max-time that plain-run confirmations may take; the final verification and
 # the walk-back answer for the candidates accepted after that
 PLAIN_SHARE = 0.2
-# Default reduction limits. A script reduction gets most of its cut from its first passes (the
-# jump to the failing call, recorded tensors for the model); at 30 s the H200's fault cases took
-# 46 s median to a verified repro, 110-343 s at 300 s. A captured call's checks are fast.
+# Default limits: a script reduction gets most of its cut from its first passes; at 30 s the
+# H200's fault cases took 46 s median to a verified repro (110-343 s at 300 s).
 SCRIPT_TIME = 30.0
 CASE_TIME = 120.0
 
@@ -301,7 +300,8 @@ def _compile_only(
     print_phase(console, "fails only under torch.compile: reducing the script while it fails "
                 "compiled and passes with TORCH_COMPILE_DISABLE=1 (two runs per candidate)")  # fmt: skip
     shrunk = shrink_compile_only(run_dir, failure, out=_out(run_dir, settings),
-                                 max_checks=settings.max_checks, max_time=settings.max_time,
+                                 max_checks=settings.max_checks,  # its own default: 300 s
+                                 max_time=settings.max_time or 300.0,
                                  timeout=settings.timeout, runs=settings.runs)  # fmt: skip
     shrunk.result["path"] = PATH_SOURCE  # the script, reduced (compiled)
     _write_meta(run_dir, shrunk.result)
