@@ -1,21 +1,20 @@
-"""Issue #11's GPU benchmark: the corpus's custom-kernel and library-error cases, crash to repro.
+"""The fault classes on the GPU at shrink's default settings: the same bug, verified, in a minute?
 
-    python benchmarks/bench_faults.py --device cuda --jobs 8 --max-time 60 --out $OUT
+    python benchmarks/bench_faults.py --device cuda --jobs 3 --no-generic --out $OUT
 
-Each case: `reprocut record` (scored against case.toml as run_corpus scores it), then, one after
-the other and with the same time limit, `reprocut shrink` of that recording and the generic reducer
-(shrinkray, as bench_source.py runs it: a fresh `python` per check, blocking launches) on the
-script; one after the other so that neither's checks compete with the other's for the GPU and the
-cores (`--beside`: both at once). Both results are then run
-once more as plain `python repro.py` (no CUDA_LAUNCH_BLOCKING, from the folder it was written to)
-and must fail with the case's CUDA signature. The table gives: localized right, verified, shrink
-seconds, checks, repro lines and the compute-sanitizer finding shrink attached (memory errors),
-then the generic reducer's columns; the median shrink time is printed. Writes OUT/faults-<device>.md
-and .json (OUT: benchmarks/results by default; a rerun overwrites them), and copies each case's
-repro.py, report.md, sanitizer.log and shrink's JSON and stderr to OUT/faults-<device>-repros/ as
-<case>.py, <case>.report.md, <case>.sanitizer.log, <case>.shrink.json and <case>.shrink.stderr.
-Results are rewritten after every case, so a run stopped by a time limit still leaves a table.
-This process never touches CUDA.
+Each case (every memory-fault and custom-op case of the corpus by default): `reprocut record`
+(scored against case.toml as run_corpus scores it), then `reprocut shrink` of that recording at
+its default settings (`--max-time` given: that limit instead), then the repro run once more as a
+plain `python repro.py` (no CUDA_LAUNCH_BLOCKING, from the folder it was written to), which must
+fail with the case's CUDA signature. Per case: localized right, verified, the same bug (shrink's
+`same_bug`: the repro's memcheck fingerprint against the original's), the original's
+fingerprint against case.toml's, shrink seconds, the limit that stopped it if one did; then the
+medians and the settings shrink reported. With the generic reducer (shrinkray, as
+bench_source.py runs it) after each shrink, on the same limit, unless `--no-generic`.
+Writes OUT/faults-<device>.md and .json (OUT: benchmarks/results by default; a rerun overwrites
+them), and copies each case's repro.py, report.md, sanitizer logs and shrink's JSON and stderr
+to OUT/faults-<device>-repros/. Results are rewritten after every case, so a run stopped by a
+time limit still leaves a table. This process never touches CUDA.
 """
 
 from __future__ import annotations
@@ -25,13 +24,11 @@ import ast
 import datetime as dt
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,60 +39,25 @@ from benchmarks import generic_reducer
 from benchmarks.bench_source import SourceCase, fresh_signature, run_shrinkray
 from benchmarks.corpus_cases import CORPUS, CorpusCase, load_cases
 from benchmarks.corpus_score import CaseScore, RunOutput, score_case
+from benchmarks.faults_table import FaultRow, Reduced, matches_truth, repros_folder, write
 from benchmarks.run_corpus import environment, record_command, run_json
 from reprocut.model.case import Signature
 
-CASES = (
+CASES = (  # the memory faults and the custom ops (the cuBLAS status cases: --cases)
     "cuda_triton_expand_bias",
     "cuda_triton_int32_offsets",
+    "cuda_triton_op_compiled",
     "cuda_cupy_misaligned_vec4",
     "cuda_cupy_contiguous_pe",
     "cuda_cupy_hashed_ids",
-    "cuda_cublas_lda_stride0",
-    "cuda_cublas_transposed_keys",
+    "cuda_cupy_host_pointers",
+    "cuda_extension_pad_rows",
     "gnn_sparse_adjacency",
 )
-LOCALIZED = ("outcome", "op", "line", "step", "signature")
+DEFAULT_LIMIT = 120.0  # the harness's reckoning of shrink's longest default reduction limit
 # what shrink wrote -> the suffix of its copy, <case><suffix>, in the repros folder
-COPIED = {"repro.py": ".py", "report.md": ".report.md", "sanitizer.log": ".sanitizer.log"}
-
-
-@dataclass(frozen=True)
-class Reduced:
-    """One reducer's result on one case."""
-
-    seconds: float | None = None
-    reduce_seconds: float | None = None  # reprocut: the reduction alone (its `phases`)
-    checks: int | None = None
-    lines: int | None = None
-    code_lines: int | None = None  # without the module docstring (reprocut's header)
-    verified: bool | None = None  # a plain `python repro.py` failed with the case's signature
-    status: str = ""
-    runs: str = ""  # reprocut: its own plain verification runs, "3/3"
-    sanitizer: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class FaultRow:
-    case: str
-    family: str
-    score: CaseScore
-    reprocut: Reduced = field(default_factory=Reduced)
-    generic: Reduced = field(default_factory=Reduced)
-
-    @property
-    def localized(self) -> bool:
-        return all(getattr(self.score, name) is True for name in LOCALIZED)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "case": self.case,
-            "family": self.family,
-            "localized": self.localized,
-            "score": self.score.to_json(),
-            "reprocut": asdict(self.reprocut),
-            "generic": asdict(self.generic),
-        }
+COPIED = {"repro.py": ".py", "report.md": ".report.md", "sanitizer.log": ".sanitizer.log",
+          "sanitizer-original.log": ".sanitizer-original.log"}  # fmt: skip
 
 
 def count_lines(code: str) -> int:
@@ -136,19 +98,19 @@ def plain_verified(script: Path, argv: tuple[str, ...], source: SourceCase, time
     return seen is not None and seen.matches(source.expected)
 
 
-def shrink_command(run_dir: str, out: Path, max_time: float, timeout: float) -> list[str]:
-    return [sys.executable, "-m", "reprocut", "shrink", "--json", "--out", str(out),
-            "--max-time", str(int(max_time)), "--timeout", str(int(timeout)), run_dir]  # fmt: skip
+def shrink_command(run_dir: str, out: Path, max_time: float | None) -> list[str]:
+    """`reprocut shrink`, at its defaults unless a limit is given."""
+    limit = [] if max_time is None else ["--max-time", str(int(max_time))]
+    return [sys.executable, "-m", "reprocut", "shrink", "--json", "--out", str(out), *limit,
+            run_dir]  # fmt: skip
 
 
 def run_reprocut_shrink(
     run_dir: str, scratch: Path, source: SourceCase | None, options: argparse.Namespace
 ) -> tuple[RunOutput, Reduced]:
     out = scratch / "repro"
-    limit = options.max_time + options.tail
-    shrunk = run_json(
-        shrink_command(run_dir, out, options.max_time, options.check_timeout), scratch, limit
-    )
+    limit = (options.max_time or DEFAULT_LIMIT) + options.tail
+    shrunk = run_json(shrink_command(run_dir, out, options.max_time), scratch, limit)
     data = shrunk.data or {}
     repro = out / "repro.py"
     code = repro.read_text() if repro.exists() else None
@@ -170,6 +132,9 @@ def run_reprocut_shrink(
         status=status,
         runs=runs_text,
         sanitizer=data.get("sanitizer") or {},
+        same_bug=data.get("same_bug") or {},
+        stopped=str(data.get("stopped") or ""),
+        limits=data.get("limits") or {},
     )
 
 
@@ -182,7 +147,7 @@ def run_generic(source: SourceCase | None, scratch: Path, options: argparse.Name
         return Reduced(status="shrinkray not installed")
     work = scratch / "generic" / "case"
     shutil.copytree(source.folder, work, ignore=shutil.ignore_patterns("__pycache__", ".reprocut"))
-    outcome = run_shrinkray(source, work, options.max_time, options.check_timeout)
+    outcome = run_shrinkray(source, work, options.max_time or DEFAULT_LIMIT, options.check_timeout)
     verified = None
     if outcome.code:
         reduced = work / source.script
@@ -221,6 +186,7 @@ def bench_case(case: CorpusCase, root: Path, options: argparse.Namespace) -> Fau
             score_case(case, options.device, record, shrunk),
             reduced,
             generic.result() if generic else run_generic(source, scratch, options),
+            truth=matches_truth(case.fingerprint, (reduced.same_bug or {}).get("original")),
         )
     keep = repros_folder(options.out, options.device)
     keep.mkdir(parents=True, exist_ok=True)
@@ -233,123 +199,14 @@ def bench_case(case: CorpusCase, root: Path, options: argparse.Namespace) -> Fau
     return row
 
 
-# --- the table -------------------------------------------------------------------------------
-
-MARK = {True: "✓", False: "✗", None: "·"}
-
-
-def sanitizer_cell(row: FaultRow) -> str:
-    evidence = row.reprocut.sanitizer
-    if not evidence:
-        memory = (row.score.got.get("kind") or "").lower()
-        if "illegal memory" in memory or "misaligned" in memory:
-            return "✗ none attached"
-        return "· (not a memory error)"
-    if evidence.get("status") == "found":
-        findings = evidence.get("findings") or []
-        return "✓ " + "; ".join(findings[:2]).replace("|", "/")
-    return f"{evidence.get('status')}: {evidence.get('note', '')}".replace("|", "/")
-
-
-def _median(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return round(statistics.median(present), 1) if present else None
-
-
-def _seconds(value: float | None) -> str:
-    return "·" if value is None else f"{value} s"
-
-
-def render(rows: list[FaultRow], meta: dict[str, Any]) -> str:
-    r_median = _median([r.reprocut.seconds for r in rows])
-    g_median = _median([r.generic.seconds for r in rows])
-    lines = [
-        f"# Fault classes on {meta.get('device_name', '?')}: record + shrink vs a generic reducer",
-        "",
-        f"- {meta['date']}, torch {meta.get('torch', '?')}, Python {meta.get('python', '?')}, "
-        f"commit {meta.get('commit', '?')}, wall time {meta.get('wall_seconds', '?')} s"
-        + (f" ({meta['incomplete']})" if meta.get("incomplete") else ""),
-        f"- command: `{meta['command']}`",
-        f"- time limit {meta['max_time']:.0f} s per case for each reducer (`shrink --max-time`, "
-        f"shrinkray killed at it), {meta['check_timeout']:.0f} s per check, "
-        f"{meta.get('jobs', '?')} cases at once; generic reducer: "
-        f"shrinkray {meta.get('generic_version', '?')}",
-        f"- each case's repro.py, compute-sanitizer log and shrink JSON: "
-        f"`{repros_folder(Path('.'), meta['device']).name}/`",
-        "",
-        "`localized`: outcome, op (kernel), line, step and signature all right (case.toml). "
-        "`verified`: the repro, run once more as a plain `python repro.py` (no "
-        "CUDA_LAUNCH_BLOCKING) from where it was written, failed with case.toml's signature; "
-        "in brackets shrink's own plain runs. `shrink s`: wall time of `reprocut shrink` (fork "
-        "server, the script's probe runs, reduction, verification, compute-sanitizer, report); "
-        "`reduce s`: the reduction alone. `lines`: non-blank lines of "
-        "repro.py, its header included (statements in brackets); `code`: the same less the "
-        "module docstring (reprocut's header: what failed, where, compute-sanitizer's finding).",
-        "",
-        "| case | localized | facts | verified | shrink s | reduce s | checks | lines | code "
-        "| compute-sanitizer | generic verified | generic s | generic checks | generic lines "
-        "| notes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        r, g = row.reprocut, row.generic
-        runs = f" ({r.runs})" if r.runs else ""
-        statuses = [s for s in (r.status, g.status) if s and s not in ("verified", "finished")]
-        notes = "; ".join([*row.score.notes, *statuses])
-        statements = f" ({row.score.statements})" if row.score.statements is not None else ""
-        lines.append(
-            f"| {row.case} | {MARK[row.localized]} | {MARK[row.score.facts]} | "
-            f"{MARK[r.verified]}{runs} | {MARK[None] if r.seconds is None else r.seconds} | "
-            f"{MARK[None] if r.reduce_seconds is None else r.reduce_seconds} | "
-            f"{MARK[None] if r.checks is None else r.checks} | "
-            f"{MARK[None] if r.lines is None else r.lines}{statements} | "
-            f"{MARK[None] if r.code_lines is None else r.code_lines} | {sanitizer_cell(row)} | "
-            f"{MARK[g.verified]} | {MARK[None] if g.seconds is None else g.seconds} | "
-            f"{MARK[None] if g.checks is None else g.checks} | "
-            f"{MARK[None] if g.lines is None else g.lines} | {notes.replace('|', '/')} |"
-        )
-    done = [row for row in rows if row.reprocut.verified]
-    lines += [
-        "",
-        f"**Median shrink time: reprocut {_seconds(r_median)} (reduction alone "
-        f"{_seconds(_median([r.reprocut.reduce_seconds for r in rows]))}), generic reducer "
-        f"{_seconds(g_median)}.** "
-        f"Localized right {sum(r.localized for r in rows)}/{len(rows)}, verified repros "
-        f"{len(done)}/{len(rows)} (generic {sum(bool(r.generic.verified) for r in rows)}), "
-        f"compute-sanitizer findings "
-        f"{sum(r.reprocut.sanitizer.get('status') == 'found' for r in rows)}.",
-    ]
-    found = [row for row in rows if row.reprocut.sanitizer.get("findings")]
-    if found:
-        lines += ["", "## compute-sanitizer findings attached by shrink", ""]
-        for row in found:
-            lines += [f"### {row.case}", "", "```", *row.reprocut.sanitizer["findings"], "```", ""]
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def repros_folder(out: Path, device: str) -> Path:
-    """Where each case's repro and shrink output are copied: beside the table, one name per device."""
-    return out / f"faults-{device}-repros"
-
-
-def write(rows: list[FaultRow], meta: dict[str, Any], out: Path) -> Path:
-    """faults-<device>.md and .json in `out`, overwriting the last run's (the date is inside)."""
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"faults-{meta['device']}"
-    (out / f"{stem}.json").write_text(
-        json.dumps({"meta": meta, "cases": [row.to_json() for row in rows]}, indent=1) + "\n"
-    )
-    markdown = out / f"{stem}.md"
-    markdown.write_text(render(rows, meta))
-    return markdown
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     parser.add_argument("--cases", nargs="*", default=list(CASES), help="corpus case names")
-    parser.add_argument("--jobs", type=int, default=8, help="cases at once")
-    parser.add_argument("--max-time", type=float, default=60, help="seconds per case per reducer")
+    parser.add_argument("--jobs", type=int, default=3, help="cases at once")
+    parser.add_argument(
+        "--max-time", type=float, default=None, help="shrink's limit (default: shrink's defaults)"
+    )
     parser.add_argument("--check-timeout", type=float, default=30, help="seconds per check")
     parser.add_argument("--record-timeout", type=float, default=180)
     parser.add_argument(
@@ -391,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             empty = CaseScore(case.name, options.device, case.expect, notes=(f"harness: {exc!r}",))
             row = FaultRow(case.name, case.family, empty)
         print(f"{case.name}: localized {row.localized}, verified {row.reprocut.verified}, "
-              f"shrink {row.reprocut.seconds} s", file=sys.stderr, flush=True)  # fmt: skip
+              f"same bug {row.same_bug}, shrink {row.reprocut.seconds} s", file=sys.stderr,
+              flush=True)  # fmt: skip
         with lock:
             rows.append(row)
             partial = {**meta, "wall_seconds": round(time.perf_counter() - started, 1)}

@@ -63,6 +63,9 @@ class CorpusCase:
     facts: tuple[str, ...] = ()
     per_device: dict[str, DeviceTruth] = field(default_factory=dict)
     record_args: tuple[str, ...] = ()
+    # a memory fault's expected memcheck fingerprint (reprocut.model.fingerprint): kernel,
+    # access, size (misaligned accesses), relation, target (informational)
+    fingerprint: dict[str, Any] = field(default_factory=dict)
     launch: str = "script"  # "script", "notebook" or "pytest"
     cell: int | None = None  # notebook: the culprit's cell (index in the cells list)
     test: str | None = None  # pytest: the failing test's node id
@@ -138,6 +141,21 @@ def _device_truth(data: dict[str, Any]) -> DeviceTruth:
     )
 
 
+def _check_fingerprint(path: Path, fingerprint: dict[str, Any] | None) -> None:
+    from reprocut.model.fingerprint import RELATIONS
+
+    if fingerprint is None:
+        return
+    if not fingerprint.get("kernel") or fingerprint.get("access") not in (
+        "read",
+        "write",
+        "atomic",
+    ):
+        raise CaseFormatError(f"{path}: [expected.fingerprint] needs a kernel and an access")
+    if fingerprint.get("relation") not in RELATIONS:
+        raise CaseFormatError(f"{path}: fingerprint relation must be one of {RELATIONS}")
+
+
 def load_case(folder: Path) -> CorpusCase:
     path = folder / "case.toml"
     try:
@@ -158,6 +176,7 @@ def load_case(folder: Path) -> CorpusCase:
         raise CaseFormatError(f"{path}: unknown devices {sorted(unknown)}")
     expected = data.get("expected", {})
     per_device = {d: _device_truth(expected[d]) for d in DEVICES if d in expected}
+    _check_fingerprint(path, expected.get("fingerprint"))
     return CorpusCase(
         name=data["name"],
         folder=folder,
@@ -176,6 +195,7 @@ def load_case(folder: Path) -> CorpusCase:
         facts=tuple(data.get("capture", {}).get("facts", ())),
         per_device=per_device,
         record_args=tuple(data.get("record_args", ())),
+        fingerprint=dict(expected.get("fingerprint", {})),
         launch=data.get("launch", "script"),
         cell=expected.get("cell"),
         test=expected.get("test"),

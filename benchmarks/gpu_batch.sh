@@ -17,10 +17,11 @@
 #   speed    issue #11: what each source-reduction check costs on the GPU cases (one at a time,
 #            torch-only server vs preloaded imports + candidates side by side); not in the
 #            default list: STAGES=speed, about 7 minutes (SPEED_CONFIGS=parallel: about 4)
-#   faults   issue #11 (~5 min, at most FAULTS_LIMIT): the memcheck and agreement cuda tests beside
-#            benchmarks/bench_faults.py: record + shrink of the 8 custom-kernel / library-error
-#            corpus cases (FAULTS_JOBS at once), each shrink then the generic reducer with the
-#            same limit (FAULTS_MAX_TIME s); faults-cuda.md/.json and faults-cuda-repros/;
+#   faults   issues #11, #23 (~6 min, at most FAULTS_LIMIT): the memcheck and agreement cuda tests
+#            beside benchmarks/bench_faults.py: record + shrink at its default settings of the 9
+#            memory-fault and custom-op corpus cases (FAULTS_JOBS=3 at once): verified, same bug
+#            (memcheck fingerprints), time; FAULTS_GENERIC=1 adds the generic reducer after each
+#            shrink on the same limit; faults-cuda.md/.json and faults-cuda-repros/;
 #            shrinkray comes from $SHRINKRAY, PATH, or the wheels
 #            carried in .whl/shrinkray (installed into a virtual environment of its own)
 #   compile  issue #25: the compiled-model corpus case (corpus/compile/compile_embedding_vocab)
@@ -200,15 +201,17 @@ stage_memory() {
 }
 
 stage_faults() {
-    # not in the default STAGES: run it with STAGES=faults, alone (~5 minutes; at most 7)
+    # not in the default STAGES: run it with STAGES=faults, alone (~6 minutes; at most 7)
     install_shrinkray
     timeout -k 10 "${FAULTS_TESTS_LIMIT:-120}" python3 -m pytest -v -p no:cacheprovider -m cuda \
         --timeout 110 tests/test_sanitizer.py tests/test_agreement.py >"$LOGS/faults-cuda-tests.log" 2>&1 &
     local tests=$!
-    timeout -k 10 "${FAULTS_LIMIT:-420}" python3 benchmarks/bench_faults.py --device cuda \
-        --jobs "${FAULTS_JOBS:-8}" --max-time "${FAULTS_MAX_TIME:-60}" --check-timeout 30 \
-        --record-timeout 150 --tail 180 --out "$OUT" ${FAULTS_CASES:+--cases $FAULTS_CASES} \
-        >"$LOGS/bench_faults.log" 2>&1
+    # shrink at its default settings (FAULTS_MAX_TIME: a limit instead), no generic reducer
+    # unless FAULTS_GENERIC=1: 9 memory-fault and custom-op cases, FAULTS_JOBS at once
+    timeout -k 10 "${FAULTS_LIMIT:-400}" python3 benchmarks/bench_faults.py --device cuda \
+        --jobs "${FAULTS_JOBS:-3}" ${FAULTS_MAX_TIME:+--max-time $FAULTS_MAX_TIME} --check-timeout 30 \
+        --record-timeout 150 --tail 150 --out "$OUT" ${FAULTS_CASES:+--cases $FAULTS_CASES} \
+        $([ "${FAULTS_GENERIC:-0}" = 1 ] || echo --no-generic) >"$LOGS/bench_faults.log" 2>&1
     echo "bench_faults exit $?" >>"$LOGS/bench_faults.log"
     wait "$tests"
     echo "pytest exit $?" >>"$LOGS/faults-cuda-tests.log"

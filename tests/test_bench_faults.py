@@ -9,18 +9,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_faults import (  # noqa: E402
-    CASES,
-    FaultRow,
-    Reduced,
-    count_code_lines,
-    render,
-    repros_folder,
-    source_case,
-    write,
-)
+from benchmarks.bench_faults import CASES, count_code_lines, shrink_command, source_case  # noqa: E402
 from benchmarks.corpus_cases import CORPUS, load_case  # noqa: E402
 from benchmarks.corpus_score import CaseScore  # noqa: E402
+from benchmarks.faults_table import (  # noqa: E402
+    FaultRow,
+    Reduced,
+    matches_truth,
+    render,
+    repros_folder,
+    write,
+)
 
 
 def test_every_case_runs_on_cuda_with_the_signature_its_repros_are_checked_against():
@@ -30,7 +29,10 @@ def test_every_case_runs_on_cuda_with_the_signature_its_repros_are_checked_again
         source = source_case(case, "cuda")
         assert source is not None and source.argv[-2:] == ("--device", "cuda"), name
         assert source.expected.kind == case.truth("cuda").kind
-    assert len(CASES) == 8
+        assert case.fingerprint, name  # every one is a memory fault: the same bug is checked
+    assert len(CASES) == 9
+    command = shrink_command("run", Path("out"), None)
+    assert "--max-time" not in command and "--timeout" not in command  # shrink's defaults
 
 
 def score(case: str, **checks: object) -> CaseScore:
@@ -38,36 +40,51 @@ def score(case: str, **checks: object) -> CaseScore:
     return CaseScore(case, "cuda", "fail", **{**right, **checks})  # type: ignore[arg-type]
 
 
-def test_the_table_shows_the_sanitizer_finding_and_the_median_shrink_time():
+def test_the_table_shows_verified_same_bug_truth_and_the_median_shrink_time():
     found = {"status": "found", "findings": ["Invalid __global__ read of size 4 bytes in hashed_bag",
                                              "thread (3,0,0) in block (0,0,0): 128.0 TiB past `table`"]}  # fmt: skip
+    original = {"kernel": "hashed_bag", "access": "read", "relation": "past the end of",
+                "accesses": ["read"]}  # fmt: skip
+    same = {"equal": True, "original": original, "differ": [], "skipped": []}
+    slid = {"equal": False, "differ": ["access"], "note": "", "skipped": []}
+    limits = {"max_time": 30.0, "max_checks": 500}
+    expected = load_case(CORPUS / "cuda_cupy_hashed_ids").fingerprint
     rows = [
         FaultRow(
             "cuda_cupy_hashed_ids",
             "ids",
             score("cuda_cupy_hashed_ids", statements=9),
-            Reduced(40.0, 9.5, 12, 21, 14, True, "verified", "3/3", found),
-            Reduced(60.0, None, 3, None, None, None, "stopped at the time limit"),
+            Reduced(
+                40.0, 9.5, 12, 21, 14, True, "verified", "3/3", found, same, "fixed point", limits
+            ),
+            truth=matches_truth(expected, original),
         ),
         FaultRow(
-            "cuda_cublas_lda_stride0",
-            "status",
-            score("cuda_cublas_lda_stride0", line=False),
-            Reduced(20.0, 4.0, 5, 15, 9, False, "not-reproduced", "0/3"),
+            "cuda_cupy_contiguous_pe",
+            "pe",
+            score("cuda_cupy_contiguous_pe"),
+            Reduced(
+                70.0, 30.2, 40, 15, 9, True, "verified", "3/3", found, slid, "max time", limits
+            ),
         ),
     ]
-    meta = {"device": "cuda", "date": "2026-12-01", "command": "bench", "max_time": 60,
+    meta = {"device": "cuda", "date": "2026-12-01", "command": "bench", "max_time": None,
             "check_timeout": 30, "device_name": "H200"}  # fmt: skip
     table = render(rows, meta)
-    (hashed,) = [line for line in table.splitlines() if line.startswith("| cuda_cupy")]
-    assert "| ✓ | ✓ | ✓ (3/3) | 40.0 | 9.5 | 12 | 21 (9) | 14 | ✓ Invalid __global__ read" in hashed
-    (blas,) = [line for line in table.splitlines() if line.startswith("| cuda_cublas")]
-    assert "| ✗ | ✓ | ✗ (0/3) |" in blas and "· (not a memory error)" in blas
+    (hashed,) = [line for line in table.splitlines() if line.startswith("| cuda_cupy_hashed")]
     assert (
-        "Median shrink time: reprocut 30.0 s (reduction alone 6.8 s), generic reducer 60.0 s"
+        "| ✓ | ✓ (3/3) | ✓ | ✓ | 40.0 | 9.5 | fixed point | 12 | 21 (9) | 14 | ✓ Invalid" in hashed
+    )
+    (pe,) = [line for line in table.splitlines() if line.startswith("| cuda_cupy_contiguous")]
+    assert "| ✓ (3/3) | ✗ (access) | · | 70.0 | 30.2 | max time |" in pe
+    assert "at its default settings" in table and '"max_time": 30.0' in table
+    assert (
+        "**Median shrink time 55.0 s (reduction alone 19.9 s); verified and the same bug: 1/2**"
         in table
     )
-    assert "### cuda_cupy_hashed_ids" in table and "128.0 TiB past `table`" in table
+    assert matches_truth(expected, {**original, "relation": "before the start of"}) is True
+    assert matches_truth(expected, {**original, "relation": "misaligned inside"}) is False
+    assert matches_truth(expected, {**original, "accesses": ["write"]}) is False
 
 
 def test_code_lines_leave_out_the_header_only():

@@ -72,6 +72,19 @@ def test_case_is_well_formed(case: CorpusCase) -> None:
         assert case.facts, "say which values/strides must be captured"
 
 
+def test_memory_fault_cases_say_which_bug_they_are() -> None:
+    """Every CUDA memory fault (illegal or misaligned address) has the memcheck fingerprint a
+    repro must keep; the custom-op cases name their op outside aten."""
+    memory = [c for c in CASES if c.truth("cuda").error_code in (700, 716)]
+    assert len(memory) >= 9
+    for case in memory:
+        assert case.fingerprint, f"{case.name}: no [expected.fingerprint]"
+        custom_op = bool(case.op) and not str(case.op).startswith("aten::")  # its own kernel
+        assert custom_op or case.fingerprint["kernel"] in (case.kernel, case.expected_op("cuda"))
+    custom = {c.op for c in CASES if c.op and not c.op.startswith("aten::")}
+    assert {"rowpad::pack_rows", "fused::gated"} <= custom
+
+
 @pytest.mark.slow
 def test_ground_truth_holds_on_cpu() -> None:
     # notebooks and pytest suites: their truth is checked by test_notebook.py and

@@ -74,3 +74,19 @@ def test_library_frames_are_not_traced(tmp_path: Path):
     with tracer:
         json.dumps({"a": [1, 2, 3]})  # the stdlib's lines: no waits
     assert device.waits == 0 and tracer.launch is None
+
+
+def test_the_step_is_the_one_that_launched_the_kernel_not_the_one_it_surfaced_in(tmp_path):
+    """The step's last line launches and steps the optimizer: the fault surfaces after it."""
+    path = tmp_path / "train.py"
+    path.write_text(
+        "for step in range(3):\n"
+        "    x = step * 2\n"
+        "    device.pending = step == 1; state['step'] += 1  # the launch, optimizer.step()\n"
+    )
+    device, state = FakeDevice(), {"step": 0}
+    tracer = LineSync(device, step=lambda: state["step"])
+    with pytest.raises(RuntimeError, match="misaligned address"), tracer:
+        exec(compile(path.read_text(), str(path), "exec"), {"device": device, "state": state})
+    assert tracer.launch is not None and tracer.launch.line == 3
+    assert state["step"] == 2 and tracer.launch_step == 1

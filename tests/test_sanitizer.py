@@ -232,7 +232,7 @@ def test_a_known_kernel_is_checked_alone_and_everything_when_that_finds_no_acces
     monkeypatch.setenv("STAND_IN_MISS", "1" if miss else "0")
     evidence = run_memcheck(script, sanitizer=str(tool), timeout=120, kernel="gather_kernel")
     runs = calls.read_text().splitlines()
-    assert "--kernel-name kns=gather_kernel" in runs[0]
+    assert "--kernel-name kns=gather_kernel" in runs[0] and "--padding 65536" in runs[0]
     assert evidence.report.first_access is not None and "gather_kernel" in evidence.findings[0]
     if miss:  # the filtered run attributed nothing: every kernel is checked once more
         assert len(runs) == 2 and "--kernel-name" not in runs[1]

@@ -146,9 +146,13 @@ class Oracle:
         emitted = emit(case, Header(expected=case.expected))
         if emitted.sidecar_keys:
             self._write_sidecar(emitted.sidecar_keys, inputs or {})
+        filename = self.workdir / "repro.py"
+        if case.definitions:  # a custom op's code: `@triton.jit` reads its source from the file
+            filename = self.workdir / f"repro_{abs(hash(emitted.code)):x}.py"
+            filename.write_text(emitted.code)
         return self.check_source(
             emitted.code,
-            filename=str(self.workdir / "repro.py"),
+            filename=str(filename),
             cwd=self.workdir,
             argv=[],
             timeout=timeout,

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,10 @@ FALLBACK = Path("/usr/local/cuda/bin/compute-sanitizer")
 LOG_NAME = "sanitizer.log"
 HEADER_TITLE = "compute-sanitizer (memcheck):"
 PRINT_LIMIT = 20  # errors memcheck prints (`--print-limit`): the first explains the fault
+# bytes of padding memcheck puts after every allocation: a write just past one tensor may land in
+# the next allocation, which memcheck takes for valid (on the H200 an extension writing one row
+# past its output faulted in plain runs while memcheck reported no error)
+PADDING = 1 << 16
 QUIET_SECONDS = 0.5  # the log unchanged this long: the errors printed so far are whole
 MAP_ENV = "REPROCUT_TENSOR_MAP"
 
@@ -121,6 +126,7 @@ class Evidence:
     log: str | None = None  # the raw report, saved beside the repro
     kernel_filter: str | None = None  # only kernels named like this were checked
     stopped_early: bool = False  # stopped once it had printed PRINT_LIMIT errors (no total)
+    tensors: tuple[TensorRange, ...] = ()  # where the script's tensors lived (names addresses)
 
     def header_lines(self) -> list[str]:
         """Lines for repro.py's docstring."""
@@ -183,30 +189,47 @@ def _where(error: MemcheckError) -> str:
 
 
 def run_memcheck(
-    repro: Path, *, timeout: float = 180.0, sanitizer: str | None = None, kernel: str | None = None
+    repro: Path,
+    *,
+    timeout: float = 180.0,
+    sanitizer: str | None = None,
+    kernel: str | None = None,
+    argv: Sequence[str] = (),
+    cwd: Path | None = None,
+    log: Path | None = None,
 ) -> Evidence:
     """Run `python repro` under `compute-sanitizer --tool memcheck`; never raises for its outcome.
 
     `kernel`: the faulting kernel's name, when known (a custom kernel's). Only kernels whose
     name contains it are instrumented then (`--kernel-name kns=`): the repro's other kernels (a
     1 GB `randn` or two) run at full speed. If that finds no access error (another kernel
-    faulted, or the filter is not understood), memcheck runs again over every kernel."""
+    faulted, or the filter is not understood), memcheck runs again over every kernel.
+    `argv`, `cwd`: a user's script's arguments and folder; `log`: where memcheck's report is
+    kept (default: sanitizer.log beside the repro)."""
     exe = sanitizer or find_sanitizer()
     if exe is None:
         return Evidence(
             "unavailable", "compute-sanitizer is not on PATH: no memory-checker evidence"
         )
     repro = repro.resolve()
+    where = _Where(tuple(argv), (cwd or repro.parent).resolve(), log or repro.with_name(LOG_NAME))
     if kernel:
-        focused = _memcheck(repro, exe, timeout, ["--kernel-name", f"kns={kernel}"])
+        focused = _memcheck(repro, exe, timeout, ["--kernel-name", f"kns={kernel}"], where)
         if focused.status == "found" and focused.report.first_access is not None:
             return replace(focused, kernel_filter=kernel)
-        every = _memcheck(repro, exe, timeout, [])
+        every = _memcheck(repro, exe, timeout, [], where)
         return replace(every, seconds=every.seconds + focused.seconds)
-    return _memcheck(repro, exe, timeout, [])
+    return _memcheck(repro, exe, timeout, [], where)
 
 
-def _memcheck(repro: Path, exe: str, timeout: float, options: list[str]) -> Evidence:
+@dataclass(frozen=True, slots=True)
+class _Where:
+    argv: tuple[str, ...]
+    cwd: Path
+    log: Path
+
+
+def _memcheck(repro: Path, exe: str, timeout: float, options: list[str], where: _Where) -> Evidence:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="reprocut-sanitizer-") as tmp:
         log, tensor_map, output = (
@@ -214,19 +237,20 @@ def _memcheck(repro: Path, exe: str, timeout: float, options: list[str]) -> Evid
             Path(tmp) / "tensors.json",
             Path(tmp) / "out",
         )
-        command = [exe, "--tool", "memcheck", "--print-limit", str(PRINT_LIMIT), *options, "--log-file",
-                   str(log), sys.executable, "-c", _WRAPPER, str(repro)]  # fmt: skip
+        command = [exe, "--tool", "memcheck", "--print-limit", str(PRINT_LIMIT), "--padding",
+                   str(PADDING), *options, "--log-file",
+                   str(log), sys.executable, "-c", _WRAPPER, str(repro), *where.argv]  # fmt: skip
         env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", MAP_ENV: str(tensor_map)}
         with output.open("w") as sink:
             try:
-                process = subprocess.Popen(command, cwd=repro.parent, env=env, stdin=subprocess.DEVNULL,
+                process = subprocess.Popen(command, cwd=where.cwd, env=env, stdin=subprocess.DEVNULL,
                                            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
             except OSError as exc:
                 return Evidence("failed", f"compute-sanitizer did not start: {exc}")
             returncode, stopped = wait_for_errors(process, log, timeout)
         text = log.read_text(errors="replace") if log.exists() else ""
         text = text or output.read_text(errors="replace")
-        saved = repro.with_name(LOG_NAME)
+        saved = where.log
         saved.write_text(text)
         tensors = load_tensor_map(tensor_map, argument_positions(repro.read_text()))
     seconds = time.perf_counter() - started
@@ -238,7 +262,8 @@ def _memcheck(repro: Path, exe: str, timeout: float, options: list[str]) -> Evid
     findings = findings_of(report, tensors, stopped=stopped)
     if not report.errors:
         return Evidence("clean", "memcheck reported no error", report, (), seconds, str(saved))
-    return Evidence("found", "", report, findings, seconds, str(saved), stopped_early=stopped)
+    return Evidence("found", "", report, findings, seconds, str(saved), stopped_early=stopped,
+                    tensors=tuple(tensors))  # fmt: skip
 
 
 def wait_for_errors(

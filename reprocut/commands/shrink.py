@@ -46,7 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="where to write repro.py and report.md")
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     parser.add_argument("--max-checks", type=int, default=500, help="oracle checks (default 500)")
-    parser.add_argument("--max-time", type=float, default=300.0, help="seconds (default 300)")
+    parser.add_argument(
+        "--max-time",
+        type=float,
+        default=None,
+        help="seconds of reduction (default 30 for a script, 120 for a captured call)",
+    )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per check (60)")
     parser.add_argument("--no-fork", action="store_true", help="a fresh python per check")
     parser.add_argument("--source", action="store_true", help="reduce the original script")

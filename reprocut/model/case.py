@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Union
 
 Number = int | float | bool
@@ -217,7 +217,7 @@ class SourceLocation:
     function: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return _dataclass_dict(self)
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +242,7 @@ class ReproCase:
     # a non-finite origin (`record --nan`): the repro ends by raising if the call's floating
     # outputs hold NaN or inf (model.signature.nonfinite_signature is what it raises)
     check_finite: bool = False
+    definitions: str = ""  # code defining a custom op the call needs (torch.ops.<ns> not aten)
 
     def tensors(self) -> Iterator[tuple[tuple[Any, ...], TensorSpec]]:
         """Every tensor argument with its path: ("args", i[, j...]) or ("kwargs", name[, j...])."""
@@ -301,6 +302,7 @@ class ReproCase:
             "inputs_file": self.inputs_file,
             "env": [list(pair) for pair in self.env],
             "check_finite": self.check_finite,
+            **({"definitions": self.definitions} if self.definitions else {}),
         }
 
     @classmethod
@@ -315,6 +317,7 @@ class ReproCase:
             inputs_file=data.get("inputs_file"),
             env=tuple((str(k), str(v)) for k, v in data.get("env", ())),
             check_finite=data.get("check_finite", False),
+            definitions=data.get("definitions", ""),
         )
 
     def dumps(self) -> str:
@@ -356,10 +359,6 @@ def number_from_json(data: Any) -> Number:
     if isinstance(data, dict):
         return float(data["float"])
     return data
-
-
-def _dataclass_dict(obj: Any) -> dict[str, Any]:
-    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
 
 
 def values_to_json(values: Values) -> dict[str, Any]:
@@ -443,7 +442,7 @@ def arg_from_json(data: Any) -> Arg:
 
 
 def signature_to_json(signature: Signature | None) -> dict[str, Any] | None:
-    return None if signature is None else _dataclass_dict(signature)
+    return None if signature is None else asdict(signature)
 
 
 def signature_from_json(data: dict[str, Any] | None) -> Signature | None:

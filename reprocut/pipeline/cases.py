@@ -45,10 +45,30 @@ class Outcome:
     cpu_reproduces: bool | None = None
     cpu_message: str = ""
     passes: tuple[tuple[str, int], ...] = ()  # a script reduction's: accepted candidates by pass
+    from_script: bool = False  # the user's script reduced (not a captured call shrunk)
+    stopped: str = ""  # what ended the shrink: "fixed point", or the limit that stopped it
 
 
 def _expected(case: ReproCase, failure: Failure) -> Signature:
     return case.expected or failure.signature
+
+
+def with_definitions(failure: Failure) -> Failure:
+    """Cases calling a custom op (torch.ops.<ns> outside aten) carry the code registering it,
+    from the script or the sibling module that does (reprocut.source.custom_ops)."""
+    if not failure.script or not Path(failure.script).is_file():
+        return failure
+    from reprocut.source.custom_ops import definitions_for
+    from reprocut.source.validity import reducible_files
+
+    script = Path(failure.script).resolve()
+    files = [script, *sorted(reducible_files(script, (script.parent,)) - {script})]
+    cases = tuple(
+        replace(case, definitions=definitions_for(case.target, files)) if not case.definitions
+        else case
+        for case in failure.cases
+    )  # fmt: skip
+    return replace(failure, cases=cases)
 
 
 def pick_case(
@@ -171,7 +191,14 @@ def shrink_case(
         sidecar=bool(emitted.sidecar_keys),
         cpu_reproduces=cpu_reproduces,
         cpu_message=cpu_message,
+        stopped=_stopped(shrinker, max_checks),
     )
+
+
+def _stopped(shrinker: Shrinker, max_checks: int) -> str:
+    if not shrinker.exhausted:
+        return "fixed point"
+    return "max checks" if shrinker.checks >= max_checks else "max time"
 
 
 def _assertion(failure: Failure) -> str:

@@ -59,9 +59,17 @@ def agree(
     log = AcceptedLog(out / ACCEPTED_DIR, finish=finish)
     if source and failure.script and Path(failure.script).is_file():
         original = Path(failure.script).read_text()
-        log.start_source(original)
+        log.start_source(unshrunk_script(failure))
         agreement.trust(original)
     return agreement, log
+
+
+def unshrunk_script(failure: Failure) -> str:
+    """The user's script as the first accepted candidate: runnable from accepted/."""
+    from reprocut.source.recorded import with_script_dir_on_path
+
+    script = Path(failure.script).resolve()
+    return with_script_dir_on_path(script.read_text(), script.parent)
 
 
 def _source_finish(failure: Failure) -> Callable[[str], str] | None:

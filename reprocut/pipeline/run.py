@@ -27,7 +27,7 @@ from reprocut.model.case import Captured
 from reprocut.model.compiled import COMPILE_ONLY
 from reprocut.model.errors import CorruptRecordingError, ExitCode, ReprocutError
 from reprocut.model.recording import Failure, RunDir, atomic_write
-from reprocut.pipeline.cases import Outcome, shrink_case
+from reprocut.pipeline.cases import Outcome, shrink_case, with_definitions
 from reprocut.pipeline.compiled import shrink_compile_only
 from reprocut.pipeline.finish import report_inputs, result_json
 from reprocut.pipeline.phases import FORK_SERVER, READ, REPORT, SOURCE, VERIFY, Phases
@@ -35,6 +35,7 @@ from reprocut.pipeline.recover import (
     agree,
     memcheck_evidence,
     start_memcheck,
+    unshrunk_script,
     walk_back_outcome,
 )
 from reprocut.pipeline.request_repro import (
@@ -45,11 +46,17 @@ from reprocut.pipeline.request_repro import (
     applies,
     request_repro,
 )
+from reprocut.pipeline.same_bug import (
+    same_bug_after_verification,
+    start_original_memcheck,
+    stopped_note,
+)
 from reprocut.pipeline.scripts import shrink_source
 from reprocut.report.display.console import print_line
 from reprocut.report.display.shrink import print_phase, shrink_display
 from reprocut.report.markdown import collect_environment, render
-from reprocut.shrink.header import Environment
+from reprocut.shrink.header import Environment, Header
+from reprocut.shrink.walkback import AcceptedLog, renderer
 
 
 class NothingToShrinkError(ReprocutError):
@@ -60,6 +67,10 @@ class NothingToShrinkError(ReprocutError):
 # the share of --max-time that plain-run confirmations may take; the final verification and
 # the walk-back answer for the candidates accepted after that
 PLAIN_SHARE = 0.2
+# Default limits: a script reduction gets most of its cut from its first passes; at 30 s the
+# H200's fault cases took 46 s median to a verified repro (110-343 s at 300 s).
+SCRIPT_TIME = 30.0
+CASE_TIME = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +79,17 @@ class ShrinkSettings:
 
     out: Path | None = None  # default: the run folder
     max_checks: int = 500
-    max_time: float = 300.0
+    max_time: float | None = None  # None: SCRIPT_TIME for a script reduction, else CASE_TIME
     timeout: float = 60.0  # per check; plain runs get twice that
     fork: bool = True
     source: bool = False
     runs: int = 3
+
+    def time_limit(self, *, script: bool) -> float:
+        """The reduction's time limit: --max-time, else the default for its kind."""
+        if self.max_time is not None:
+            return self.max_time
+        return SCRIPT_TIME if script else CASE_TIME
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +184,7 @@ def shrink_recording(
             agreement, log = agree(oracle, failure, _out(run_dir, settings),
                                    source=_is_source(failure, settings),
                                    timeout=settings.timeout * 2,
-                                   max_seconds=settings.max_time * PLAIN_SHARE)  # fmt: skip
+                                   max_seconds=settings.time_limit(script=_is_source(failure, settings)) * PLAIN_SHARE)  # fmt: skip
             on_event = log.watch(shown)
             try:
                 inputs, environment = _read(run_dir, failure, settings)
@@ -175,12 +192,14 @@ def shrink_recording(
                 oracle.close(wait=False)
                 raise
         try:
-            outcome = _shrink(
-                run_dir, failure, inputs, environment, oracle, settings, phases, on_event, console
-            )
+            outcome = _shrink(run_dir, failure, inputs, environment, oracle, settings, phases,
+                              on_event, console, log)  # fmt: skip
         finally:
             oracle.close(wait=False)  # its processes end while the plain runs start
             agreement.close()
+        limit = settings.time_limit(script=outcome.from_script)
+        for note in stopped_note(outcome, limit, settings.max_checks):
+            print_line(console, f"[yellow]note[/]: {note}")
         if oracle.fork_disabled:
             print_line(
                 console, f"[yellow]note[/]: checks ran in fresh processes ({oracle.fork_disabled})"
@@ -189,8 +208,13 @@ def shrink_recording(
         repro = out / "repro.py"
         atomic_write(repro, outcome.code)
         print_phase(console, f"verifying: {settings.runs} plain runs of python {repro.name}")
-        with ThreadPoolExecutor(max_workers=1) as pool:
+        render_case = renderer(Header(expected=failure.signature, environment=environment))
+        with ThreadPoolExecutor(max_workers=2) as pool:
             memcheck = start_memcheck(pool, repro, failure, timeout=settings.timeout * 3)
+            original = start_original_memcheck(
+                pool, repro, failure, log, source=outcome.from_script, render=render_case,
+                inputs=inputs, timeout=settings.timeout * 3,
+            )  # fmt: skip
             with phases.phase(VERIFY):
                 verification = verify(
                     repro, failure.signature, runs=settings.runs, timeout=settings.timeout * 2
@@ -203,17 +227,28 @@ def shrink_recording(
                 repro, failure, outcome, timeout=settings.timeout * 3, console=console,
                 started=memcheck if walked is None else None,  # walked back: another repro.py
             )  # fmt: skip
+            outcome, verification, evidence, same = same_bug_after_verification(
+                failure, outcome, verification, evidence, original, log, render_case, inputs,
+                runs=settings.runs, timeout=settings.timeout * 3, out=out, console=console,
+            )  # fmt: skip
         extra: dict[str, Any] = {"agreement": agreement.to_json()}
         if walked is not None:
             extra["walk_back"] = walked.to_json()
         if evidence is not None:
             extra["sanitizer"] = evidence.to_json()
+        extra["same_bug"] = same.to_json()
+        extra["stopped"] = outcome.stopped
+        extra["limits"] = {"max_time": settings.time_limit(script=outcome.from_script),
+                           "max_checks": settings.max_checks}  # fmt: skip
         notes = tuple(note for note in (fallback, walked and walked.describe()) if note)
+        notes += stopped_note(outcome, settings.time_limit(script=outcome.from_script),
+                              settings.max_checks)  # fmt: skip
         return _finish(
             run_dir, failure, settings, phases, started,
             outcome=outcome, verification=verification, environment=environment,
-            notes=notes, path=PATH_SOURCE if _is_source(failure, settings) else PATH_SHRINK,
+            notes=notes, path=PATH_SOURCE if outcome.from_script else PATH_SHRINK,
             sanitizer="" if evidence is None else evidence.markdown(), extra=extra,
+            same_bug=same.markdown(),
         )  # fmt: skip
 
 
@@ -231,6 +266,7 @@ def _finish(
     path: str,
     sanitizer: str = "",
     extra: dict[str, Any] | None = None,
+    same_bug: str = "",
 ) -> Shrunk:
     """report.md, the result (`--json`, with the path the repro was made by), meta.json."""
     out = _out(run_dir, settings)
@@ -241,6 +277,7 @@ def _finish(
             report_inputs(outcome, failure, environment, verification, seconds),
             notes=notes,
             sanitizer=sanitizer,
+            same_bug=same_bug,
         )
         atomic_write(report, render(written))
     result = result_json(outcome, failure.signature, verification, repro, report, seconds)
@@ -263,7 +300,8 @@ def _compile_only(
     print_phase(console, "fails only under torch.compile: reducing the script while it fails "
                 "compiled and passes with TORCH_COMPILE_DISABLE=1 (two runs per candidate)")  # fmt: skip
     shrunk = shrink_compile_only(run_dir, failure, out=_out(run_dir, settings),
-                                 max_checks=settings.max_checks, max_time=settings.max_time,
+                                 max_checks=settings.max_checks,  # its own default: 300 s
+                                 max_time=settings.max_time or 300.0,
                                  timeout=settings.timeout, runs=settings.runs)  # fmt: skip
     shrunk.result["path"] = PATH_SOURCE  # the script, reduced (compiled)
     _write_meta(run_dir, shrunk.result)
@@ -365,17 +403,20 @@ def _shrink(
     phases: Phases,
     on_event: Any,
     console: Console,
+    log: AcceptedLog | None = None,
 ) -> Outcome:
-    """The captured call, shrunk; or the script, reduced."""
-    limits = {"max_checks": settings.max_checks, "max_time": settings.max_time}
+    """The captured call, shrunk; or the script, reduced (`log`: the accepted candidates,
+    started afresh from the script when the captured call does not reproduce)."""
+    script = {"max_checks": settings.max_checks, "max_time": settings.time_limit(script=True)}
+    limits = {"max_checks": settings.max_checks, "max_time": settings.time_limit(script=False)}
     if _is_source(failure, settings):
         if not failure.cases and not settings.source and failure.status != "outside-dispatcher":
             print_phase(console, "no captured call to shrink: reducing the script instead")
         with phases.phase(SOURCE):
             kept = run_dir.launch_probe_path
-            return shrink_source(failure, oracle, on_event=on_event, kept=kept, **limits)
-    return shrink_case(
-        failure,
+            return shrink_source(failure, oracle, on_event=on_event, kept=kept, **script)
+    outcome = shrink_case(
+        with_definitions(failure),
         inputs,
         oracle,
         out=_out(run_dir, settings),
@@ -384,6 +425,16 @@ def _shrink(
         phases=phases,
         **limits,
     )
+    if outcome.reproduced_from_capture or not failure.script or not Path(failure.script).is_file():
+        return outcome
+    # the captured call alone does not fail so (a custom op whose code could not be carried,
+    # state the call depends on): the script itself, reduced, may still
+    print_phase(console, "the captured call did not reproduce: reducing the script instead")
+    if log is not None and not log.entries:
+        log.start_source(unshrunk_script(failure))
+    with phases.phase(SOURCE):
+        return shrink_source(failure, oracle, on_event=on_event, kept=run_dir.launch_probe_path,
+                             **script)  # fmt: skip
 
 
 def _write_meta(run_dir: RunDir, result: dict[str, Any]) -> None:

@@ -59,4 +59,6 @@ def shrink_source(
         checks=result.checks,
         sidecar=False,
         passes=tuple((name, count) for name, count in result.accepted if count),
+        from_script=True,
+        stopped=result.stopped,
     )

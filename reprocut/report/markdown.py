@@ -81,6 +81,7 @@ class ReportInputs:
     sidecar: bool = False
     notes: tuple[str, ...] = ()  # what else the shrink did (a walk-back), one sentence each
     sanitizer: str = ""  # compute-sanitizer's evidence as markdown (reprocut.check.sanitizer)
+    same_bug: str = ""  # the fingerprints side by side (reprocut.model.fingerprint.SameBug)
 
 
 def _fence(text: str, language: str = "") -> str:
@@ -194,6 +195,8 @@ def render(inputs: ReportInputs) -> str:
         parts += ["", *compile_markdown(failure.torch_compile)]
     if failure.diagnosis:
         parts += ["", failure.diagnosis]
+    if inputs.same_bug:
+        parts += ["", "## Same bug?", "", inputs.same_bug.rstrip()]
     if inputs.sanitizer:
         parts += ["", "## compute-sanitizer", "", inputs.sanitizer.rstrip()]
     parts += [

@@ -138,6 +138,19 @@ def emit(case: ReproCase, header: Header | None = None) -> Emitted:
     module = module.visit(_FillMain(body))
     environment = _environment_lines(case)
     top = list(module.body)
+    if case.definitions:  # the custom op's own code, between the imports and main()
+        present = {cst.Module([]).code_for_node(node) for node in top}
+        defined = [
+            node
+            for node in cst.parse_module(case.definitions).body
+            if cst.Module([]).code_for_node(node) not in present  # `import torch` once
+        ]
+        top = [
+            *top[:-2],
+            *defined,
+            top[-2].with_changes(leading_lines=[cst.EmptyLine()] * 2),
+            top[-1],
+        ]
     if environment:  # a blank line between the environment and the imports
         top = [*environment, top[0].with_changes(leading_lines=[cst.EmptyLine()]), *top[1:]]
     first = top[0].with_changes(leading_lines=[cst.EmptyLine()])

@@ -22,6 +22,7 @@ from reprocut.source.passes.tree import Options
 from reprocut.source.results import SourceAccepted, SourceChecked, SourceEvent
 from reprocut.source.size import count_lines, sort_key
 from reprocut.source.speculation import BudgetSpent, CallableChecks, Checks, Speculation
+from reprocut.source.validity import Rules, sibling_text
 
 # check(code) -> a Verdict from reprocut.check.oracle (anything with `.signature` that failed), or,
 # for pure predicates and fresh-process checks, the Signature seen (None: it passed).
@@ -67,6 +68,9 @@ class SourceReducer:
     parallel: int = 1  # with `check`: run it on this many threads at once (it must allow that)
     runner: Checks | None = None  # how candidates run (default: `check`, `parallel` at a time)
     stop: Callable[[], str | None] | None = None  # a reason to stop now, asked with the budget
+    rules: Rules | None = None  # static validity rules (reprocut.source.validity)
+    rejected: dict[str, int] = field(default_factory=dict)  # by the validity rules, by rule
+    current_pass: str = ""
     _keys: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
     _speculation: Speculation | None = field(default=None, repr=False)
 
@@ -87,10 +91,25 @@ class SourceReducer:
         return reproduces(verdict, self.expected)
 
     def admissible(self, candidate: str) -> bool:
-        """Worth a run: not a repeat, strictly smaller, still making the failing call."""
+        """Worth a run: not a repeat, strictly smaller, still making the failing call, and
+        breaking no validity rule the best keeps (reprocut.source.validity)."""
         if candidate in self.seen or self.key(candidate) >= self.key(self.best):
             return False
-        return not self.drops_focus(candidate)
+        if self.drops_focus(candidate):
+            return False
+        broken = self.breaks_rules(candidate)
+        if broken:
+            self.seen.add(candidate)
+            self.rejected[broken[0]] = self.rejected.get(broken[0], 0) + 1
+        return not broken
+
+    def breaks_rules(self, candidate: str) -> list[str]:
+        rules = self.rules
+        if rules is None:
+            return []
+        dirs = self.context.search_dirs
+        extra = (sibling_text(candidate, dirs), sibling_text(self.best, dirs))
+        return rules.rejects(candidate, self.best, extra=extra, pass_name=self.current_pass)
 
     def out_of_budget(self, in_flight: int = 0) -> str | None:
         if self.checks + in_flight >= self.max_checks:
@@ -128,7 +147,7 @@ class SourceReducer:
         return self.speculation().first_accepted(self, options, pass_name) is not None
 
     def run_pass(self, source_pass: SourcePass) -> None:
-        name = source_pass.__name__
+        name = self.current_pass = source_pass.__name__
         generator = source_pass(self.best, self.context)
         try:
             step = next(generator)

@@ -8,7 +8,7 @@ wherever the repro is written.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,23 +17,10 @@ import libcst.matchers as m
 
 from reprocut.source.focus import statement_text
 from reprocut.source.launch_specs import LaunchSpecs, with_value_ranges
-from reprocut.source.passes import import_module_name, parse, sibling_file, sibling_imports
 from reprocut.source.probe import KeptLaunch, failing_frames, kept_launch, probe_launch
 from reprocut.source.reducer import reduce_source
 from reprocut.source.results import SourceEvent, SourceResult
-
-
-def reducible_files(script_path: Path, search_dirs: Sequence[Path]) -> set[Path]:
-    """The script and the sibling modules it imports: the code the reducer edits."""
-    files = {script_path.resolve()}
-    module = parse(script_path.read_text())
-    if module is not None:
-        for line in sibling_imports(module, search_dirs):
-            name = import_module_name(line.body[0])
-            path = None if name is None else sibling_file(name, search_dirs)
-            if path is not None:
-                files.add(path.resolve())
-    return files
+from reprocut.source.validity import reducible_files
 
 
 def reduce_recorded(
@@ -149,3 +136,23 @@ def pin_script_dir(code: str, directory: Path) -> str:
     except cst.ParserSyntaxError:
         return code
     return module.visit(_PinScriptDir(str(directory))).code
+
+
+def with_script_dir_on_path(code: str, directory: Path) -> str:
+    """The user's script as it runs from another folder: its sibling modules found where they
+    are (`sys.path[0]` is the script's folder when Python runs it; the unshrunk candidate kept
+    under accepted/ is not beside them)."""
+    try:
+        module = cst.parse_module(code)
+    except cst.ParserSyntaxError:
+        return code
+    body = list(module.body)
+    at = 0
+    while at < len(body) and (
+        m.matches(body[at], m.SimpleStatementLine([m.Expr(m.SimpleString())]))
+        or m.matches(body[at], m.SimpleStatementLine([m.ImportFrom(module=m.Name("__future__"))]))
+    ):
+        at += 1
+    lines = [cst.parse_statement("import sys\n"),
+             cst.parse_statement(f"sys.path.insert(0, {str(directory)!r})\n")]  # fmt: skip
+    return module.with_changes(body=[*body[:at], *lines, *body[at:]]).code

@@ -26,12 +26,14 @@ from reprocut.model.case import Signature, TensorSpec
 from reprocut.model.errors import NotReproducedError
 from reprocut.model.signature import is_memory_error
 from reprocut.source.checks import OracleChecks, preload_imports
+from reprocut.source.custom_ops import custom_op_name, registering_names
 from reprocut.source.finish import ending_with_a_sync, format_code
 from reprocut.source.fixed_point import Check, SourceReducer, reproduces
 from reprocut.source.passes import PASSES, PassContext, SourcePass
 from reprocut.source.results import SourceEvent, SourceResult
 from reprocut.source.size import count_lines, count_small_statements
 from reprocut.source.speculation import CallableChecks, Checks, check_alone, default_slots
+from reprocut.source.validity import Rules, reducible_files
 
 
 def reduce_source(
@@ -151,6 +153,7 @@ def _reduce(
         memory_fault=is_memory_error(expected),
     )
     check = partial(check_alone, runner)
+    rules = validity_rules(expected, script_path, context.search_dirs)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprocut-original") as aside:
         first = _check_original(aside, runner, original)
         if first is None and not reproduces(check(original), expected):
@@ -167,6 +170,7 @@ def _reduce(
             checks=1,
             started=started,
             runner=runner,
+            rules=rules,
             stop=None if first is None else partial(_stop_unless_reproduced, first, expected),
         )
         stopped = reducer.run()
@@ -189,6 +193,15 @@ def _reduce(
         parallel=runner.slots,
         discarded=reducer.discarded,
     )
+
+
+def validity_rules(expected: Signature, script_path: Path, dirs: tuple[Path, ...]) -> Rules:
+    """The rules for this failure: pointers and devices for a memory fault, the op's
+    registration and call for a custom op (reprocut.source.validity)."""
+    qualified = custom_op_name(f"torch.ops.{(expected.op or '').replace('::', '.')}")
+    files = [script_path, *sorted(reducible_files(script_path, dirs) - {script_path})]
+    names = registering_names(qualified, files) if qualified else ()
+    return Rules(memory_fault=is_memory_error(expected), custom_op=qualified, op_functions=names)
 
 
 def _check_original(aside: ThreadPoolExecutor, runner: Checks, original: str) -> Future[Any] | None:

@@ -66,9 +66,9 @@ def main(config_path: str) -> None:
     exit_code, ended = 0, False
     exit_request: SystemExit | None = None
     stopped = False  # --nan: reprocut ended the run (NonfiniteStop)
-    line_sync = LineSync() if config.get("sync_lines") else None
     memory = _memory_watch(config, recorder, run_dir)  # below the recorder's own modes
     recorder.__enter__()
+    line_sync = LineSync(step=lambda: recorder.state.step) if config.get("sync_lines") else None
     try:
         try:
             with line_sync or contextlib.nullcontext():
@@ -107,6 +107,10 @@ def main(config_path: str) -> None:
             "loop": recorder.loops.from_traceback(exc.__traceback__),
             "interrupted": isinstance(exc, KeyboardInterrupt),
             "failed_at": time.time(),  # under torchrun: which rank failed first
+            # in the early outcome too: a process that crashes at teardown (CuPy's module
+            # unload after a fault) leaves only that one, and the step must not come from
+            # the non-blocking run, where the fault surfaced a step later
+            "step": _launch_step(line_sync, recorder.state.step),
         }
         if test is None:
             sys.stderr.write(outcome["traceback"])
@@ -124,6 +128,8 @@ def main(config_path: str) -> None:
             memory.write()
     failed = outcome["status"] == "failed"
     outcome.update(recorded_state(recorder.state, light_step, failed=failed))
+    if failed:
+        outcome["step"] = _launch_step(line_sync, outcome["step"])
     outcome["compiled"] = compile_use.used()
     if outcome["compiled"]:
         outcome["inductor_settings"] = inductor_settings()
@@ -177,6 +183,13 @@ def user_traceback(exc: BaseException) -> str:
 
 def _location_json(location: Any) -> dict[str, Any] | None:
     return None if location is None else location.to_json()
+
+
+def _launch_step(line_sync: Any, step: int | None) -> int | None:
+    """The step that launched the faulting kernel, when the line sync saw its launch."""
+    if line_sync is not None and line_sync.launch_step is not None:
+        return line_sync.launch_step
+    return step
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -22,13 +23,18 @@ class LineSync:
     """A tracer: before each user line (and at each user function's return) wait for the GPU;
     when that raises, `launch` is the line that ran last."""
 
-    def __init__(self, cuda: Any = None) -> None:
+    def __init__(self, cuda: Any = None, step: Callable[[], int | None] | None = None) -> None:
+        """`step`: the training step now (the recorder's count of optimizer steps): the fault's
+        step is the one whose line launched the kernel, not the one it surfaced in."""
         import torch
 
         self._cuda = torch.cuda if cuda is None else cuda  # tests stand in a fake device
         self._frames = UserFrames()
+        self._step = step
         self._last: tuple[str, int] | None = None
+        self._last_step: int | None = None
         self.launch: SourceLocation | None = None
+        self.launch_step: int | None = None
 
     def __enter__(self) -> LineSync:
         sys.settrace(self._on_call)
@@ -49,9 +55,11 @@ class LineSync:
             except Exception:
                 if self.launch is None and self._last is not None:
                     self.launch = _location(*self._last)
+                    self.launch_step = self._last_step
                 raise
         if event == "line":
             self._last = (frame.f_code.co_filename, frame.f_lineno)
+            self._last_step = None if self._step is None else self._step()
         return self._on_line
 
 

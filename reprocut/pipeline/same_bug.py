@@ -1,0 +1,180 @@
+"""Is repro.py the user's bug? The fingerprint check after the verification, and the walk-back
+to the last accepted candidate whose fingerprint matches when it is not.
+
+For a memory fault the original's fingerprint comes from memcheck on the unshrunk failure: the
+user's script itself for a script reduction (only the faulting kernel instrumented when record
+knows its name, so the steps before it run at nearly full speed), the captured call as recorded
+(accepted/0000.py) for an op-level shrink. It runs beside the repro's own memcheck and the plain
+verification runs, so it costs no wall time unless it is the slowest of them; and no candidate
+can have slid to another bug in it. Other classes keep their signature as the fingerprint: the
+plain runs compare its error code or type and kind, the shrinker's checks the op.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from reprocut.check.fingerprint import compare, memory_fingerprint
+from reprocut.check.sanitizer import Evidence, attach, run_memcheck, wants_evidence
+from reprocut.check.verify import Verification, verify
+from reprocut.model.errors import ExitCode
+from reprocut.model.fingerprint import MemoryFingerprint, SameBug, signature_fingerprint
+from reprocut.model.recording import Failure
+from reprocut.pipeline.cases import Outcome
+from reprocut.report.display.shrink import print_phase
+from reprocut.shrink.emitter import SIDECAR_NAME, count_statements
+from reprocut.shrink.walkback import AcceptedLog, Render, WalkBack, install, walk_back
+
+ORIGINAL_LOG = "sanitizer-original.log"
+PLAIN_ONLY = "op: a plain run cannot see which op raised (the shrinker's checks compared it)"
+
+
+def start_original_memcheck(
+    pool: ThreadPoolExecutor,
+    repro: Path,
+    failure: Failure,
+    log: AcceptedLog,
+    *,
+    source: bool,
+    render: Render,
+    inputs: dict[str, Any],
+    timeout: float,
+) -> Future[Evidence] | None:
+    """memcheck on the unshrunk failure, beside the verification (None: not a memory fault)."""
+    if not wants_evidence(repro, failure.signature):
+        return None
+    log_file = repro.with_name(ORIGINAL_LOG)
+    if source and failure.script and Path(failure.script).is_file():
+        script = Path(failure.script).resolve()
+        cwd = Path(failure.cwd or script.parent)
+        return pool.submit(run_memcheck, script, timeout=timeout, kernel=failure.kernel,
+                           argv=list(failure.argv), cwd=cwd, log=log_file)  # fmt: skip
+    if not log.entries:
+        return None
+    first = log.script(log.entries[0], render, inputs)
+    return pool.submit(run_memcheck, first, timeout=timeout, kernel=failure.kernel, log=log_file)
+
+
+def signature_same_bug(failure: Failure, verification: Verification) -> SameBug:
+    """The other classes: the signature is the fingerprint, checked by the plain runs."""
+    seen = next((o.signature for o in verification.outcomes if o.signature is not None), None)
+    equal = verification.runs > 0 and verification.reproduced == verification.runs
+    skipped = [PLAIN_ONLY] if failure.signature.op else []
+    if not seen and not equal:
+        skipped.append("the repro did not fail in its plain runs")
+    return SameBug("signature", signature_fingerprint(failure.signature),
+                   signature_fingerprint(seen), equal, tuple(skipped))  # fmt: skip
+
+
+def memcheck_same_bug(
+    failure: Failure, original: Future[Evidence] | None, repro: Evidence | None
+) -> SameBug:
+    evidence = original.result() if original is not None else None
+    return compare(evidence, repro, failure.signature.op)
+
+
+def walk_back_to_fingerprint(
+    log: AcceptedLog,
+    outcome: Outcome,
+    failure: Failure,
+    target: MemoryFingerprint,
+    *,
+    render: Render,
+    inputs: dict[str, Any],
+    runs: int,
+    timeout: float,
+    out: Path,
+) -> tuple[Outcome, Verification | None, WalkBack]:
+    """The latest accepted candidate whose memcheck fingerprint is the original's (one memcheck
+    run a probe, a binary search) and that verifies; the repro is left as it is if none."""
+    seen: dict[Path, Verification] = {}
+    op = failure.signature.op
+
+    def matches(script: Path) -> bool:
+        if script.name == f"{0:04d}.py":  # the unshrunk failure: its fingerprint is the original
+            return True
+        found = memory_fingerprint(
+            run_memcheck(script, timeout=timeout, kernel=failure.kernel, log=script.with_suffix(".log")),
+            op,
+        )  # fmt: skip
+        return found is not None and target.same_bug(found)
+
+    def verifies(script: Path) -> bool:
+        seen[script] = verify(script, failure.signature, runs=runs, timeout=timeout)
+        return seen[script].exit_code == ExitCode.OK
+
+    walked = walk_back(log, reproduces=matches, verifies=verifies, render=render, inputs=inputs)
+    if walked.chosen is None:
+        return outcome, None, walked
+    code = install(walked.chosen, out)
+    case = walked.chosen.case
+    chosen = replace(outcome, code=code, statements=count_statements(code) or outcome.statements,
+                     tensor_elements=None if case is None else case.total_numel(),
+                     sidecar=SIDECAR_NAME in code)  # fmt: skip
+    return chosen, seen[walked.chosen.path], walked
+
+
+def recheck_after_walk_back(
+    repro: Path, failure: Failure, original: Future[Evidence] | None, *, timeout: float,
+    note: str,
+) -> tuple[Evidence, SameBug]:  # fmt: skip
+    """memcheck on the repro written by the walk-back, its findings attached."""
+    evidence = run_memcheck(repro, timeout=timeout, kernel=failure.kernel)
+    attach(repro, evidence)
+    return evidence, replace(memcheck_same_bug(failure, original, evidence), note=note)
+
+
+def stopped_note(outcome: Outcome, max_time: float, max_checks: int) -> tuple[str, ...]:
+    """A limit that ended the shrink before its fixed point, in words (nothing otherwise)."""
+    limits = {"max time": f"{max_time:.0f} s limit (--max-time)",
+              "max checks": f"{max_checks}-check limit (--max-checks)"}  # fmt: skip
+    if outcome.stopped not in limits:
+        return ()
+    return (
+        f"The shrink stopped early, at its {limits[outcome.stopped]}: a larger limit may give "
+        "a smaller repro.",
+    )
+
+
+def same_bug_after_verification(
+    failure: Failure,
+    outcome: Outcome,
+    verification: Verification,
+    evidence: Evidence | None,
+    original: Future[Evidence] | None,
+    log: AcceptedLog,
+    render: Render,
+    inputs: dict[str, Any],
+    *,
+    runs: int,
+    timeout: float,
+    out: Path,
+    console: Console,
+) -> tuple[Outcome, Verification, Evidence | None, SameBug]:
+    """The repro's fingerprint against the original's (None `original`: not a memory fault,
+    the signature is the fingerprint); on a mismatch, the walk-back to the last accepted
+    candidate whose fingerprint matches."""
+    if original is None:
+        return outcome, verification, evidence, signature_same_bug(failure, verification)
+    same = memcheck_same_bug(failure, original, evidence)
+    if same.equal is not False or same.original is None or len(log.entries) < 2:
+        return outcome, verification, evidence, same
+    print_phase(console, "repro.py is another memory fault: walking back to the original's")
+    target = MemoryFingerprint.from_json(same.original)
+    chosen, verified, walked = walk_back_to_fingerprint(
+        log, outcome, failure, target, render=render, inputs=inputs, runs=runs,
+        timeout=timeout, out=out,
+    )  # fmt: skip
+    if walked.chosen is None or verified is None:
+        note = f"walking back found no candidate with the original's fingerprint ({walked.reason})"
+        return outcome, verification, evidence, replace(same, note=note)
+    note = (f"walked back to accepted candidate {walked.chosen.index} of {walked.candidates - 1}: "
+            "the latest whose memcheck fingerprint is the original's")  # fmt: skip
+    repro = out / "repro.py"
+    evidence, same = recheck_after_walk_back(repro, failure, original, timeout=timeout, note=note)
+    return replace(chosen, code=repro.read_text()), verified, evidence, same

@@ -1,0 +1,271 @@
+"""Static validity rules: candidates that cannot be the user's bug are never run.
+
+A reduction of a script that faults in a custom kernel can slide to another bug with the same
+error code: hand the kernel a CPU tensor's host pointer, the pointer of a temporary freed before
+the launch, a smaller grid. Like C-Reduce's undefined-behaviour guard, cheap rules read each
+candidate before it is run and reject one that breaks a rule the current best keeps:
+
+- every pointer handed to a kernel (`x.data_ptr()`, a Triton or CuPy tensor argument) comes
+  from a name bound to a tensor not built on the CPU (a temporary's pointer dangles);
+- tensors stay on their device: no `.cpu()`, `.to("cpu")` or `device="cpu"` the best lacks;
+- a launch keeps its grid and block (Triton `k[grid](...)`, CuPy `k(grid, block, args)`) unless
+  the pass that made the candidate shrinks them deliberately (`RESHAPING_PASSES`);
+- a failing custom op (`ns::op`) is still registered and still called.
+
+The sanitizer at the end (reprocut.check.sanitizer) is the final word; these rules only keep
+the search away from candidates no sanitizer run should be spent on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import libcst as cst
+
+from reprocut.source.custom_ops import registers
+from reprocut.source.passes import import_module_name, parse, sibling_file, sibling_imports
+
+# passes allowed to change a launch's grid or block (none of today's passes is one)
+RESHAPING_PASSES: frozenset[str] = frozenset()
+FACTORIES = frozenset({
+    "empty", "zeros", "ones", "full", "rand", "randn", "randint", "randperm", "arange",
+    "linspace", "tensor", "as_tensor", "from_numpy", "eye",
+})  # fmt: skip
+_EMPTY = cst.Module([])
+
+
+def _code(node: cst.CSTNode) -> str:
+    return _EMPTY.code_for_node(node)
+
+
+def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    yield node
+    for child in node.children:
+        yield from _walk(child)
+
+
+def _is_cpu_string(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.SimpleString):
+        return node.evaluated_value == "cpu"
+    return (
+        isinstance(node, cst.Call)
+        and _code(node.func).endswith("device")
+        and any(_is_cpu_string(arg.value) for arg in node.args)
+    )
+
+
+def builds_on_cpu(value: cst.BaseExpression) -> bool:
+    """An expression that makes a CPU tensor: `x.cpu()`, `.to("cpu")`, a torch factory with no
+    device (or the CPU's)."""
+    if not isinstance(value, cst.Call):
+        return False
+    func = _code(value.func)
+    if func.endswith(".cpu"):
+        return True
+    if func.endswith(".to") and value.args and _is_cpu_string(value.args[0].value):
+        return True
+    if func.startswith("torch.") and func.split(".")[-1] in FACTORIES and func.count(".") == 1:
+        device = next((a.value for a in value.args if a.keyword and a.keyword.value == "device"), None)  # fmt: skip
+        return device is None or _is_cpu_string(device)
+    return False
+
+
+def _bindings(module: cst.Module) -> dict[str, list[cst.BaseExpression]]:
+    """Every value each plain name is assigned, anywhere in the module."""
+    bound: dict[str, list[cst.BaseExpression]] = {}
+    for node in _walk(module):
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    bound.setdefault(target.target.value, []).append(node.value)
+    return bound
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """A kernel launch as written: the kernel, its grid/block text, its arguments."""
+
+    kernel: str
+    config: str
+    args: tuple[cst.BaseExpression, ...]
+
+
+def launches(module: cst.Module) -> list[Launch]:
+    """Triton `kernel[grid](args)` and CuPy `kernel(grid, block, args)` calls (`args` a tuple,
+    or a name bound to one)."""
+    bound = _bindings(module)
+    found = []
+    for node in _walk(module):
+        if not isinstance(node, cst.Call):
+            continue
+        if isinstance(node.func, cst.Subscript):
+            kernel = _code(node.func.value)
+            config = _code(node.func.slice[0]) if node.func.slice else ""
+            found.append(Launch(kernel, config, tuple(a.value for a in node.args)))
+            continue
+        items = _cupy_arguments(node, bound)
+        if items is not None:
+            config = f"{_code(node.args[0].value)}, {_code(node.args[1].value)}"
+            found.append(Launch(_code(node.func), config, items))
+    return found
+
+
+def _cupy_arguments(
+    node: cst.Call, bound: dict[str, list[cst.BaseExpression]]
+) -> tuple[cst.BaseExpression, ...] | None:
+    """A CuPy launch's kernel arguments: `k((blocks,), (threads,), (a, b, n))`."""
+    if len(node.args) < 3 or any(a.keyword for a in node.args[:3]):
+        return None
+    if not all(isinstance(a.value, (cst.Tuple, cst.Name)) for a in node.args[:2]):
+        return None
+    args = node.args[2].value
+    if isinstance(args, cst.Name) and len(bound.get(args.value, [])) == 1:
+        args = bound[args.value][0]
+    if not isinstance(args, cst.Tuple):
+        return None
+    return tuple(_unwrapped(e.value) for e in args.elements)
+
+
+def _unwrapped(value: cst.BaseExpression) -> cst.BaseExpression:
+    """`cupy.asarray(x)` (or `cp.asarray`, `from_dlpack`) -> `x`: the tensor it views."""
+    if isinstance(value, cst.Call) and value.args:
+        name = _code(value.func).rsplit(".", 1)[-1]
+        if name in ("asarray", "from_dlpack", "fromDlpack"):
+            return value.args[0].value
+    return value
+
+
+def pointer_problems(module: cst.Module) -> list[str]:
+    """Pointers and tensors handed to kernels that cannot be the recorded ones."""
+    bound = _bindings(module)
+    problems = []
+
+    def on_cpu(name: str) -> bool:
+        values = bound.get(name, [])
+        return bool(values) and all(builds_on_cpu(v) for v in values)
+
+    for node in _walk(module):
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)):
+            continue
+        if node.func.attr.value != "data_ptr":
+            continue
+        owner = node.func.value
+        if not isinstance(owner, (cst.Name, cst.Attribute)):
+            problems.append(f"the pointer of a temporary: {_code(node)}")
+        elif isinstance(owner, cst.Name) and on_cpu(owner.value):
+            problems.append(f"a CPU tensor's pointer: {_code(node)}")
+    for launch in launches(module):
+        for arg in launch.args:
+            if isinstance(arg, cst.Name) and on_cpu(arg.value):
+                problems.append(f"a CPU tensor handed to {launch.kernel}: {arg.value}")
+            elif builds_on_cpu(arg):
+                problems.append(f"a CPU tensor handed to {launch.kernel}: {_code(arg)}")
+    return problems
+
+
+def device_moves(module: cst.Module) -> list[str]:
+    """`.cpu()`, `.to("cpu")`, `device="cpu"`: each a tensor that may leave its device."""
+    moves = []
+    for node in _walk(module):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            if node.func.attr.value == "cpu" or (
+                node.func.attr.value == "to" and node.args and _is_cpu_string(node.args[0].value)
+            ):
+                moves.append(_code(node))
+        elif (
+            isinstance(node, cst.Arg)
+            and node.keyword
+            and node.keyword.value == "device"
+            and _is_cpu_string(node.value)
+        ):
+            moves.append(_code(node))
+    return moves
+
+
+def calls_op(text: str, qualified: str, registering_names: Iterable[str]) -> bool:
+    """`torch.ops.ns.op(...)` or a call of the Python function that registers it."""
+    namespace, op = qualified.split("::")
+    if f"torch.ops.{namespace}.{op}" in text:
+        return True
+    return any(re.search(rf"(?<!def )\b{re.escape(n)}\s*\(", text) for n in registering_names)
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """Which rules apply: the pointer and device rules to memory faults on the GPU, the
+    custom-op rule when the failing op is one (`ns::op`)."""
+
+    memory_fault: bool = False
+    custom_op: str | None = None
+    op_functions: tuple[str, ...] = ()  # Python names that register or wrap it
+
+    def violations(self, code: str, extra: str = "", pass_name: str = "") -> Counter[str]:
+        """What the candidate breaks (`extra`: the sibling modules it still imports)."""
+        try:
+            module = cst.parse_module(code)
+        except cst.ParserSyntaxError:
+            return Counter()
+        found: Counter[str] = Counter()
+        if self.memory_fault:
+            found.update(pointer_problems(module))
+            found.update(f"moved off its device: {m}" for m in device_moves(module))
+            if pass_name not in RESHAPING_PASSES:  # literal grids and blocks only: a name's
+                found.update(  # value is the sanitizer's to judge
+                    f"launch {la.kernel}[{la.config}]"
+                    for la in launches(module)
+                    if not re.search(r"[A-Za-z_]", la.config)
+                )
+        if self.custom_op:
+            text = f"{code}\n{extra}"
+            if not registers(text, self.custom_op):
+                found[f"{self.custom_op} no longer registered"] += 1
+            if not calls_op(text, self.custom_op, self.op_functions):
+                found[f"{self.custom_op} no longer called"] += 1
+        return found
+
+    def rejects(self, candidate: str, best: str, *, extra: tuple[str, str] = ("", ""),
+                pass_name: str = "") -> list[str]:  # fmt: skip
+        """The rules the candidate breaks that the best keeps (a launch whose grid or block
+        changed shows as one the best does not make). `extra`: (candidate's, best's) siblings."""
+        mine = self.violations(candidate, extra[0], pass_name)
+        theirs = self.violations(best, extra[1], pass_name)
+        broken = [
+            v for v, n in mine.items() if n > theirs.get(v, 0) and not v.startswith("launch ")
+        ]
+        launched = {v for v in mine if v.startswith("launch ")}
+        before = {v for v in theirs if v.startswith("launch ")}
+        kernels = {v.split("[", 1)[0] for v in before}
+        broken += [v for v in launched - before if v.split("[", 1)[0] in kernels]
+        return broken
+
+
+def sibling_text(code: str, search_dirs: tuple[Path, ...]) -> str:
+    """The text of the user's modules `code` still imports (not inlined yet)."""
+    try:
+        module = cst.parse_module(code)
+    except cst.ParserSyntaxError:
+        return ""
+    texts = []
+    for line in sibling_imports(module, search_dirs):
+        name = import_module_name(line.body[0])
+        path = None if name is None else sibling_file(name, search_dirs)
+        if path is not None:
+            texts.append(path.read_text())
+    return "\n".join(texts)
+
+
+def reducible_files(script_path: Path, search_dirs: Sequence[Path]) -> set[Path]:
+    """The script and the sibling modules it imports: the code the reducer edits."""
+    files = {script_path.resolve()}
+    module = parse(script_path.read_text())
+    if module is not None:
+        for line in sibling_imports(module, search_dirs):
+            name = import_module_name(line.body[0])
+            path = None if name is None else sibling_file(name, search_dirs)
+            if path is not None:
+                files.add(path.resolve())
+    return files

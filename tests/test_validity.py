@@ -1,0 +1,115 @@
+"""Static validity rules: candidates that cannot be the user's bug are never run."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+from reprocut.model.case import Signature
+from reprocut.source.fixed_point import SourceReducer
+from reprocut.source.passes import PassContext
+from reprocut.source.validity import Rules, builds_on_cpu, launches
+
+ILLEGAL = Signature("RuntimeError", 700, None, "an illegal memory access was encountered")
+MEMORY = Rules(memory_fault=True)
+
+# a stand-in for a CuPy launch: `kernel(grid, block, (pointers...))`
+BEST = """\
+import torch
+
+def kernel(grid, block, args):
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+ids = torch.randint(0, 1 << 20, (64,), device="cuda")
+table = torch.randn(1000, 16, device="cuda")
+out = torch.empty(64, 16, device="cuda")
+kernel((64,), (16,), (ids.data_ptr(), table.data_ptr(), out.data_ptr(), 1000))
+"""
+
+
+def _variant(old: str, new: str) -> str:
+    assert old in BEST
+    return BEST.replace(old, new)
+
+
+def test_a_cpu_tensors_pointer_handed_to_a_launch_is_rejected() -> None:
+    candidate = _variant('out = torch.empty(64, 16, device="cuda")', "out = torch.empty(64, 16)")
+    assert MEMORY.rejects(candidate, BEST) == ["a CPU tensor's pointer: out.data_ptr()"]
+
+
+def test_a_temporarys_pointer_is_rejected() -> None:
+    candidate = _variant("out.data_ptr()", 'torch.empty(64, 16, device="cuda").data_ptr()')
+    broken = MEMORY.rejects(candidate, BEST)
+    assert broken == ['the pointer of a temporary: torch.empty(64, 16, device="cuda").data_ptr()']
+
+
+def test_moving_a_tensor_off_its_device_and_changing_the_grid_are_rejected() -> None:
+    moved = _variant("ids.data_ptr()", "ids.cpu().data_ptr()")
+    assert "moved off its device: ids.cpu()" in MEMORY.rejects(moved, BEST)
+    regridded = _variant("kernel((64,), (16,)", "kernel((1,), (16,)")
+    assert MEMORY.rejects(regridded, BEST) == ["launch kernel[(1,), (16,)]"]
+
+
+def test_a_smaller_table_or_fewer_rows_on_the_device_are_allowed() -> None:
+    smaller = _variant("torch.randn(1000, 16,", "torch.randn(10, 16,")
+    assert MEMORY.rejects(smaller, BEST) == []
+    assert Rules().rejects(_variant("out = torch.empty(64, 16, device=\"cuda\")",
+                                    "out = torch.empty(64, 16)"), BEST) == []  # fmt: skip
+
+
+def test_a_cpu_tensor_as_a_triton_argument_is_rejected() -> None:
+    best = 'x = torch.ones(8, device="cuda")\nadd_one[(1,)](x, 8)\n'
+    candidate = "x = torch.ones(8)\nadd_one[(1,)](x, 8)\n"
+    assert MEMORY.rejects(candidate, best) == ["a CPU tensor handed to add_one: x"]
+    import libcst as cst
+
+    (launch,) = launches(cst.parse_module(best))
+    assert (launch.kernel, launch.config) == ("add_one", "(1,)")
+    assert builds_on_cpu(cst.parse_expression('x.to("cpu")'))
+    assert not builds_on_cpu(cst.parse_expression("torch.zeros(3, device=x.device)"))
+
+
+def test_a_custom_op_must_stay_registered_and_called() -> None:
+    rules = Rules(custom_op="demo::f", op_functions=("f",))
+    best = '@torch.library.custom_op("demo::f", mutates_args=())\ndef f(x): raise E\nf(x)\n'
+    assert rules.rejects("raise E\n", best) == ["demo::f no longer registered",
+                                                "demo::f no longer called"]  # fmt: skip
+    assert rules.rejects(best.replace("f(x)\n", "raise E\n"), best) == ["demo::f no longer called"]
+
+
+def test_the_reducer_never_runs_a_candidate_the_rules_reject() -> None:
+    """Every candidate of the stand-in 'fails the same way'; only the valid one is taken."""
+    checked: list[str] = []
+    bad = _variant('out = torch.empty(64, 16, device="cuda")', "out = torch.empty(64)")
+    good = _variant("torch.randn(1000, 16,", "torch.randn(10, 16,")
+
+    def check(code: str) -> Signature:
+        checked.append(code)
+        return ILLEGAL
+
+    def offer(best: str, context: PassContext) -> Generator[str, Any, None]:
+        yield bad
+        yield good
+
+    reducer = SourceReducer(best=BEST, expected=ILLEGAL, check=check, context=PassContext(),
+                            passes=(offer,), rules=MEMORY)  # fmt: skip
+    reducer.run()
+    assert bad not in checked
+    assert reducer.best == good
+    assert reducer.rejected == {"a CPU tensor's pointer: out.data_ptr()": 1}
+
+
+def test_a_cupy_launch_whose_arguments_are_bound_to_a_name_is_checked() -> None:
+    """As the hashed-ids kernel launches: `args = (cupy.asarray(ids), ...)`, `k(grid, block, args)`."""
+    best = (
+        'ids = torch.randint(0, 9, (4, 2), device="cuda")\n'
+        'out = torch.empty(4, 8, device="cuda")\n'
+        "args = (cupy.asarray(ids), cupy.asarray(out), np.int32(4))\n"
+        "_KERNEL((1,), (128,), args)\n"
+    )
+    on_cpu = best.replace(
+        'torch.randint(0, 9, (4, 2), device="cuda")', "torch.randint(0, 9, (4, 2))"
+    )
+    assert MEMORY.rejects(on_cpu, best) == ["a CPU tensor handed to _KERNEL: ids"]
+    regridded = best.replace("_KERNEL((1,), (128,), args)", "_KERNEL((1,), (1,), args)")
+    assert MEMORY.rejects(regridded, best) == ["launch _KERNEL[(1,), (1,)]"]
