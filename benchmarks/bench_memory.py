@@ -206,10 +206,17 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        partial = options.out / f"memory-{options.device}.partial.jsonl"
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text("")
+        results = []
         with ThreadPoolExecutor(options.jobs) as pool:
-            results = list(
-                pool.map(lambda c: record_case(c, options.device, work, options.timeout), cases)
-            )
+            for result in pool.map(
+                lambda c: record_case(c, options.device, work, options.timeout), cases
+            ):
+                results.append(result)  # each case as it ends: a timeout keeps what was seen
+                with partial.open("a") as sink:
+                    sink.write(json.dumps(result, default=str) + "\n")
         try:  # the cases' figures are kept even when the overhead run fails
             cost = overhead("gpu_bound.py", options.device, options.repeats, work)
         except (AssertionError, subprocess.SubprocessError) as exc:
@@ -227,6 +234,7 @@ def main() -> None:
         json.dumps({"meta": meta, "cases": results, "overhead": cost}, indent=2, default=str)
     )
     stem.with_suffix(".md").write_text(render(meta, results, cost))
+    partial.unlink()
     print(render(meta, results, cost))
 
 
