@@ -158,15 +158,16 @@ def inductor_evidence(output: str) -> tuple[str | None, str | None, str | None]:
     the kernel's name would stand, so the name is read from that file, whose `def` encloses the
     line (Inductor leaves its cache on disk)."""
     assertion = _INDUCTOR_ASSERT.search(output)
-    kernels = _ASSERTING_KERNEL.findall(output)[:1] or _KERNEL_NAME.findall(output)
+    named = _ASSERTING_KERNEL.findall(output)[:1]
+    kernels = named or _KERNEL_NAME.findall(output)
     cache = list(_CACHE_FILE.finditer(output))
     asserting = _ASSERT_SITE.search(output)
     kernel_file = cache[-1]["file"] if cache else None  # the deepest: the kernel's own file
     if asserting:
         kernel_file = asserting["file"]
-        defined = kernel_defined_at(Path(kernel_file), int(asserting["line"]))
-        if defined and not _ASSERTING_KERNEL.search(output):
-            kernels = [defined]
+        if not named:  # the file is read only when the assert's line names no kernel
+            defined = kernel_defined_at(Path(kernel_file), int(asserting["line"]))
+            kernels = [defined] if defined else kernels
     return (
         kernels[-1] if kernels else None,  # the asserting one, else the traceback's deepest
         assertion.group(0).strip() if assertion else None,
