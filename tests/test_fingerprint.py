@@ -162,11 +162,14 @@ def test_walk_back_to_the_last_candidate_whose_fingerprint_matches(tmp_path, mon
     assert target is not None
     failure = Failure("outside-dispatcher", ErrorInfo("RuntimeError", "illegal"), ILLEGAL)
     outcome = Outcome(code="", statements=1, tensor_elements=None, checks=5, sidecar=False)
+    probes: dict[Path, Evidence] = {}
     chosen, verified, walked = walk_back_to_fingerprint(
         log, outcome, failure, target, render=lambda case, inputs: ("", ()), inputs={},
-        runs=2, timeout=60, out=out,
+        runs=2, timeout=60, out=out, probes=probes,
     )  # fmt: skip
     assert walked.chosen is not None and walked.chosen.index == 2
+    # the chosen candidate's memcheck is kept, so the repro's findings need no second run
+    assert probes[walked.chosen.path].status == "found"
     assert verified is not None and verified.reproduced == 2
     assert "# candidate 2" in (out / "repro.py").read_text() == chosen.code
 

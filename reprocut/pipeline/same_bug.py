@@ -12,6 +12,7 @@ plain runs compare its error code or type and kind, the shrinker's checks the op
 
 from __future__ import annotations
 
+import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from reprocut.check.fingerprint import compare, memory_fingerprint
-from reprocut.check.sanitizer import Evidence, attach, run_memcheck, wants_evidence
+from reprocut.check.sanitizer import LOG_NAME, Evidence, attach, run_memcheck, wants_evidence
 from reprocut.check.verify import Verification, verify
 from reprocut.model.errors import ExitCode
 from reprocut.model.fingerprint import MemoryFingerprint, SameBug, signature_fingerprint
@@ -89,19 +90,22 @@ def walk_back_to_fingerprint(
     runs: int,
     timeout: float,
     out: Path,
+    probes: dict[Path, Evidence] | None = None,
 ) -> tuple[Outcome, Verification | None, WalkBack]:
     """The latest accepted candidate whose memcheck fingerprint is the original's (one memcheck
-    run a probe, a binary search) and that verifies; the repro is left as it is if none."""
+    run a probe, a binary search) and that verifies; the repro is left as it is if none.
+    `probes` gets each probed candidate's memcheck evidence, by its path."""
     seen: dict[Path, Verification] = {}
+    probed = {} if probes is None else probes
     op = failure.signature.op
 
     def matches(script: Path) -> bool:
         if script.name == f"{0:04d}.py":  # the unshrunk failure: its fingerprint is the original
             return True
-        found = memory_fingerprint(
-            run_memcheck(script, timeout=timeout, kernel=failure.kernel, log=script.with_suffix(".log")),
-            op,
-        )  # fmt: skip
+        probed[script] = run_memcheck(
+            script, timeout=timeout, kernel=failure.kernel, log=script.with_suffix(".log")
+        )
+        found = memory_fingerprint(probed[script], op)
         return found is not None and target.same_bug(found)
 
     def verifies(script: Path) -> bool:
@@ -121,10 +125,17 @@ def walk_back_to_fingerprint(
 
 def recheck_after_walk_back(
     repro: Path, failure: Failure, original: Future[Evidence] | None, *, timeout: float,
-    note: str,
+    note: str, probed: Evidence | None = None,
 ) -> tuple[Evidence, SameBug]:  # fmt: skip
-    """memcheck on the repro written by the walk-back, its findings attached."""
-    evidence = run_memcheck(repro, timeout=timeout, kernel=failure.kernel)
+    """memcheck's findings on the repro written by the walk-back, attached: those of its probe
+    when the walk-back ran memcheck on that very code (its log copied beside the repro), else
+    from a run of its own (the unshrunk candidate is never probed)."""
+    if probed is not None and probed.log is not None:
+        saved = repro.with_name(LOG_NAME)
+        shutil.copyfile(probed.log, saved)
+        evidence = replace(probed, log=str(saved))
+    else:
+        evidence = run_memcheck(repro, timeout=timeout, kernel=failure.kernel)
     attach(repro, evidence)
     return evidence, replace(memcheck_same_bug(failure, original, evidence), note=note)
 
@@ -166,9 +177,10 @@ def same_bug_after_verification(
         return outcome, verification, evidence, same
     print_phase(console, "repro.py is another memory fault: walking back to the original's")
     target = MemoryFingerprint.from_json(same.original)
+    probes: dict[Path, Evidence] = {}
     chosen, verified, walked = walk_back_to_fingerprint(
         log, outcome, failure, target, render=render, inputs=inputs, runs=runs,
-        timeout=timeout, out=out,
+        timeout=timeout, out=out, probes=probes,
     )  # fmt: skip
     if walked.chosen is None or verified is None:
         note = f"walking back found no candidate with the original's fingerprint ({walked.reason})"
@@ -176,5 +188,8 @@ def same_bug_after_verification(
     note = (f"walked back to accepted candidate {walked.chosen.index} of {walked.candidates - 1}: "
             "the latest whose memcheck fingerprint is the original's")  # fmt: skip
     repro = out / "repro.py"
-    evidence, same = recheck_after_walk_back(repro, failure, original, timeout=timeout, note=note)
+    evidence, same = recheck_after_walk_back(
+        repro, failure, original, timeout=timeout, note=note,
+        probed=probes.get(walked.chosen.path),
+    )  # fmt: skip
     return replace(chosen, code=repro.read_text()), verified, evidence, same
