@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from reprocut.check.plainrun import PlainRunner
-from reprocut.check.verify import RunOutcome, Verification, verify
+from reprocut.check.verify import RunOutcome, Verification, run_plain, verify
 from reprocut.model.case import Signature, TensorSpec, spec_from_json
 from reprocut.model.compiled import compile_environment
 from reprocut.model.errors import ExitCode
@@ -64,7 +64,9 @@ class CompileOnlyCheck:
             if compiled is None or not compiled.matches(self.expected):
                 return compiled
             eager = self.eager.run(self.path, argv=self.argv, cwd=self.cwd, timeout=self.timeout)
-            return compiled if eager.returncode == 0 else _signature(eager)
+            # failing eagerly as well, it is not a failure only the compiler shows, whatever
+            # the eager error is: never the expected signature
+            return compiled if eager.returncode == 0 else None
 
     def close(self) -> None:
         self.compiled.close()
@@ -113,8 +115,7 @@ def shrink_compile_only(
     atomic_write(repro, code)
     verification = verify(repro, failure.signature, runs=runs, timeout=timeout * 2,
                           env=compile_environment(compiled=True))  # fmt: skip
-    with PlainRunner(compile_environment(compiled=False)) as eager_runner:
-        eager = eager_runner.run(repro, timeout=timeout * 2)
+    eager = run_plain(repro, timeout=timeout * 2, env=compile_environment(compiled=False))
     if eager.returncode != 0:  # it fails without the compiler too: not a compile-only repro
         verification = Verification(verification.runs, 0, verification.outcomes)
     outcome = Outcome(
