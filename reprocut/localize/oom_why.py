@@ -79,10 +79,6 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _spec_bytes(spec: TensorSpec) -> int:
-    return spec.numel * to_dtype(spec.dtype).itemsize
-
-
 def _base(op: str | None) -> str:
     return (op or "").removeprefix("aten::").split(".")[0].rstrip("_")
 
@@ -170,8 +166,3 @@ def request_alone_too_big(
     if device == "cpu":
         return cpu_refused
     return device_total is not None and requested > device_total
-
-
-def spec_sizes(specs: list[TensorSpec]) -> int:
-    """Bytes of the given inputs (each as if contiguous)."""
-    return sum(_spec_bytes(s) for s in specs)

@@ -14,7 +14,6 @@ import json
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 from reprocut.model.cell_code import translate_cell
 from reprocut.model.errors import ReprocutError
@@ -53,9 +52,6 @@ class NotebookPlace:
             shown = shown[len(base.rstrip(os.sep)) + 1 :]
         number = f" (In [{self.number}])" if self.number is not None else ""
         return f"{shown}, cell {self.cell}{number}, line {self.line}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"notebook": self.notebook, "cell": self.cell, "number": self.number}
 
 
 def is_notebook(path: str | os.PathLike[str]) -> bool:

@@ -31,10 +31,6 @@ _CUDA_REQUEST = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
 _CUDA_DEVICE = re.compile(
     r"total capacity of ([\d.]+) (B|KiB|MiB|GiB|TiB) of which ([\d.]+) (B|KiB|MiB|GiB|TiB) is free"
 )
-_CUDA_PYTORCH = re.compile(
-    r"([\d.]+) (B|KiB|MiB|GiB|TiB) is allocated by PyTorch, and ([\d.]+) (B|KiB|MiB|GiB|TiB) "
-    r"is reserved by PyTorch but unallocated"
-)
 
 
 def is_out_of_memory(error_type: str, message: str) -> bool:
@@ -66,15 +62,6 @@ def device_figures(message: str) -> tuple[int | None, int | None]:
         return None, None
     total, total_unit, free, free_unit = match.groups()
     return _bytes(total, total_unit), _bytes(free, free_unit)
-
-
-def pytorch_figures(message: str) -> tuple[int | None, int | None]:
-    """(allocated, reserved but unallocated) bytes, as the CUDA OOM message gives them."""
-    match = _CUDA_PYTORCH.search(message)
-    if not match:
-        return None, None
-    allocated, allocated_unit, cached, cached_unit = match.groups()
-    return _bytes(allocated, allocated_unit), _bytes(cached, cached_unit)
 
 
 def format_bytes(count: int | float | None) -> str:

@@ -162,7 +162,6 @@ def shrink_recording(
     with shrink_display(console, enabled=show) as shown:
         phases = Phases(shown)
         with phases.phase(READ):
-            failure = failure or run_dir.read_failure()
             _refuse(failure, settings)
         fallback = ""
         if applies(failure) and not settings.source:

@@ -58,9 +58,3 @@ def empty_case(case: ReproCase, *, backward: bool = False) -> ReproCase | None:
             return None
         new = new.with_arg(path, _empty_spec(spec, grad=not backward))
     return new
-
-
-def is_empty_case(case: ReproCase) -> bool:
-    """Every input of `case` is value-less (as `empty_case` makes them)."""
-    specs = [spec for _, spec in case.tensors()]
-    return bool(specs) and all(spec.values in (EMPTY, ZEROS) for spec in specs)
