@@ -108,7 +108,11 @@ class SourceReducer:
         if rules is None:
             return []
         dirs = self.context.search_dirs
-        extra = (sibling_text(candidate, dirs), sibling_text(self.best, dirs))
+        extra = (  # the siblings only matter to the custom-op rule: read only for it
+            (sibling_text(candidate, dirs), sibling_text(self.best, dirs))
+            if rules.custom_op
+            else ("", "")
+        )
         return rules.rejects(candidate, self.best, extra=extra, pass_name=self.current_pass)
 
     def out_of_budget(self, in_flight: int = 0) -> str | None:

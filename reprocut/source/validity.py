@@ -22,6 +22,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import libcst as cst
@@ -205,9 +206,8 @@ class Rules:
 
     def violations(self, code: str, extra: str = "", pass_name: str = "") -> Counter[str]:
         """What the candidate breaks (`extra`: the sibling modules it still imports)."""
-        try:
-            module = cst.parse_module(code)
-        except cst.ParserSyntaxError:
+        module = parse(code)
+        if module is None:
             return Counter()
         found: Counter[str] = Counter()
         if self.memory_fault:
@@ -232,7 +232,7 @@ class Rules:
         """The rules the candidate breaks that the best keeps (a launch whose grid or block
         changed shows as one the best does not make). `extra`: (candidate's, best's) siblings."""
         mine = self.violations(candidate, extra[0], pass_name)
-        theirs = self.violations(best, extra[1], pass_name)
+        theirs = _best_violations(self, best, extra[1], pass_name)
         broken = [
             v for v, n in mine.items() if n > theirs.get(v, 0) and not v.startswith("launch ")
         ]
@@ -243,29 +243,31 @@ class Rules:
         return broken
 
 
-def sibling_text(code: str, search_dirs: tuple[Path, ...]) -> str:
-    """The text of the user's modules `code` still imports (not inlined yet)."""
-    try:
-        module = cst.parse_module(code)
-    except cst.ParserSyntaxError:
-        return ""
-    texts = []
+@lru_cache(maxsize=16)
+def _best_violations(rules: Rules, best: str, extra: str, pass_name: str) -> Counter[str]:
+    """The best's violations, read only: the best changes seldom, every candidate is held
+    against it."""
+    return rules.violations(best, extra, pass_name)
+
+
+def sibling_paths(code: str, search_dirs: Sequence[Path]) -> Iterator[Path]:
+    """The files of the user's modules `code` imports (not inlined yet)."""
+    module = parse(code)
+    if module is None:
+        return
     for line in sibling_imports(module, search_dirs):
         name = import_module_name(line.body[0])
         path = None if name is None else sibling_file(name, search_dirs)
         if path is not None:
-            texts.append(path.read_text())
-    return "\n".join(texts)
+            yield path
+
+
+def sibling_text(code: str, search_dirs: tuple[Path, ...]) -> str:
+    """The text of the user's modules `code` still imports (not inlined yet)."""
+    return "\n".join(path.read_text() for path in sibling_paths(code, search_dirs))
 
 
 def reducible_files(script_path: Path, search_dirs: Sequence[Path]) -> set[Path]:
     """The script and the sibling modules it imports: the code the reducer edits."""
-    files = {script_path.resolve()}
-    module = parse(script_path.read_text())
-    if module is not None:
-        for line in sibling_imports(module, search_dirs):
-            name = import_module_name(line.body[0])
-            path = None if name is None else sibling_file(name, search_dirs)
-            if path is not None:
-                files.add(path.resolve())
-    return files
+    paths = sibling_paths(script_path.read_text(), search_dirs)
+    return {script_path.resolve(), *(path.resolve() for path in paths)}
