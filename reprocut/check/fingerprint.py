@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from reprocut.check.memcheck import MemcheckError, TensorRange
+from reprocut.check.memcheck import MemcheckError, TensorRange, nearest_tensor
 from reprocut.check.sanitizer import Evidence
 from reprocut.model.fingerprint import (
     BEFORE_START,
@@ -52,13 +52,7 @@ def relation(error: MemcheckError, tensors: Sequence[TensorRange]) -> tuple[str 
 def _nearest_tensor(address: int | None, tensors: Sequence[TensorRange]) -> TensorRange | None:
     if address is None or not tensors:
         return None
-
-    def distance(t: TensorRange) -> int:
-        if address < t.storage_start:
-            return t.storage_start - address
-        return 0 if address < t.storage_end else address - t.storage_end + 1
-
-    return min(tensors, key=distance)
+    return nearest_tensor(address, tensors)
 
 
 def memory_fingerprint(evidence: Evidence | None, op: str | None) -> MemoryFingerprint | None:

@@ -275,7 +275,7 @@ def describe(error: MemcheckError, tensors: Sequence[TensorRange]) -> str:
     address = error.address
     where = f"at {hex(address)}"
     if tensors:
-        best = min(tensors, key=lambda t: _distance(address, t))
+        best = nearest_tensor(address, tensors)
         if best.storage_start <= address < best.storage_end:
             offset = address - best.storage_start
             where = f"{human_bytes(offset)} into the {human_bytes(best.storage_bytes)} storage of {best.label()}"
@@ -287,6 +287,11 @@ def describe(error: MemcheckError, tensors: Sequence[TensorRange]) -> str:
             where = f"at {human_bytes(address - best.storage_end)} after the end of {best.label()}"
     problem = "" if error.problem in (None, "out of bounds") else f" ({error.problem})"
     return f"{verb}{size} {where}{problem}"
+
+
+def nearest_tensor(address: int, tensors: Sequence[TensorRange]) -> TensorRange:
+    """The tensor whose storage holds `address`, else the one it falls closest to."""
+    return min(tensors, key=lambda tensor: _distance(address, tensor))
 
 
 def _distance(address: int, tensor: TensorRange) -> int:

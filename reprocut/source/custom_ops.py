@@ -13,7 +13,7 @@ are, so the repro builds the op itself from an empty folder.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import libcst as cst
@@ -58,7 +58,7 @@ def _defined(statement: cst.CSTNode) -> set[str]:
     if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
         return {statement.name.value}
     names: set[str] = set()
-    for node in _walk(statement):
+    for node in walk(statement):
         if isinstance(node, cst.ImportAlias):
             target = node.asname.name if node.asname else node.name
             if isinstance(target, cst.Name):
@@ -67,20 +67,21 @@ def _defined(statement: cst.CSTNode) -> set[str]:
                 names.add(cst.Module([]).code_for_node(target).split(".")[0])
         elif isinstance(node, (cst.AssignTarget, cst.AnnAssign)):
             target = node.target
-            for inner in _walk(target):
+            for inner in walk(target):
                 if isinstance(inner, cst.Name):
                     names.add(inner.value)
     return names
 
 
 def _used(statement: cst.CSTNode) -> set[str]:
-    return {node.value for node in _walk(statement) if isinstance(node, cst.Name)}
+    return {node.value for node in walk(statement) if isinstance(node, cst.Name)}
 
 
-def _walk(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
+def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """`node` and every node below it, depth first."""
     yield node
     for child in node.children:
-        yield from _walk(child)
+        yield from walk(child)
 
 
 def _is_script_entry(statement: cst.CSTNode) -> bool:

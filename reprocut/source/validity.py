@@ -27,7 +27,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from reprocut.source.custom_ops import registers
+from reprocut.source.custom_ops import registers, walk
 from reprocut.source.passes import import_module_name, parse, sibling_file, sibling_imports
 
 # passes allowed to change a launch's grid or block (none of today's passes is one)
@@ -41,12 +41,6 @@ _EMPTY = cst.Module([])
 
 def _code(node: cst.CSTNode) -> str:
     return _EMPTY.code_for_node(node)
-
-
-def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    yield node
-    for child in node.children:
-        yield from _walk(child)
 
 
 def _is_cpu_string(node: cst.BaseExpression) -> bool:
@@ -78,7 +72,7 @@ def builds_on_cpu(value: cst.BaseExpression) -> bool:
 def _bindings(module: cst.Module) -> dict[str, list[cst.BaseExpression]]:
     """Every value each plain name is assigned, anywhere in the module."""
     bound: dict[str, list[cst.BaseExpression]] = {}
-    for node in _walk(module):
+    for node in walk(module):
         if isinstance(node, cst.Assign):
             for target in node.targets:
                 if isinstance(target.target, cst.Name):
@@ -100,7 +94,7 @@ def launches(module: cst.Module) -> list[Launch]:
     or a name bound to one)."""
     bound = _bindings(module)
     found = []
-    for node in _walk(module):
+    for node in walk(module):
         if not isinstance(node, cst.Call):
             continue
         if isinstance(node.func, cst.Subscript):
@@ -149,7 +143,7 @@ def pointer_problems(module: cst.Module) -> list[str]:
         values = bound.get(name, [])
         return bool(values) and all(builds_on_cpu(v) for v in values)
 
-    for node in _walk(module):
+    for node in walk(module):
         if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)):
             continue
         if node.func.attr.value != "data_ptr":
@@ -171,7 +165,7 @@ def pointer_problems(module: cst.Module) -> list[str]:
 def device_moves(module: cst.Module) -> list[str]:
     """`.cpu()`, `.to("cpu")`, `device="cpu"`: each a tensor that may leave its device."""
     moves = []
-    for node in _walk(module):
+    for node in walk(module):
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
             if node.func.attr.value == "cpu" or (
                 node.func.attr.value == "to" and node.args and _is_cpu_string(node.args[0].value)
