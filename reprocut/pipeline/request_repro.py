@@ -18,12 +18,14 @@ from rich.console import Console
 
 from reprocut.check.verify import Verification, verify
 from reprocut.model.case import ReproCase
+from reprocut.model.errors import ExitCode
 from reprocut.model.memory import CAUSE_REQUEST
 from reprocut.model.oom import OOM_KIND
 from reprocut.model.recording import Failure, atomic_write
 from reprocut.pipeline.cases import Outcome, _assertion
-from reprocut.pipeline.phases import VERIFY, Phases
+from reprocut.pipeline.phases import READ, VERIFY, Phases
 from reprocut.report.display.shrink import print_phase
+from reprocut.report.markdown import collect_environment
 from reprocut.shrink.emitter import emit
 from reprocut.shrink.empty_inputs import empty_case
 from reprocut.shrink.header import Environment, Header
@@ -45,8 +47,7 @@ class RequestRepro:
 
     @property
     def verified(self) -> bool:
-        runs = self.verification.runs
-        return runs > 0 and self.verification.reproduced == runs
+        return self.verification.exit_code == ExitCode.OK
 
     def note(self) -> str:
         """The line report.md gives the path taken."""
@@ -101,7 +102,6 @@ def header_notes(failure: Failure) -> tuple[str, ...]:
 def request_repro(
     failure: Failure,
     out: Path,
-    environment: Environment,
     *,
     runs: int,
     timeout: float,
@@ -109,10 +109,13 @@ def request_repro(
     console: Console,
 ) -> RequestRepro | None:
     """Write repro.py as the failing op on empty inputs and verify it; None when the op has
-    no value-less form (the caller shrinks the captured call)."""
+    no value-less form (the caller shrinks the captured call). The environment is gathered
+    only once there is such a form; the caller reuses it when it shrinks after all."""
     case = _value_less_case(failure)
     if case is None:
         return None
+    with phases.phase(READ):
+        environment = collect_environment(failure)
     on_cpu = all(spec.device == "cpu" for _, spec in case.tensors())
     header = Header(
         expected=failure.signature,

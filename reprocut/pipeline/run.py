@@ -163,7 +163,7 @@ def shrink_recording(
         phases = Phases(shown)
         with phases.phase(READ):
             _refuse(failure, settings)
-        fallback = ""
+        fallback, environment = "", None
         if applies(failure) and not settings.source:
             fast = _request_repro(run_dir, failure, settings, phases, console)
             if fast is not None and fast.verified:
@@ -175,7 +175,7 @@ def shrink_recording(
                     environment=fast.environment, notes=(fast.note(),), path=PATH_EMPTY_INPUTS,
                 )  # fmt: skip
             if fast is not None:
-                fallback = fast.fallback_note()
+                fallback, environment = fast.fallback_note(), fast.environment
                 print_line(console, f"[yellow]note[/]: {fallback}")
         with phases.phase(READ):
             oracle = _fit_oracle(oracle, failure, settings)
@@ -186,7 +186,7 @@ def shrink_recording(
                                    max_seconds=settings.time_limit(script=_is_source(failure, settings)) * PLAIN_SHARE)  # fmt: skip
             on_event = log.watch(shown)
             try:
-                inputs, environment = _read(run_dir, failure, settings)
+                inputs, environment = _read(run_dir, failure, settings, environment)
             except BaseException:
                 oracle.close(wait=False)
                 raise
@@ -312,10 +312,8 @@ def _request_repro(
     run_dir: RunDir, failure: Failure, settings: ShrinkSettings, phases: Phases, console: Console
 ) -> RequestRepro | None:
     """The value-less repro of an out-of-memory whose request alone is too big, verified."""
-    with phases.phase(READ):
-        environment = collect_environment(failure)
     return request_repro(
-        failure, _out(run_dir, settings), environment, runs=settings.runs,
+        failure, _out(run_dir, settings), runs=settings.runs,
         timeout=settings.timeout * 2, phases=phases, console=console,
     )  # fmt: skip
 
@@ -364,14 +362,14 @@ def _refuse(failure: Failure, settings: ShrinkSettings) -> None:
 
 
 def _read(
-    run_dir: RunDir, failure: Failure, settings: ShrinkSettings
+    run_dir: RunDir, failure: Failure, settings: ShrinkSettings, environment: Environment | None
 ) -> tuple[dict[str, Any], Environment]:
     """The captured inputs and the environment (gathered beside the inputs: both import torch,
-    and the environment may ask nvidia-smi)."""
+    and the environment may ask nvidia-smi), unless the value-less repro gathered it already."""
     with ThreadPoolExecutor(max_workers=1) as pool:
-        environment = pool.submit(collect_environment, failure)
+        gathered = pool.submit(collect_environment, failure) if environment is None else None
         inputs = {} if _is_source(failure, settings) else load_inputs(run_dir, failure)
-        return inputs, environment.result()
+        return inputs, environment if gathered is None else gathered.result()
 
 
 def _fit_oracle(oracle: Oracle | None, failure: Failure, settings: ShrinkSettings) -> Oracle:
