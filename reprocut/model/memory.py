@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reprocut.model.case import SourceLocation
+from reprocut.model.nonfinite import location_from_json, location_json
 
 # why the allocation failed: the request alone exceeds what the device (or the CPU allocator)
 # could give, or it failed only because other memory was held
@@ -29,14 +30,6 @@ ROLES = (
 )
 
 
-def _location(data: dict[str, Any] | None) -> SourceLocation | None:
-    return None if data is None else SourceLocation(**data)
-
-
-def _location_json(location: SourceLocation | None) -> dict[str, Any] | None:
-    return None if location is None else location.to_json()
-
-
 @dataclass(frozen=True, slots=True)
 class Holder:
     """Live memory made at one line (by one op, in one module)."""
@@ -48,7 +41,7 @@ class Holder:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "line": _location_json(self.line),
+            "line": location_json(self.line),
             "module": self.module,
             "op": self.op,
             "bytes": self.bytes,
@@ -56,7 +49,9 @@ class Holder:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Holder:
-        return cls(_location(data.get("line")), data.get("module"), data.get("op"), data["bytes"])
+        return cls(
+            location_from_json(data.get("line")), data.get("module"), data.get("op"), data["bytes"]
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,25 +88,25 @@ class Leak:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "line": _location_json(self.line),
+            "line": location_json(self.line),
             "op": self.op,
             "bytes_per_step": self.bytes_per_step,
             "text": self.text,
             "retainer": list(self.retainer),
             "fix": self.fix,
-            "kept_at": _location_json(self.kept_at),
+            "kept_at": location_json(self.kept_at),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Leak:
         return cls(
-            line=_location(data.get("line")),
+            line=location_from_json(data.get("line")),
             op=data.get("op"),
             bytes_per_step=data["bytes_per_step"],
             text=data["text"],
             retainer=tuple(data.get("retainer", ())),
             fix=data.get("fix", ""),
-            kept_at=_location(data.get("kept_at")),
+            kept_at=location_from_json(data.get("kept_at")),
         )
 
 

@@ -34,7 +34,7 @@ from reprocut.model.errors import CorruptRecordingError, NoRecordingError
 from reprocut.model.failing_test import FailingTest
 from reprocut.model.job import JobRerun, RankSummary
 from reprocut.model.memory import MemoryReport
-from reprocut.model.nonfinite import NonfiniteOrigin
+from reprocut.model.nonfinite import NonfiniteOrigin, location_from_json, location_json
 
 DEFAULT_ROOT = Path(".reprocut")
 FAILURE_FILE = "failure.json"
@@ -89,14 +89,6 @@ class TensorReport:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TensorReport:
         return cls(data["name"], spec_from_json(data["spec"]), tuple(data.get("facts", ())))
-
-
-def _location(data: dict[str, Any] | None) -> SourceLocation | None:
-    return None if data is None else SourceLocation(**data)
-
-
-def _location_json(location: SourceLocation | None) -> dict[str, Any] | None:
-    return None if location is None else location.to_json()
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +148,9 @@ class Failure:
             "step": self.step,
             "phase": self.phase,
             "module": self.module,
-            "source": _location_json(self.source),
-            "forward_source": _location_json(self.forward_source),
-            "surfaced_at": _location_json(self.surfaced_at),
+            "source": location_json(self.source),
+            "forward_source": location_json(self.forward_source),
+            "surfaced_at": location_json(self.surfaced_at),
             "tensors": [tensor.to_json() for tensor in self.tensors],
             "diagnosis": self.diagnosis,
             "localization": self.localization,
@@ -169,7 +161,7 @@ class Failure:
             "argv": list(self.argv),
             "cwd": self.cwd,
             "env": dict(self.env),
-            "call_site": _location_json(self.call_site),
+            "call_site": location_json(self.call_site),
             "loop": dict(self.loop),
             "frameworks": dict(self.frameworks),
             "run_module": self.run_module,
@@ -197,9 +189,9 @@ class Failure:
             step=data.get("step"),
             phase=data.get("phase"),
             module=data.get("module"),
-            source=_location(data.get("source")),
-            forward_source=_location(data.get("forward_source")),
-            surfaced_at=_location(data.get("surfaced_at")),
+            source=location_from_json(data.get("source")),
+            forward_source=location_from_json(data.get("forward_source")),
+            surfaced_at=location_from_json(data.get("surfaced_at")),
             tensors=tuple(TensorReport.from_json(t) for t in data.get("tensors", ())),
             diagnosis=data.get("diagnosis", ""),
             localization=data.get("localization", ""),
@@ -210,7 +202,7 @@ class Failure:
             argv=tuple(data.get("argv", ())),
             cwd=data.get("cwd", ""),
             env=dict(data.get("env", {})),
-            call_site=_location(data.get("call_site")),
+            call_site=location_from_json(data.get("call_site")),
             loop={str(k): int(v) for k, v in (data.get("loop") or {}).items()},
             frameworks={str(k): str(v) for k, v in (data.get("frameworks") or {}).items()},
             run_module=data.get("run_module"),
