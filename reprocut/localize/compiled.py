@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from reprocut.localize.failure import LocalizeOptions, finish
+from reprocut.localize.failure import LocalizeOptions, error_info, finish, signature_of
 from reprocut.model.case import Signature, SourceLocation
 from reprocut.model.compiled import COMPILE_ONLY, CompiledRun, CompileVerdict
 from reprocut.model.recording import ErrorInfo, Failure
-from reprocut.model.signature import classify, crash_signature, cuda_error_code, parse_assertions
+from reprocut.model.signature import crash_signature
 from reprocut.record.parent.compiled_run import LOG
 from reprocut.record.parent.runner import RunResult
 
@@ -95,15 +95,9 @@ def compile_only(options: LocalizeOptions, first: RunResult, compiled: CompiledR
         signature: Signature = crash_signature(compiled.returncode or 1)
         error = ErrorInfo(type=signature.error_type, message=compiled.describe())
     else:
-        code, name = cuda_error_code(compiled.message)
-        signature = classify(compiled.error_type, compiled.message, stderr)
-        error = ErrorInfo(
-            type=compiled.error_type,
-            message=compiled.message,
-            code=code,
-            name=name,
-            assertions=tuple(a.to_json() for a in parse_assertions(stderr)),
-        )
+        raised = {"type": compiled.error_type, "message": compiled.message}
+        signature = signature_of(raised, stderr, None)
+        error = error_info(raised, stderr)
     frames = user_frames(stderr, options)
     device = "cuda" if error.code is not None or "cuda" in stderr.lower() else "cpu"
     return finish(
