@@ -128,12 +128,7 @@ def shrink_case(
     on_event: Callable[[Any], None],
     phases: Phases,
 ) -> Outcome:
-    header = Header(
-        expected=failure.signature,
-        message=failure.error.message,
-        assertion=_assertion(failure),
-        environment=environment,
-    )
+    header = failure_header(failure, environment)
     with phases.phase(FIRST_CHECK):  # waits for the fork server, if it is still starting
         case, _ = pick_case(failure, inputs, oracle)
     if case is None:
@@ -199,6 +194,25 @@ def _stopped(shrinker: Shrinker, max_checks: int) -> str:
     if not shrinker.exhausted:
         return "fixed point"
     return "max checks" if shrinker.checks >= max_checks else "max time"
+
+
+def failure_header(
+    failure: Failure,
+    environment: Environment,
+    *,
+    cpu_reproduces: bool | None = None,
+    notes: tuple[str, ...] = (),
+) -> Header:
+    """repro.py's header for `failure`: the error it must end in, its message and assertion,
+    the environment."""
+    return Header(
+        expected=failure.signature,
+        message=failure.error.message,
+        assertion=_assertion(failure),
+        environment=environment,
+        cpu_reproduces=cpu_reproduces,
+        notes=notes,
+    )
 
 
 def _assertion(failure: Failure) -> str:

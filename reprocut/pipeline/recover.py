@@ -23,11 +23,11 @@ from reprocut.check.sanitizer import Evidence, attach, evidence_for, run_memchec
 from reprocut.check.verify import Verification, run_plain, verify
 from reprocut.model.errors import ExitCode
 from reprocut.model.recording import Failure
-from reprocut.pipeline.cases import Outcome, _assertion
+from reprocut.pipeline.cases import Outcome, failure_header
 from reprocut.report.display.sanitizer import print_evidence
 from reprocut.report.display.shrink import print_phase
 from reprocut.shrink.emitter import SIDECAR_NAME, count_statements
-from reprocut.shrink.header import Environment, Header
+from reprocut.shrink.header import Environment
 from reprocut.shrink.walkback import (
     ACCEPTED_DIR,
     AcceptedLog,
@@ -100,8 +100,7 @@ def walk_back_outcome(
     if verification.exit_code == ExitCode.OK or not outcome.reproduced_from_capture:
         return outcome, verification, None
     print_phase(console, "repro.py does not verify: walking back through the accepted candidates")
-    header = Header(expected=failure.signature, message=failure.error.message,
-                    assertion=_assertion(failure), environment=environment)  # fmt: skip
+    header = failure_header(failure, environment)
     seen: dict[Path, Verification] = {}
 
     def reproduces(script: Path) -> bool:

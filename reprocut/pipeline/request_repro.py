@@ -22,13 +22,13 @@ from reprocut.model.errors import ExitCode
 from reprocut.model.memory import CAUSE_REQUEST
 from reprocut.model.oom import OOM_KIND
 from reprocut.model.recording import Failure, atomic_write
-from reprocut.pipeline.cases import Outcome, _assertion
+from reprocut.pipeline.cases import Outcome, failure_header
 from reprocut.pipeline.phases import READ, VERIFY, Phases
 from reprocut.report.display.shrink import print_phase
 from reprocut.report.markdown import collect_environment
 from reprocut.shrink.emitter import emit
 from reprocut.shrink.empty_inputs import empty_case
-from reprocut.shrink.header import Environment, Header
+from reprocut.shrink.header import Environment
 
 # how the repro was made (`path` in --json, a line in report.md)
 PATH_EMPTY_INPUTS = "empty-inputs"
@@ -117,11 +117,9 @@ def request_repro(
     with phases.phase(READ):
         environment = collect_environment(failure)
     on_cpu = all(spec.device == "cpu" for _, spec in case.tensors())
-    header = Header(
-        expected=failure.signature,
-        message=failure.error.message,
-        assertion=_assertion(failure),
-        environment=environment,
+    header = failure_header(
+        failure,
+        environment,
         cpu_reproduces=True if on_cpu else None,  # a CUDA request: the CPU's allocator differs
         notes=header_notes(failure),
     )
