@@ -9,21 +9,16 @@ import json
 from rich.console import Console
 
 from reprocut.localize.leak_text import short
-from reprocut.localize.memory import build_report
+from reprocut.localize.memory import build_report, read_memory
 from reprocut.model.errors import ExitCode
 from reprocut.model.recording import RunDir, atomic_write
-from reprocut.record.inside.memory import MEMORY_FILE
 from reprocut.report.display.memory import memory_json, show_memory
 
 REPORT_FILE = "memory_report.json"
 
 
 def report_passed(options: argparse.Namespace, console: Console, run_dir: RunDir) -> ExitCode:
-    try:
-        data = json.loads((run_dir.path / MEMORY_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        data = {}
-    report = build_report(None, data, run_dir.path)
+    report = build_report(None, read_memory(run_dir), run_dir.path)
     atomic_write(run_dir.path / REPORT_FILE, json.dumps(report.to_json(), indent=2))
     meta = run_dir.read_meta()
     meta["leak"] = None if report.leak is None else short(report.leak.line)

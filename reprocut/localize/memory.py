@@ -27,7 +27,7 @@ from reprocut.model.memory import (
     StepMemory,
 )
 from reprocut.model.oom import device_figures, format_bytes, is_out_of_memory, requested_bytes
-from reprocut.model.recording import Failure
+from reprocut.model.recording import Failure, RunDir
 from reprocut.record.inside.memory import MEMORY_FILE
 from reprocut.record.parent.runner import RunRequest, RunResult, run_script
 from reprocut.report.memory_plot import PLOT_FILE, write_plot
@@ -60,8 +60,9 @@ def memory_rerun(options: LocalizeOptions, progress: Progress, why: str) -> RunR
     )
 
 
-def read_memory(options: LocalizeOptions) -> dict[str, Any]:
-    path = options.run_dir.path / MEMORY_FILE
+def read_memory(run_dir: RunDir) -> dict[str, Any]:
+    """What the memory watch wrote into the run folder ({} when it wrote nothing readable)."""
+    path = run_dir.path / MEMORY_FILE
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -80,15 +81,15 @@ def oom_in_light_step(
         failure = from_culprit(options, first, outcome, culprit, second, "rerun")
     else:
         failure = script_error(options, first, error_info(outcome["error"], first.stderr), outcome)
-    return attach(options, failure, read_memory(options))
+    return attach(options, failure, read_memory(options.run_dir))
 
 
 def with_memory(options: LocalizeOptions, failure: Failure, progress: Progress) -> Failure:
     """`failure` (an OOM) with its MemoryReport: from this run's memory watch, or a rerun."""
-    data = read_memory(options) if options.memory else {}
+    data = read_memory(options.run_dir) if options.memory else {}
     if not data.get("failure"):
         memory_rerun(options, progress, f"out of memory in {failure.op or 'the script'}")
-        data = read_memory(options)
+        data = read_memory(options.run_dir)
     return attach(options, failure, data)
 
 
