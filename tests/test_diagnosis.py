@@ -76,3 +76,12 @@ def test_layout_facts_name_what_a_flat_buffer_kernel_gets_wrong():
     transposed = TensorSpec((4, 8), (1, 4), 0, "float32")
     assert layout_facts(transposed) == ("not contiguous: stride (1, 4) for shape (4, 8)",)
     assert layout_facts(TensorSpec((4, 8))) == ()
+
+
+def test_a_custom_op_argument_gets_the_layout_a_flat_buffer_kernel_misreads():
+    """fused::gated (cuda_triton_op_compiled) gets a gate expand()ed over batch and tokens."""
+    gate = torch.zeros(64).expand(2, 8, 64)
+    facts = explain("fused::gated", None, [torch.ones(2, 8, 64), gate], {}).facts
+    assert facts[1] == (
+        "stride 0 in dims 0, 1 (an expand()ed view): 1024 elements over 64 of storage",
+    )

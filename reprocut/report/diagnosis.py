@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from reprocut.model.case import TensorSpec
-from reprocut.model.tensors import to_dtype
+from reprocut.model.tensors import spec_of, to_dtype
 
 INT32_MAX = 2**31 - 1
 
@@ -302,7 +302,7 @@ def layout_facts(spec: TensorSpec) -> tuple[str, ...]:
         if broadcast:
             dims = ", ".join(map(str, broadcast))
             facts.append(
-                f"stride 0 in dim {dims} (an expand()ed view): {spec.numel} elements over "
+                f"stride 0 in dim{'s' if len(broadcast) > 1 else ''} {dims} (an expand()ed view): {spec.numel} elements over "
                 f"{spec.storage_numel} of storage"
             )
         else:
@@ -333,8 +333,8 @@ def _generic_facts(args: Sequence[Any]) -> dict[int | str, tuple[str, ...]]:
         elif value.dtype != torch.bool:
             data = value.detach().to("cpu", torch.int64)
             facts[position] = (f"values in [{int(data.min())}, {int(data.max())}]",)
-        if not value.is_contiguous():
-            facts[position] = (*facts.get(position, ()), "not contiguous")
+        if not value.is_contiguous():  # a kernel walking it as a flat buffer: how it differs
+            facts[position] = (*facts.get(position, ()), *layout_facts(spec_of(value)))
     return facts
 
 
