@@ -194,3 +194,18 @@ def test_the_unshrunk_script_runs_from_accepted_with_its_sibling_modules(tmp_pat
     log.start_source(with_script_dir_on_path(script.read_text(), project))
     seen = run_plain(log.entries[0].path, timeout=60).signature
     assert seen is not None and seen.matches(ILLEGAL, compare_op=False), seen
+
+
+def test_a_memory_fault_gets_the_short_default_limit_even_for_a_captured_call():
+    """Each check of a memory fault's captured call runs the user's kernel on gigabytes:
+    the 120 s a device assert's call may take made a custom op's shrink 160 s on the H200."""
+    from reprocut.pipeline.settings import CASE_TIME, SCRIPT_TIME, ShrinkSettings
+
+    fault = Failure("localized", ErrorInfo("RuntimeError", "illegal"), ILLEGAL)
+    assert_ = Signature("RuntimeError", 710, "aten::embedding", "index out of bounds")
+    device_assert = Failure("localized", ErrorInfo("RuntimeError", "assert"), assert_)
+    settings = ShrinkSettings()
+    assert settings.time_limit(fault, script=False) == SCRIPT_TIME
+    assert settings.time_limit(device_assert, script=False) == CASE_TIME
+    assert settings.time_limit(device_assert, script=True) == SCRIPT_TIME
+    assert ShrinkSettings(max_time=7).time_limit(fault, script=False) == 7

@@ -24,7 +24,8 @@ from reprocut.model.job import culprit_path
 from reprocut.model.memory import CAUSE_HELD
 from reprocut.model.oom import format_bytes
 from reprocut.model.recording import Failure, RunDir
-from reprocut.pipeline.run import ShrinkSettings, Shrunk, shrink_recording
+from reprocut.pipeline.run import Shrunk, shrink_recording
+from reprocut.pipeline.settings import ShrinkSettings
 from reprocut.report.display.console import print_line
 from reprocut.report.display.shrink import print_result
 
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-time",
         type=float,
         default=None,
-        help="seconds of reduction (default 30 for a script, 120 for a captured call)",
+        help="seconds of reduction (default 30 for a script or a memory fault, 120 for another captured call)",
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per check (60)")
     parser.add_argument("--no-fork", action="store_true", help="a fresh python per check")

@@ -52,6 +52,7 @@ from reprocut.pipeline.same_bug import (
     stopped_note,
 )
 from reprocut.pipeline.scripts import shrink_source
+from reprocut.pipeline.settings import PLAIN_SHARE, ShrinkSettings
 from reprocut.report.display.console import print_line
 from reprocut.report.display.shrink import print_phase, shrink_display
 from reprocut.report.markdown import collect_environment, render
@@ -62,34 +63,6 @@ from reprocut.shrink.walkback import AcceptedLog, renderer
 class NothingToShrinkError(ReprocutError):
     slug = "script-error"
     exit_code = ExitCode.SCRIPT_ERROR
-
-
-# the share of --max-time that plain-run confirmations may take; the final verification and
-# the walk-back answer for the candidates accepted after that
-PLAIN_SHARE = 0.2
-# Default limits: a script reduction gets most of its cut from its first passes; at 30 s the
-# H200's fault cases took 46 s median to a verified repro (110-343 s at 300 s).
-SCRIPT_TIME = 30.0
-CASE_TIME = 120.0
-
-
-@dataclass(frozen=True, slots=True)
-class ShrinkSettings:
-    """What a shrink may do (the `reprocut shrink` options)."""
-
-    out: Path | None = None  # default: the run folder
-    max_checks: int = 500
-    max_time: float | None = None  # None: SCRIPT_TIME for a script reduction, else CASE_TIME
-    timeout: float = 60.0  # per check; plain runs get twice that
-    fork: bool = True
-    source: bool = False
-    runs: int = 3
-
-    def time_limit(self, *, script: bool) -> float:
-        """The reduction's time limit: --max-time, else the default for its kind."""
-        if self.max_time is not None:
-            return self.max_time
-        return SCRIPT_TIME if script else CASE_TIME
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +156,7 @@ def shrink_recording(
             agreement, log = agree(oracle, failure, _out(run_dir, settings),
                                    source=_is_source(failure, settings),
                                    timeout=settings.timeout * 2,
-                                   max_seconds=settings.time_limit(script=_is_source(failure, settings)) * PLAIN_SHARE)  # fmt: skip
+                                   max_seconds=settings.time_limit(failure, script=_is_source(failure, settings)) * PLAIN_SHARE)  # fmt: skip
             on_event = log.watch(shown)
             try:
                 inputs, environment = _read(run_dir, failure, settings, environment)
@@ -196,7 +169,7 @@ def shrink_recording(
         finally:
             oracle.close(wait=False)  # its processes end while the plain runs start
             agreement.close()
-        limit = settings.time_limit(script=outcome.from_script)
+        limit = settings.time_limit(failure, script=outcome.from_script)
         for note in stopped_note(outcome, limit, settings.max_checks):
             print_line(console, f"[yellow]note[/]: {note}")
         if oracle.fork_disabled:
@@ -237,11 +210,9 @@ def shrink_recording(
             extra["sanitizer"] = evidence.to_json()
         extra["same_bug"] = same.to_json()
         extra["stopped"] = outcome.stopped
-        extra["limits"] = {"max_time": settings.time_limit(script=outcome.from_script),
-                           "max_checks": settings.max_checks}  # fmt: skip
+        extra["limits"] = {"max_time": limit, "max_checks": settings.max_checks}
         notes = tuple(note for note in (fallback, walked and walked.describe()) if note)
-        notes += stopped_note(outcome, settings.time_limit(script=outcome.from_script),
-                              settings.max_checks)  # fmt: skip
+        notes += stopped_note(outcome, limit, settings.max_checks)
         return _finish(
             run_dir, failure, settings, phases, started,
             outcome=outcome, verification=verification, environment=environment,
@@ -404,8 +375,14 @@ def _shrink(
 ) -> Outcome:
     """The captured call, shrunk; or the script, reduced (`log`: the accepted candidates,
     started afresh from the script when the captured call does not reproduce)."""
-    script = {"max_checks": settings.max_checks, "max_time": settings.time_limit(script=True)}
-    limits = {"max_checks": settings.max_checks, "max_time": settings.time_limit(script=False)}
+    script = {
+        "max_checks": settings.max_checks,
+        "max_time": settings.time_limit(failure, script=True),
+    }
+    limits = {
+        "max_checks": settings.max_checks,
+        "max_time": settings.time_limit(failure, script=False),
+    }
     if _is_source(failure, settings):
         if not failure.cases and not settings.source and failure.status != "outside-dispatcher":
             print_phase(console, "no captured call to shrink: reducing the script instead")
