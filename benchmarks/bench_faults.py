@@ -23,6 +23,7 @@ import argparse
 import ast
 import datetime as dt
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -41,6 +42,7 @@ from benchmarks.corpus_cases import CORPUS, CorpusCase, load_cases
 from benchmarks.corpus_score import CaseScore, RunOutput, score_case
 from benchmarks.faults_table import FaultRow, Reduced, matches_truth, repros_folder, write
 from benchmarks.run_corpus import environment, record_command, run_json
+from reprocut.check.verify import run_plain
 from reprocut.model.case import Signature
 
 CASES = (  # the memory faults and the custom ops (the cuBLAS status cases: --cases)
@@ -98,6 +100,19 @@ def plain_verified(script: Path, argv: tuple[str, ...], source: SourceCase, time
     return seen is not None and seen.matches(source.expected)
 
 
+def repro_run(repro: Path, source: SourceCase, timeout: float) -> tuple[bool, str]:
+    """`python repro.py` as a user runs it (its own interpreter, teardown and all, no
+    CUDA_LAUNCH_BLOCKING): does it fail with the signature; if not, what it did instead."""
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("CUDA_LAUNCH_BLOCKING", None)
+    outcome = run_plain(repro, timeout=timeout, env=env)
+    if outcome.signature is not None and outcome.signature.matches(source.expected):
+        return True, ""
+    ended = "timed out" if outcome.returncode is None else f"exit {outcome.returncode}"
+    seen = outcome.signature.describe() if outcome.signature else "no failure signature"
+    return False, f"{ended}, {seen}; stderr ends: {outcome.stderr_tail[-600:]}"
+
+
 def shrink_command(run_dir: str, out: Path, max_time: float | None) -> list[str]:
     """`reprocut shrink`, at its defaults unless a limit is given."""
     limit = [] if max_time is None else ["--max-time", str(int(max_time))]
@@ -116,9 +131,9 @@ def run_reprocut_shrink(
     code = repro.read_text() if repro.exists() else None
     runs = data.get("verified")
     runs_text = f"{runs.get('reproduced')}/{runs.get('runs')}" if isinstance(runs, dict) else ""
-    verified = None
+    verified, plain_note = None, ""
     if repro.exists() and source is not None:
-        verified = plain_verified(repro, (), source, options.check_timeout * 2)
+        verified, plain_note = repro_run(repro, source, options.check_timeout * 2)
     status = "killed at the harness limit" if shrunk.timed_out else str(data.get("status", "?"))
     phases = data.get("phases") or {}
     reduce = phases.get("source_reduce", phases.get("shrink"))
@@ -135,6 +150,7 @@ def run_reprocut_shrink(
         same_bug=data.get("same_bug") or {},
         stopped=str(data.get("stopped") or ""),
         limits=data.get("limits") or {},
+        plain_note=plain_note,
     )
 
 

@@ -146,12 +146,12 @@ def _check_fingerprint(path: Path, fingerprint: dict[str, Any] | None) -> None:
 
     if fingerprint is None:
         return
-    if not fingerprint.get("kernel") or fingerprint.get("access") not in (
-        "read",
-        "write",
-        "atomic",
-    ):
-        raise CaseFormatError(f"{path}: [expected.fingerprint] needs a kernel and an access")
+    access = fingerprint.get("access")
+    kinds = access if isinstance(access, list) else [access]
+    if not fingerprint.get("kernel") or not kinds or not set(kinds) <= {"read", "write", "atomic"}:
+        raise CaseFormatError(
+            f"{path}: [expected.fingerprint] needs a kernel and an access (or a list of them)"
+        )
     if fingerprint.get("relation") not in RELATIONS:
         raise CaseFormatError(f"{path}: fingerprint relation must be one of {RELATIONS}")
 

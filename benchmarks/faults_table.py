@@ -36,6 +36,7 @@ class Reduced:
     same_bug: dict[str, Any] = field(default_factory=dict)  # shrink's `same_bug`
     stopped: str = ""  # what ended the reduction ("fixed point", "max time", ...)
     limits: dict[str, Any] = field(default_factory=dict)  # the limits shrink ran with
+    plain_note: str = ""  # the harness's own plain run, when it did not fail as expected
 
 
 @dataclass(frozen=True)
@@ -70,14 +71,17 @@ class FaultRow:
 
 def matches_truth(expected: dict[str, Any], original: dict[str, Any] | None) -> bool | None:
     """Is the original's memcheck fingerprint the one case.toml expects (kernel, the relation's
-    class as shrink compares it, an access kind among those printed)? None: nothing to compare."""
+    class as shrink compares it, an access kind among those printed; case.toml may list more
+    than one kind where the bug makes both)? None: nothing to compare."""
     if not expected or not original:
         return None
     kinds = set(original.get("accesses") or [original.get("access")])
+    allowed = expected.get("access")
+    allowed = set(allowed) if isinstance(allowed, list) else {allowed}
     return (
         original.get("kernel") == expected.get("kernel")
         and location_class(original.get("relation")) == location_class(expected.get("relation"))
-        and expected.get("access") in kinds
+        and bool(kinds & allowed)
     )
 
 
@@ -187,6 +191,11 @@ def render(rows: list[FaultRow], meta: dict[str, Any]) -> str:
         lines.append(
             f"Generic reducer: median {_seconds(_median([r.generic.seconds for r in rows]))}."
         )
+    missed = [row for row in rows if row.reprocut.plain_note]
+    if missed:
+        lines += ["", "## the harness's plain run that did not fail as expected", ""]
+        for row in missed:
+            lines += [f"### {row.case}", "", "```", row.reprocut.plain_note.strip(), "```", ""]
     found = [row for row in rows if row.reprocut.sanitizer.get("findings")]
     if found:
         lines += ["", "## compute-sanitizer findings attached by shrink", ""]

@@ -105,3 +105,12 @@ def test_results_keep_one_name_per_device_and_a_rerun_overwrites(tmp_path):
     text = second.read_text()
     assert "2026-12-02" in text and "4 cases at once" in text and "`faults-cuda-repros/`" in text
     assert repros_folder(tmp_path, "cuda") == tmp_path / "faults-cuda-repros"
+
+
+def test_truth_may_list_the_access_kinds_a_bug_makes():
+    """int32 offsets wrap in the loads and the stores alike: either may be printed first."""
+    expected = load_case(CORPUS / "cuda_triton_int32_offsets").fingerprint
+    printed = {"kernel": "scale_logits_kernel", "relation": "before the start of"}
+    assert matches_truth(expected, {**printed, "access": "write", "accesses": ["write"]})
+    assert matches_truth(expected, {**printed, "access": "read"})
+    assert not matches_truth(expected, {**printed, "access": "atomic"})

@@ -4,7 +4,9 @@ Each clip has up to MAX_LEN frames of DIM bins; a CUDA C++ extension op (`rowpad
 built by ext.py) packs the valid frames and marks each clip's end. Bug: from step 5 on, the data
 loader cuts long recordings at exactly MAX_LEN frames; the op writes the end marker of a full
 clip one row past its slot, and for the batch's last clip one row (16 MiB) past the output, a
-512 MiB allocation of its own: an illegal memory access in the extension's kernel.
+512 MiB allocation of its own. At step 5 that row lands in the frames block the allocator keeps
+next to the output (silent corruption); at step 6 the two blocks have swapped and the same write
+is an illegal memory access in the extension's kernel.
 """
 
 from __future__ import annotations
