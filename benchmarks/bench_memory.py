@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,7 +34,9 @@ from benchmarks.bench_record import device_name, overhead  # noqa: E402
 CORPUS = HERE.parent / "corpus" / "memory"
 
 
-def record_case(case: Path, device: str, workdir: Path, timeout: int) -> dict[str, Any]:
+def record_case(
+    case: Path, device: str, workdir: Path, timeout: int, keep: Path | None = None
+) -> dict[str, Any]:
     truth = tomllib.loads((case / "case.toml").read_text())
     memory_truth = truth["memory"]
     start = time.perf_counter()
@@ -70,6 +73,12 @@ def record_case(case: Path, device: str, workdir: Path, timeout: int) -> dict[st
             "error": f"{report.get('status')}: {report.get('message')}",
             "stderr": done.stderr[-1500:],
         }
+    if keep is not None:  # record's JSON and the memory watch's findings, for a failed check
+        keep.mkdir(parents=True, exist_ok=True)
+        (keep / f"{case.name}.record.json").write_text(done.stdout)
+        watch = workdir / report["run_dir"] / "memory.json"
+        if watch.exists():
+            shutil.copyfile(watch, keep / f"{case.name}.memory.json")
     memory = report.get("memory") or {}
     checks = {}
     for key in ("op", "step", "phase"):
@@ -117,6 +126,9 @@ def record_case(case: Path, device: str, workdir: Path, timeout: int) -> dict[st
         "growth_per_step_bytes": memory.get("growth_per_step_bytes"),
         "run_dir": report.get("run_dir"),
         "fragmentation": memory.get("fragmentation"),
+        "source": report.get("source"),
+        "forward_source": report.get("forward_source"),
+        "message": (report.get("error") or {}).get("message", "")[:400],
     }
     if memory_truth.get("repro"):
         shrink = subprocess.run(
@@ -210,9 +222,10 @@ def main() -> None:
         partial.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text("")
         results = []
+        keep = options.out / f"memory-{options.device}-runs"
         with ThreadPoolExecutor(options.jobs) as pool:
             for result in pool.map(
-                lambda c: record_case(c, options.device, work, options.timeout), cases
+                lambda c: record_case(c, options.device, work, options.timeout, keep), cases
             ):
                 results.append(result)  # each case as it ends: a timeout keeps what was seen
                 with partial.open("a") as sink:

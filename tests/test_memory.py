@@ -22,6 +22,7 @@ from reprocut.model.memory import Holder, Leak, MemoryReport, StepMemory
 from reprocut.model.oom import (
     device_figures,
     is_out_of_memory,
+    library_blocks,
     requested_bytes,
     snapshot_free_blocks,
 )
@@ -280,3 +281,33 @@ def test_the_snapshot_of_a_real_cuda_allocator_is_read():
     del kept[::2]  # four freed blocks between live ones: the cache holds them
     largest, _ = snapshot_free_blocks(torch.cuda.memory_snapshot())
     assert largest >= 4 << 20
+
+
+def test_library_workspaces_are_the_untracked_blocks_a_math_library_allocated():
+    """cuBLAS's and cuBLASLt's workspaces (64 MiB on an H200) go through PyTorch's allocator
+    from no op: known by their allocation stacks, not counted twice when an op made them."""
+    cublas = [{"name": "at::cuda::getCurrentCUDABlasHandle()", "filename": "", "line": 0}]
+    op = [{"name": "at::native::empty_cuda", "filename": "", "line": 0}]
+    segments = [{"blocks": [
+        {"address": 1, "size": 32 << 20, "state": "active_allocated", "frames": cublas},
+        {"address": 2, "size": 8 << 20, "state": "active_allocated", "frames": op},
+        {"address": 3, "size": 32 << 20, "state": "inactive", "frames": cublas},
+        {"address": 4, "size": 16 << 20, "state": "active_allocated", "frames": cublas},
+        {"address": 5, "size": 4 << 20, "state": "active_allocated", "frames": []},
+    ]}]  # fmt: skip
+    assert library_blocks(segments, tracked={4}) == 32 << 20
+    assert library_blocks(segments, tracked=set()) == 48 << 20
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_cublas_workspace_of_a_real_matmul_is_recognized():
+    torch.cuda.memory._record_memory_history(max_entries=10_000)
+    try:
+        a = torch.randn(256, 256, device="cuda")
+        b = a @ a
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    tracked = {a.data_ptr(), b.data_ptr()}
+    assert library_blocks(snapshot["segments"], tracked) >= 1 << 20

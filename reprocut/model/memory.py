@@ -25,6 +25,7 @@ ROLES = (
     "optimizer state",
     "saved for backward",
     "other live tensors",
+    "library workspaces",  # cuBLAS/cuDNN workspaces through PyTorch's allocator (CUDA)
     "allocator cache",
     "untracked",
 )

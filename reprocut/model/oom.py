@@ -94,3 +94,22 @@ def snapshot_free_blocks(segments: list[dict]) -> tuple[int, bool]:
         default=0,
     )
     return largest, any(bool(segment.get("is_expandable")) for segment in segments)
+
+
+# C++ frames of an allocation a library made through PyTorch's allocator for itself
+_LIBRARY_FRAME = re.compile(r"blas|cudnn|cufft|cusparse|cusolver", re.IGNORECASE)
+
+
+def library_blocks(segments: list[dict], tracked: set[int]) -> int:
+    """From an allocator snapshot taken with its history: bytes of live blocks that no op
+    made (not in `tracked`, the data pointers of every storage an op made) whose allocation
+    stack is a math library's (cuBLAS and cuBLASLt workspaces: 2 x 32 MiB per stream on an
+    H200). Without recorded stacks nothing is recognized."""
+    return sum(
+        int(block.get("size", 0))
+        for segment in segments
+        for block in segment.get("blocks", ())
+        if block.get("state") == "active_allocated"
+        and int(block.get("address", -1)) not in tracked
+        and any(_LIBRARY_FRAME.search(str(f.get("name", ""))) for f in block.get("frames") or ())
+    )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import pickle
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from reprocut.model.oom import snapshot_free_blocks
+from reprocut.model.oom import library_blocks, snapshot_free_blocks
 from reprocut.model.recording import atomic_write
 from reprocut.record.inside.frames import UserFrames
 from reprocut.record.inside.state import RunState
@@ -40,6 +41,7 @@ class Allocation:
     """A storage some op made, kept by weak reference."""
 
     ref: Any  # StorageWeakRef
+    ptr: int  # its data pointer: the allocator snapshot's block address
     nbytes: int
     step: int
     op: str
@@ -93,7 +95,13 @@ class MemoryWatch(TorchDispatchMode):
             name = self._names[id(func)] = f"aten::{func.__name__.split('.')[0]}"
         line, module = self._where()
         self.live[key] = Allocation(
-            StorageWeakRef(storage), storage.nbytes(), self.state.step, name, line, module
+            StorageWeakRef(storage),
+            storage.data_ptr(),
+            storage.nbytes(),
+            self.state.step,
+            name,
+            line,
+            module,
         )
 
     def _where(self) -> tuple[tuple[str, int] | None, str | None]:
@@ -166,23 +174,29 @@ class MemoryWatch(TorchDispatchMode):
             self.prune()
             step = self.state.step
             allocated, reserved = self.figures()
+            tracked = {a.ptr for a in self.live.values()}
             self.failure = {
                 "step": step,
                 "allocated": allocated,
                 "reserved": reserved,
                 "error": f"{type(exc).__name__}: {exc}",
                 **self._walk(None, exc.__traceback__, step),
-                **_cuda_state(self.run_dir, self._cuda_history),
+                **_cuda_state(self.run_dir, self._cuda_history, tracked),
             }
+            workspaces = self.failure.pop("library_bytes", 0)
+            if workspaces:
+                self.failure["roles"]["library workspaces"] = workspaces
 
     def write(self) -> None:
         data = {"steps": self.steps, "analysis": self.analysis, "failure": self.failure}
         atomic_write(self.run_dir / MEMORY_FILE, json.dumps(data, default=str))
 
 
-def _cuda_state(run_dir: Path, history: bool) -> dict[str, Any]:
-    """The device's free and total memory, the allocator's largest free cached block, and the
-    allocator snapshot (for pytorch.org/memory_viz) where its history was recorded."""
+def _cuda_state(run_dir: Path, history: bool, tracked: set[int]) -> dict[str, Any]:
+    """The device's free and total memory, the allocator's largest free cached block, the
+    bytes of library workspaces among the blocks no op made (`tracked`: the ops' data
+    pointers), and the allocator snapshot (for pytorch.org/memory_viz) where its history was
+    recorded: one snapshot, its stacks symbolized once, serves all three."""
     if not torch.cuda.is_initialized():
         return {}
     state: dict[str, Any] = {}
@@ -190,10 +204,12 @@ def _cuda_state(run_dir: Path, history: bool) -> dict[str, Any]:
         free, total = torch.cuda.mem_get_info()
         state.update(device_free=free, device_total=total)
     with contextlib.suppress(Exception):
-        largest, expandable = snapshot_free_blocks(torch.cuda.memory_snapshot())
+        snapshot = torch.cuda.memory._snapshot()
+        largest, expandable = snapshot_free_blocks(snapshot["segments"])
         state.update(largest_free_block=largest, expandable_segments=expandable)
-    if history:
-        with contextlib.suppress(Exception):
-            torch.cuda.memory._dump_snapshot(str(run_dir / SNAPSHOT_FILE))
+        state["library_bytes"] = library_blocks(snapshot["segments"], tracked)
+        if history:
+            with (run_dir / SNAPSHOT_FILE).open("wb") as sink:  # as _dump_snapshot writes it
+                pickle.dump(snapshot, sink)
             state["snapshot"] = SNAPSHOT_FILE
     return state

@@ -47,25 +47,26 @@ def _saved_names(node: Any, cache: dict[type, tuple[str, ...]]) -> tuple[str, ..
     return names
 
 
-def saved_tensors(node: Any, cache: dict[type, tuple[str, ...]]) -> Iterator[torch.Tensor]:
-    """The tensors an autograd node saved for backward (none once its graph was freed)."""
-    for name in _saved_names(node, cache):
-        try:
-            value = getattr(node, name)
-        except Exception:  # freed by a backward pass
-            continue
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif isinstance(value, (tuple, list)):
-            yield from (v for v in value if isinstance(v, torch.Tensor))
-
-
 class Graphs:
     """Autograd graphs walked once each: node -> the storages its subgraph saved."""
 
     def __init__(self) -> None:
         self.cache: dict[type, tuple[str, ...]] = {}
         self.seen: set[int] = set()
+        self.unreadable = 0  # saved values that could not be read (freed by a backward pass)
+
+    def saved_tensors(self, node: Any) -> Iterator[torch.Tensor]:
+        """The tensors an autograd node saved for backward (none once its graph was freed)."""
+        for name in _saved_names(node, self.cache):
+            try:
+                value = getattr(node, name)
+            except Exception:
+                self.unreadable += 1
+                continue
+            if isinstance(value, torch.Tensor):
+                yield value
+            elif isinstance(value, (tuple, list)):
+                yield from (v for v in value if isinstance(v, torch.Tensor))
 
     def walk(self, root: Any) -> Iterator[tuple[Any, torch.Tensor]]:
         """(node, saved tensor) for each node of `root`'s graph not walked before."""
@@ -75,13 +76,14 @@ class Graphs:
             if node is None or id(node) in self.seen:
                 continue
             self.seen.add(id(node))
-            for tensor in saved_tensors(node, self.cache):
+            for tensor in self.saved_tensors(node):
                 yield node, tensor
             stack.extend(n for n, _ in getattr(node, "next_functions", ()))
 
 
-def roles(live: dict[int, Any]) -> tuple[dict[int, str], list[Any]]:
-    """Each live storage's role, and every tensor the gc sees (for the walks)."""
+def roles(live: dict[int, Any]) -> tuple[dict[int, str], list[Any], dict[str, int]]:
+    """Each live storage's role, every tensor the gc sees (for the walks), and what the walk
+    of the autograd graphs saw (roots, nodes, saved values it could not read)."""
     role: dict[int, str] = {}
     tensors: list[Any] = []
     optimizers: list[Any] = []
@@ -110,13 +112,15 @@ def roles(live: dict[int, Any]) -> tuple[dict[int, str], list[Any]]:
             for value in state.values() if isinstance(state, dict) else ():
                 if isinstance(value, torch.Tensor):
                     role.setdefault(_key(value) or 0, "optimizer state")
-    graphs = Graphs()
+    graphs, roots = Graphs(), 0
     for tensor in tensors:
         grad_fn = getattr(tensor, "grad_fn", None)
         if grad_fn is not None:
+            roots += 1
             for _, saved in graphs.walk(grad_fn):
                 role.setdefault(_key(saved) or 0, "saved for backward")
-    return {k: role.get(k, "other live tensors") for k in live}, tensors
+    walked = {"roots": roots, "nodes": len(graphs.seen), "unreadable": graphs.unreadable}
+    return {k: role.get(k, "other live tensors") for k in live}, tensors, walked
 
 
 def _group(live: dict[int, Any], keys: Any) -> list[dict[str, Any]]:
@@ -138,7 +142,7 @@ def analyse(
     step: int,
 ) -> dict[str, Any]:
     """Roles and holders of the live storages; the leak's lines and the variable keeping it."""
-    role, _ = roles(live)
+    role, _, walked = roles(live)
     held: dict[str, int] = collections.Counter()
     for key, name in role.items():
         held[name] += live[key].nbytes
@@ -150,6 +154,7 @@ def analyse(
         "leaked": _group(live, leaked)[:5],
         "leaked_bytes": sum(live[k].nbytes for k in leaked),
         "leaked_steps": len({live[k].step for k in leaked}),
+        "graphs": walked,
     }
     if leaked:
         result["retainer"] = _best_retainer(live, leaked, _user_frames(frames, frame, tb))
