@@ -311,3 +311,44 @@ def test_the_cublas_workspace_of_a_real_matmul_is_recognized():
         torch.cuda.memory._record_memory_history(enabled=None)
     tracked = {a.data_ptr(), b.data_ptr()}
     assert library_blocks(snapshot["segments"], tracked) >= 1 << 20
+
+
+def test_a_forward_output_only_autograd_holds_is_saved_for_backward_without_a_walk():
+    """During a failed backward on a GPU the graph walk from the user's tensors stops early;
+    a forward output that no Python tensor shares is still known as saved for backward."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from reprocut.record.inside.memory import Allocation
+    from reprocut.record.inside.retainers import roles
+
+    x = torch.randn(64, requires_grad=True)
+    node = x.exp().sum().grad_fn  # ExpBackward0 keeps exp's result; no tensor refers to it
+    saved = node.next_functions[0][0]._saved_result.untyped_storage()
+    loose = torch.randn(8)  # a live tensor of the user's: not saved
+    live = {
+        store._cdata: Allocation(
+            StorageWeakRef(store), store.data_ptr(), store.nbytes(), 1, "forward", op, None, None
+        )
+        for store, op in ((saved, "aten::exp"), (loose.untyped_storage(), "aten::randn"))
+    }
+    del saved  # the storage object above was only a handle
+    role, _, walked = roles(live)
+    assert sorted(role.values()) == ["other live tensors", "saved for backward"]
+    assert walked["inferred_saved"] == 1 and node is not None
+
+
+def test_a_backward_oom_takes_its_forward_line_from_the_memory_rerun():
+    """On a GPU the first run tags autograd nodes only in steps it watches every public call:
+    the rerun's culprit (every step watched) gives the forward line."""
+    from reprocut.localize.memory import with_forward_line
+    from reprocut.model.recording import ErrorInfo, Failure
+
+    oom = classify("OutOfMemoryError", "CUDA out of memory. Tried to allocate 149.01 GiB.")
+    failure = Failure("localized", ErrorInfo("OutOfMemoryError", "CUDA out of memory"), oom,
+                      op="aten::new_zeros", phase="backward")  # fmt: skip
+    line = {"file": "/x/train.py", "line": 24, "text": "hardest = grid.gather(1, mined)"}
+    found = with_forward_line(failure, {"op": "aten::new_zeros", "forward_source": line})
+    assert found.forward_source is not None and found.forward_source.line == 24
+    assert found.source == found.forward_source
+    assert with_forward_line(failure, {"op": "aten::mm", "forward_source": line}) == failure
+    assert with_forward_line(failure, None) == failure

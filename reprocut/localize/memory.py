@@ -15,7 +15,13 @@ from dataclasses import replace
 from typing import Any
 
 from reprocut.localize.culprit import from_culprit, names_op
-from reprocut.localize.failure import LocalizeOptions, Progress, error_info, script_error
+from reprocut.localize.failure import (
+    LocalizeOptions,
+    Progress,
+    error_info,
+    location,
+    script_error,
+)
 from reprocut.localize.leak_text import growth_per_step, holders, leak_of
 from reprocut.localize.oom_why import explain_request, request_alone_too_big
 from reprocut.model.memory import (
@@ -88,9 +94,21 @@ def with_memory(options: LocalizeOptions, failure: Failure, progress: Progress) 
     """`failure` (an OOM) with its MemoryReport: from this run's memory watch, or a rerun."""
     data = read_memory(options.run_dir) if options.memory else {}
     if not data.get("failure"):
-        memory_rerun(options, progress, f"out of memory in {failure.op or 'the script'}")
+        rerun = memory_rerun(options, progress, f"out of memory in {failure.op or 'the script'}")
         data = read_memory(options.run_dir)
+        failure = with_forward_line(failure, (rerun.outcome or {}).get("culprit"))
     return attach(options, failure, data)
+
+
+def with_forward_line(failure: Failure, culprit: dict[str, Any] | None) -> Failure:
+    """A backward op's forward line from the rerun's culprit: on a GPU the first run tags
+    autograd nodes only in the steps it watches every public call, the rerun in every step."""
+    if failure.phase != "backward" or failure.forward_source is not None or not culprit:
+        return failure
+    forward = location(culprit.get("forward_source"))
+    if forward is None or culprit.get("op") != failure.op:
+        return failure
+    return replace(failure, forward_source=forward, source=failure.source or forward)
 
 
 def attach(options: LocalizeOptions, failure: Failure, data: dict[str, Any]) -> Failure:

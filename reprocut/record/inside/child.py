@@ -54,7 +54,8 @@ def main(config_path: str) -> None:
             localize_from=config.get("localize_from"),
             localize_to=config.get("localize_to"),
             snapshots=config.get("snapshots", True),
-            light_steps=config.get("light_steps"),
+            # the memory watch sees every op; its backward allocations need forward lines
+            light_steps=False if config.get("memory") else config.get("light_steps"),
             tag_backward=config.get("tag_backward", True),
             nan=config.get("nan", False),
         )

@@ -44,6 +44,7 @@ class Allocation:
     ptr: int  # its data pointer: the allocator snapshot's block address
     nbytes: int
     step: int
+    phase: str  # "forward", "backward", "optimizer", "other"
     op: str
     line: tuple[str, int] | None
     module: str | None
@@ -99,6 +100,7 @@ class MemoryWatch(TorchDispatchMode):
             storage.data_ptr(),
             storage.nbytes(),
             self.state.step,
+            self.state.phase(),
             name,
             line,
             module,

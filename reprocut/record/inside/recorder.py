@@ -207,7 +207,7 @@ class Recorder:
         for listener in self.step_listeners:
             listener(ended)
         state.localizing = self._in_localize_window(state.step)
-        self._function_mode.set(not torch.cuda.is_initialized() or state.localizing)
+        self._function_mode.set(self._wants_public_calls())
         self._set_every_op(self.wants_every_op(state.step, layout_changed))
         self._set_module_hooks(not self._finds_modules_on_stack())
         if self.flags is not None:  # --nan: may stop the run (NonfiniteStop)
@@ -233,6 +233,15 @@ class Recorder:
         if not light:
             return True
         return step < 3 or step & (step - 1) == 0 or layout_changed
+
+    def _wants_public_calls(self) -> bool:
+        """Whether the public-call mode runs this step: it tags autograd nodes with their
+        forward lines, at a cost a launch-bound GPU loop feels, so GPU runs keep it for localized
+        steps, and for runs that see every op of every step (--full-trace, the memory watch)."""
+        state = self.state
+        return (
+            not torch.cuda.is_initialized() or state.localizing or self.config.light_steps is False
+        )
 
     @property
     def light_step(self) -> bool:

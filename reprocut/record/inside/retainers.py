@@ -120,6 +120,17 @@ def roles(live: dict[int, Any]) -> tuple[dict[int, str], list[Any], dict[str, in
             for _, saved in graphs.walk(grad_fn):
                 role.setdefault(_key(saved) or 0, "saved for backward")
     walked = {"roots": roots, "nodes": len(graphs.seen), "unreadable": graphs.unreadable}
+    # A forward output alive with no Python tensor on its storage is held from C++: by an
+    # autograd graph. During a failed backward on a GPU the walk above reaches only the few
+    # nodes before the failing one (3 of a two-layer attention's on the H200), so that is how
+    # the saved activations are known there.
+    visible = {_key(tensor) for tensor in tensors}
+    inferred = {
+        k for k, a in live.items() if k not in role and k not in visible and a.phase == "forward"
+    }
+    walked["inferred_saved"] = len(inferred)
+    for key in inferred:
+        role[key] = "saved for backward"
     return {k: role.get(k, "other live tensors") for k in live}, tensors, walked
 
 
