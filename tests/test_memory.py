@@ -352,3 +352,29 @@ def test_a_backward_oom_takes_its_forward_line_from_the_memory_rerun():
     assert found.source == found.forward_source
     assert with_forward_line(failure, {"op": "aten::mm", "forward_source": line}) == failure
     assert with_forward_line(failure, None) == failure
+
+
+def test_reprocuts_own_frames_do_not_keep_the_failing_ops_inputs_alive(tmp_path: Path):
+    """The memory watch's frame that ran the failing op holds its arguments; after at_failure
+    they are the user's or nobody's (a saved activation is then held only by autograd)."""
+    import gc
+    import weakref
+
+    from reprocut.record.inside.frames import UserFrames
+    from reprocut.record.inside.memory import MemoryWatch
+    from reprocut.record.inside.state import RunState
+
+    watch = MemoryWatch(RunState(), UserFrames(), tmp_path, cuda_history=False)
+    error = None
+    with watch:
+        try:
+            torch.ones(1000).new_empty(1 << 50)  # the CPU allocator refuses 4 PiB
+        except RuntimeError as exc:
+            error = exc
+    assert error is not None and error.__traceback__ is not None
+    held = [weakref.ref(o) for o in gc.get_objects()
+            if isinstance(o, torch.Tensor) and o.numel() == 1000]  # fmt: skip
+    assert held and all(r() is not None for r in held)  # the watch's frame keeps the input
+    watch.at_failure(error)
+    gc.collect()
+    assert all(r() is None for r in held)

@@ -172,6 +172,7 @@ class MemoryWatch(TorchDispatchMode):
 
     def at_failure(self, exc: BaseException) -> None:
         """The script raised (an out-of-memory error, in the rerun): who holds what, now."""
+        _drop_own_frames(exc.__traceback__)
         with torch._C._DisableTorchDispatch():
             self.prune()
             step = self.state.step
@@ -192,6 +193,26 @@ class MemoryWatch(TorchDispatchMode):
     def write(self) -> None:
         data = {"steps": self.steps, "analysis": self.analysis, "failure": self.failure}
         atomic_write(self.run_dir / MEMORY_FILE, json.dumps(data, default=str))
+
+
+_PACKAGE = str(Path(__file__).resolve().parents[2])
+
+
+def _drop_own_frames(tb: TracebackType | None) -> None:
+    """Clear the failure's traceback from reprocut's first dispatch frame inward: its modes'
+    calls of the failing op (and torch's frames below them) hold that op's arguments (on the
+    H200, a 36 GiB softmax saved for backward), which are not the user's references to them.
+    Executing frames (the child's own) refuse and are kept."""
+    inside = False
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        inside = inside or (
+            code.co_filename.startswith(_PACKAGE) and code.co_name == "__torch_dispatch__"
+        )
+        if inside:
+            with contextlib.suppress(RuntimeError):
+                tb.tb_frame.clear()
+        tb = tb.tb_next
 
 
 def _cuda_state(run_dir: Path, history: bool, tracked: set[int]) -> dict[str, Any]:
