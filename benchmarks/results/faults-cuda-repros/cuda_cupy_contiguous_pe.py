@@ -1,6 +1,6 @@
 """compute-sanitizer (memcheck):
-  Invalid __global__ write of size 4 bytes in add_pe_scale
-  thread (0,0,0) in block (8,0,0): writes 4 B at 8.0 KiB after the end of `args[2]`
+  Invalid __global__ read of size 4 bytes in add_pe_scale
+  thread (0,0,0) in block (4443,0,0): reads 4 B at 347.0 KiB after the end of `pe`
   host: __pyx_f_13cupy_backends_4cuda_3api_6driver_launchKernel < __pyx_f_4cupy_4cuda_8function__launch < __pyx_pw_4cupy_4cuda_8function_8Function_3__call__ < __pyx_pw_4cupy_5_core_3raw_9RawKernel_5__call__
   at least 20 errors (memcheck stopped after printing them)
 """
@@ -21,7 +21,7 @@ extern "C" __global__ void add_pe_scale(const float* x, const float* pe, float* 
     "add_pe_scale",
 )
 x = torch.randn((256, 256, 4096), dtype=torch.float32, device='cuda:0')
-out = 0
+out = torch.empty_like(x)
 n = x.numel()
 threads = 256
 blocks = (n + threads - 1) // threads

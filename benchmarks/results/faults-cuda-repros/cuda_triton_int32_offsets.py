@@ -1,6 +1,6 @@
 """compute-sanitizer (memcheck):
   Invalid __global__ write of size 16 bytes in scale_logits_kernel
-  thread (0,0,0) in block (2097635,0,0): writes 16 B at 8.7 GiB before the start of `logits` (arg 0)
+  thread (0,0,0) in block (2097638,0,0): writes 16 B at 8.7 GiB before the start of `logits` (arg 0)
   host: launch < [libc.so.6] < __libc_start_main < __call__ in driver.py:713
   at least 20 errors (memcheck stopped after printing them)
 """
@@ -17,6 +17,8 @@ def scale_logits_kernel(x_ptr, out_ptr, n, inv_temperature, BLOCK: tl.constexpr)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask)
     tl.store(out_ptr + offs, x * inv_temperature, mask=mask)
+
+
 logits = torch.randn((8, 2048, 151936), dtype=torch.bfloat16, device='cuda:0')
 n = logits.numel()
 grid = (triton.cdiv(n, 1024),)
