@@ -65,3 +65,28 @@ def test_a_hanging_repro_is_killed(tmp_path: Path) -> None:
     verification = verify(script, Signature("IndexError", None, None, "x"), runs=1, timeout=1)
     assert verification.outcomes[0].returncode is None
     assert verification.reproduced == 0
+
+
+def test_runs_in_interpreters_started_ahead_fail_as_plain_runs_do(tmp_path: Path) -> None:
+    """The captured call's verification uses interpreters that imported torch while the
+    shrink ran: same signature, the exception printed by the interpreter, one run each."""
+    from reprocut.check.plainrun import Standbys
+
+    script = tmp_path / "repro.py"
+    script.write_text(
+        "import sys\n"
+        "print('torch ahead:', 'torch' in sys.modules, file=sys.stderr)\n"
+        "import torch\n"
+        "torch.nn.functional.embedding(torch.tensor([9]), torch.zeros(4, 2))\n"
+    )
+    expected = Signature("IndexError", None, None, "index out of range in self")
+    standbys = Standbys(2)
+    try:
+        warm = standbys.take()
+        assert standbys.take() == []  # handed out once
+        result = verify(script, expected, runs=3, timeout=120, standbys=warm)
+    finally:
+        standbys.close()
+    assert (result.runs, result.reproduced) == (3, 3)
+    ahead = ["torch ahead: True" in outcome.stderr_tail for outcome in result.outcomes]
+    assert sorted(ahead) == [False, True, True]  # two started ahead, the third a fresh python

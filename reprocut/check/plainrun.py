@@ -77,6 +77,26 @@ class _Standby:
         self.stderr_path.unlink(missing_ok=True)
 
 
+class Standbys:
+    """`count` interpreters started now, for one verification later (reprocut.check.verify):
+    they import torch while the shrink runs. Those not handed out are ended by `close`."""
+
+    def __init__(self, count: int, env: dict[str, str] | None = None) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="reprocut-verify-")
+        self._waiting = [_Standby(Path(self._tmp.name), env) for _ in range(count)]
+
+    def take(self) -> list[_Standby]:
+        """The waiting interpreters, each to run one script (handed out once)."""
+        taken, self._waiting = self._waiting, []
+        return taken
+
+    def close(self) -> None:
+        for standby in self._waiting:
+            standby.discard()
+        self._waiting = []
+        self._tmp.cleanup()
+
+
 class PlainRunner:
     """Plain runs of scripts, each in a fresh interpreter started one run ahead."""
 

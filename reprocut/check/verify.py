@@ -11,9 +11,11 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from reprocut.check import lifeline
 from reprocut.check.oracle import run_with_timeout
@@ -92,6 +94,13 @@ def run_plain(
     return RunOutcome(returncode, signature, time.perf_counter() - started, stderr[-4000:])
 
 
+class Standby(Protocol):
+    """A fresh interpreter started ahead (reprocut.check.plainrun): it has imported torch,
+    nothing else, and runs one script as `__main__` when asked."""
+
+    def run(self, script: Path, argv: Sequence[str], cwd: Path, timeout: float) -> RunOutcome: ...
+
+
 def verify(
     script: Path,
     expected: Signature,
@@ -100,17 +109,27 @@ def verify(
     timeout: float = 120.0,
     parallel: bool = True,
     env: dict[str, str] | None = None,
+    standbys: Sequence[Standby] = (),
 ) -> Verification:
     """Run `script` `runs` times; count the runs whose signature matches `expected` (op aside).
 
     The runs are independent processes, so by default they run side by side (each still a
-    fresh `python script`, each with its own timeout): the wait is one run's, not `runs`'."""
+    fresh `python script`, each with its own timeout): the wait is one run's, not `runs`'.
+    `standbys`: interpreters started while the shrink ran, one per run, each used once (a
+    script reprocut wrote, whose first statement imports torch: importing it ahead changes
+    nothing the script sees, and saves each run that import)."""
     outcomes: tuple[RunOutcome, ...] = ()
     if parallel and runs > 1:
+        script = script.resolve()
+        ready = list(standbys[:runs])
+
+        def one(index: int) -> RunOutcome:
+            if index < len(ready):
+                return ready[index].run(script, (), script.parent, timeout)
+            return run_plain(script, timeout=timeout, env=env)
+
         with ThreadPoolExecutor(max_workers=runs) as pool:
-            outcomes = tuple(
-                pool.map(lambda _: run_plain(script, timeout=timeout, env=env), range(runs))
-            )
+            outcomes = tuple(pool.map(one, range(runs)))
     if not outcomes or any(DEVICE_BUSY in outcome.stderr_tail for outcome in outcomes):
         # a GPU in exclusive-process mode gives one process at a time: one after another, then
         outcomes = tuple(run_plain(script, timeout=timeout, env=env) for _ in range(runs))

@@ -12,6 +12,7 @@ fault. Each phase's seconds go to meta.json and `--json`.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from typing import Any
 from rich.console import Console
 
 from reprocut.check.oracle import Oracle
+from reprocut.check.plainrun import Standbys
 from reprocut.check.verify import Verification, verify
 from reprocut.model.case import Captured
 from reprocut.model.compiled import COMPILE_ONLY
@@ -132,7 +134,7 @@ def shrink_recording(
         if oracle is not None:
             oracle.close(wait=False)
         return _compile_only(run_dir, failure, settings, console)
-    with shrink_display(console, enabled=show) as shown:
+    with shrink_display(console, enabled=show) as shown, contextlib.ExitStack() as cleanup:
         phases = Phases(shown)
         with phases.phase(READ):
             _refuse(failure, settings)
@@ -153,6 +155,7 @@ def shrink_recording(
         with phases.phase(READ):
             oracle = _fit_oracle(oracle, failure, settings)
             _start_server(oracle, phases, started)  # while the inputs are read
+            warm = _warm_verification(failure, settings, cleanup)
             agreement, log = agree(oracle, failure, _out(run_dir, settings),
                                    source=_is_source(failure, settings),
                                    timeout=settings.timeout * 2,
@@ -189,8 +192,9 @@ def shrink_recording(
             )  # fmt: skip
             with phases.phase(VERIFY):
                 verification = verify(
-                    repro, failure.signature, runs=settings.runs, timeout=settings.timeout * 2
-                )
+                    repro, failure.signature, runs=settings.runs, timeout=settings.timeout * 2,
+                    standbys=warm.take() if warm is not None and not outcome.from_script else (),
+                )  # fmt: skip
             outcome, verification, walked = walk_back_outcome(
                 log, outcome, verification, failure, inputs, environment, runs=settings.runs,
                 timeout=settings.timeout * 2, out=out, console=console,
@@ -409,6 +413,22 @@ def _shrink(
     with phases.phase(SOURCE):
         return shrink_source(failure, oracle, on_event=on_event, kept=run_dir.launch_probe_path,
                              **script)  # fmt: skip
+
+
+# cores for the fork server, this process and the verification's interpreters importing torch
+# side by side: with 2 (CI) the imports slowed the fork server by as much as they saved
+WARM_CORES = 8
+
+
+def _warm_verification(
+    failure: Failure, settings: ShrinkSettings, cleanup: contextlib.ExitStack
+) -> Standbys | None:
+    """Start the verification's interpreters now, to import torch while the shrink runs: for
+    a captured call's repro, which reprocut writes and which starts by importing torch (a
+    script reduction's repro is the user's code: its runs stay plain `python repro.py`)."""
+    if _is_source(failure, settings) or settings.runs < 2 or (os.cpu_count() or 1) < WARM_CORES:
+        return None
+    return cleanup.enter_context(contextlib.closing(Standbys(settings.runs)))
 
 
 def _write_meta(run_dir: RunDir, result: dict[str, Any]) -> None:
