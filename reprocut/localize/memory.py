@@ -124,9 +124,7 @@ def build_report(failure: Failure | None, data: dict[str, Any], run_dir: Any) ->
     at_failure = data.get("failure") or {}
     analysis = at_failure or data.get("analysis") or {}
     growth = growth_per_step(steps)
-    device = (
-        failure.device if failure is not None else ("cuda" if "device_total" in analysis else "cpu")
-    )
+    device = failure.device if failure is not None else data.get("device", "cpu")
     report = MemoryReport(
         device=device,
         steps=steps,

@@ -191,7 +191,9 @@ class MemoryWatch(TorchDispatchMode):
                 self.failure["roles"]["library workspaces"] = workspaces
 
     def write(self) -> None:
-        data = {"steps": self.steps, "analysis": self.analysis, "failure": self.failure}
+        device = "cuda" if torch.cuda.is_initialized() else "cpu"  # a run that did not fail too
+        data = {"steps": self.steps, "analysis": self.analysis, "failure": self.failure,
+                "device": device}  # fmt: skip
         atomic_write(self.run_dir / MEMORY_FILE, json.dumps(data, default=str))
 
 
