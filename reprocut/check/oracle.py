@@ -150,15 +150,19 @@ class Oracle:
         if case.definitions:  # a custom op's code: `@triton.jit` reads its source from the file
             filename = self.workdir / f"repro_{abs(hash(emitted.code)):x}.py"
             filename.write_text(emitted.code)
-        return self.check_source(
-            emitted.code,
-            filename=str(filename),
-            cwd=self.workdir,
-            argv=[],
-            timeout=timeout,
-            expected=expected or case.expected,
-            fresh_child=bool(case.env),  # its env must be set before CUDA starts
-        )
+        try:
+            return self.check_source(
+                emitted.code,
+                filename=str(filename),
+                cwd=self.workdir,
+                argv=[],
+                timeout=timeout,
+                expected=expected or case.expected,
+                fresh_child=bool(case.env),  # its env must be set before CUDA starts
+            )
+        finally:
+            if case.definitions:  # one file per candidate: gone once its check has run
+                filename.unlink(missing_ok=True)
 
     def check_source(
         self,
