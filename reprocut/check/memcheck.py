@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from reprocut.model.oom import format_bytes
+
 PREFIX = "========="
 _TITLE_ACCESS = re.compile(
     r"^Invalid (?P<space>__\w+__) (?P<kind>read|write|atomic)(?: of size (?P<size>\d+)(?: bytes?)?)?"
@@ -254,13 +256,8 @@ class TensorRange:
 
 
 def human_bytes(count: int) -> str:
-    """4 B, 1.5 KiB, 3.5 GiB."""
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{count} B"
+    """4 B, 1.5 KiB, 3.5 GiB: distances in memcheck's findings, one digit is enough."""
+    return format_bytes(count, digits=1)
 
 
 _VERBS = {"read": "reads", "write": "writes", "atomic": "atomically updates"}

@@ -64,8 +64,8 @@ def device_figures(message: str) -> tuple[int | None, int | None]:
     return _bytes(total, total_unit), _bytes(free, free_unit)
 
 
-def format_bytes(count: int | float | None) -> str:
-    """232.83 GiB, as PyTorch's own messages write sizes."""
+def format_bytes(count: int | float | None, digits: int = 2) -> str:
+    """232.83 GiB, as PyTorch's own messages write sizes (`digits` after the point)."""
     if count is None:
         return "unknown"
     value = float(count)
@@ -78,7 +78,7 @@ def format_bytes(count: int | float | None) -> str:
         value /= 1024
     if unit == "B":
         return f"{sign}{int(value)} B"
-    return f"{sign}{value:.2f} {unit}"
+    return f"{sign}{value:.{digits}f} {unit}"
 
 
 def snapshot_free_blocks(segments: list[dict]) -> tuple[int, bool]:
