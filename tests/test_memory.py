@@ -68,6 +68,21 @@ def test_the_cpu_allocators_refusal_is_explained_as_a_broadcast():
     assert why[0] == "(250000, 1) - (250000,) broadcasts to (250000, 250000) float32: 232.83 GiB"
 
 
+def test_the_cpu_allocators_refusal_is_the_request_alone_in_either_torchs_words():
+    """torch 2.13 says "can't allocate memory", older versions "not enough memory": both are
+    malloc refusing the request itself, so shrink may write an op-level repro for either."""
+    from reprocut.localize.oom_why import request_alone_too_big
+    from reprocut.model.oom import cpu_allocator_refused
+
+    new = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 160000000000 bytes."
+    old = "DefaultCPUAllocator: not enough memory: you tried to allocate 160000000000 bytes."
+    for message in (new, old):
+        assert is_out_of_memory("RuntimeError", message) and cpu_allocator_refused(message)
+        assert request_alone_too_big(requested_bytes(message), None, "cpu",
+                                     cpu_allocator_refused(message))  # fmt: skip
+    assert not cpu_allocator_refused("CUDA out of memory. Tried to allocate 4.00 GiB.")
+
+
 def test_attention_scores_and_promotion_are_named():
     bmm = ReproCase(
         "torch.ops.aten.bmm.default", (TensorSpec((144, 8192, 64)), TensorSpec((144, 64, 8192)))

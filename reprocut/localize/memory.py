@@ -32,7 +32,13 @@ from reprocut.model.memory import (
     MemoryReport,
     StepMemory,
 )
-from reprocut.model.oom import device_figures, format_bytes, is_out_of_memory, requested_bytes
+from reprocut.model.oom import (
+    cpu_allocator_refused,
+    device_figures,
+    format_bytes,
+    is_out_of_memory,
+    requested_bytes,
+)
 from reprocut.model.recording import Failure, RunDir
 from reprocut.record.inside.memory import MEMORY_FILE
 from reprocut.record.parent.runner import RunRequest, RunResult, run_script
@@ -173,9 +179,7 @@ def _request(report: MemoryReport, failure: Failure, at_failure: dict[str, Any])
     aten = next((c for c in failure.cases if c.target.startswith("torch.ops.")), None)
     case = aten or (failure.cases[-1] if failure.cases else None)
     why = explain_request(failure.op, case, requested)
-    alone = request_alone_too_big(
-        requested, total, failure.device, "can't allocate memory" in message
-    )
+    alone = request_alone_too_big(requested, total, failure.device, cpu_allocator_refused(message))
     held = report.reserved_bytes or 0
     if alone:
         where = "the CPU allocator" if failure.device == "cpu" else "the whole device"

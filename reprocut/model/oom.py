@@ -13,6 +13,10 @@ import re
 
 OOM_KIND = "out of memory"
 
+_CPU_REFUSALS = (
+    "can't allocate memory",  # the CPU allocator ("DefaultCPUAllocator: can't allocate memory")
+    "not enough memory: you tried to allocate",  # older torch on CPU
+)
 _MARKERS = (
     "CUDA out of memory",  # torch.OutOfMemoryError from the caching allocator
     "CUBLAS_STATUS_ALLOC_FAILED",
@@ -20,8 +24,7 @@ _MARKERS = (
     "cudaErrorMemoryAllocation",
     "CUDA_ERROR_OUT_OF_MEMORY",
     "CUDA error: out of memory",
-    "can't allocate memory",  # the CPU allocator ("DefaultCPUAllocator: can't allocate memory")
-    "not enough memory: you tried to allocate",  # older torch on CPU
+    *_CPU_REFUSALS,
     "MPS backend out of memory",
 )
 
@@ -31,6 +34,11 @@ _CUDA_REQUEST = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
 _CUDA_DEVICE = re.compile(
     r"total capacity of ([\d.]+) (B|KiB|MiB|GiB|TiB) of which ([\d.]+) (B|KiB|MiB|GiB|TiB) is free"
 )
+
+
+def cpu_allocator_refused(message: str) -> bool:
+    """The CPU allocator refused the request itself (malloc failed), in either torch's words."""
+    return any(refusal in message for refusal in _CPU_REFUSALS)
 
 
 def is_out_of_memory(error_type: str, message: str) -> bool:
