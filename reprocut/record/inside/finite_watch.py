@@ -28,7 +28,7 @@ from reprocut.record.inside.capture import (
 from reprocut.record.inside.capture import _scalar_json as scalar_json
 from reprocut.record.inside.nonfinite import unrecorded
 from reprocut.record.inside.state import RunState
-from reprocut.record.inside.where import Where
+from reprocut.record.inside.where import Where, autograd_tag
 
 CHAIN_LENGTH = 6
 MAX_CLONED_ELEMENTS = 1 << 26  # in-place ops writing more than this are not copied first
@@ -218,7 +218,7 @@ class OpWatch:
 
     def _where(self, name: str, kind: str) -> dict[str, Any]:
         state, where = self.state, self.where
-        tagged = _autograd_tag()
+        tagged = autograd_tag()
         phase = state.phase()
         source = where.frames.here()
         module = where.current_module()
@@ -329,10 +329,3 @@ def _hold(value: Any, store: TensorStore) -> Any:
     if isinstance(value, (list, tuple)):
         return HeldList(tuple(_hold(v, store) for v in value))
     return scalar_json(value)
-
-
-def _autograd_tag() -> tuple[Any, str | None] | None:
-    node = torch._C._current_autograd_node()
-    if node is None:
-        return None
-    return node.metadata.get("reprocut")

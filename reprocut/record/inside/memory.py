@@ -30,6 +30,7 @@ from reprocut.model.oom import library_blocks, snapshot_free_blocks
 from reprocut.model.recording import atomic_write
 from reprocut.record.inside.frames import UserFrames
 from reprocut.record.inside.state import RunState
+from reprocut.record.inside.where import autograd_tag
 
 MEMORY_FILE = "memory.json"
 SNAPSHOT_FILE = "memory_snapshot.pickle"
@@ -110,17 +111,11 @@ class MemoryWatch(TorchDispatchMode):
         """The user's line (in backward: the forward line tagged on the node) and module."""
         stack = self.state.module_stack
         module = stack[-1] if stack else None
-        node = torch._C._current_autograd_node()
-        if node is not None:
-            tag = node.metadata.get("reprocut")
-            if tag and tag[0] is not None:
-                return (tag[0].file, tag[0].line), module or tag[1]
-        frame: FrameType | None = sys._getframe(3)
-        while frame is not None:
-            if self.frames.is_user(frame.f_code):
-                return (frame.f_code.co_filename, frame.f_lineno), module
-            frame = frame.f_back
-        return None, module
+        tag = autograd_tag()
+        if tag and tag[0] is not None:
+            return (tag[0].file, tag[0].line), module or tag[1]
+        found = self.frames.find(sys._getframe(3))
+        return (None if found is None else (found.file, found.line)), module
 
     # --- lifecycle -------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from reprocut.record.inside.public import PublicCalls
 from reprocut.record.inside.records import Culprit, Snapshot
 from reprocut.record.inside.specs import held_spec, is_cuda_error, on_cpu, spec_tuple
 from reprocut.record.inside.state import RunState
-from reprocut.record.inside.where import Where
+from reprocut.record.inside.where import Where, autograd_tag
 
 
 class OpRecorder(TorchDispatchMode):
@@ -251,7 +251,7 @@ class OpRecorder(TorchDispatchMode):
         if backward and self._untagged:
             self._tag_outputs()
         public_call, public = (None, None) if backward else self.public.context(view)
-        tagged = _autograd_tag() if backward or not view.user else None
+        tagged = autograd_tag() if backward or not view.user else None
         source = view.source()
         if source is None and tagged is not None:
             source = tagged[0]
@@ -278,7 +278,7 @@ class OpRecorder(TorchDispatchMode):
         """The line outside torch that called the API running this op. In backward no such
         frame is on the stack: the forward's, tagged on the autograd node, if any."""
         if self.state.phase() == "backward":
-            return _tagged_call_site(_autograd_tag())
+            return _tagged_call_site(autograd_tag())
         return self.where.frames.call_site(sys._getframe(1))
 
     def _note(self, func: Any, name: str, call: dict[str, Any], *, synchronized: bool) -> None:
@@ -292,7 +292,7 @@ class OpRecorder(TorchDispatchMode):
                 (state.public_stack[0][1] if state.public_stack else None),
                 None,
             )
-        tagged = _autograd_tag()
+        tagged = autograd_tag()
         phase = state.phase()
         forward_source = tagged[0] if tagged else None
         module = where.current_module()
@@ -318,13 +318,6 @@ class OpRecorder(TorchDispatchMode):
                 loop=where.loops.read(sys._getframe(1)),
             )
         )
-
-
-def _autograd_tag() -> tuple[SourceLocation | None, str | None] | None:
-    node = torch._C._current_autograd_node()
-    if node is None:
-        return None
-    return node.metadata.get("reprocut")
 
 
 def _tagged_call_site(tagged: tuple[Any, ...] | None) -> SourceLocation | None:

@@ -93,3 +93,12 @@ class Where:
             call_site=self.frames.call_site(sys._getframe(2)),
             loop=self.loops.read(sys._getframe(2)),
         )
+
+
+def autograd_tag() -> tuple[Any, ...] | None:
+    """The (forward line, module, call site) tag of the autograd node running now, if any:
+    in backward the only way to the forward line, no user frame being on the stack."""
+    node = torch._C._current_autograd_node()
+    if node is None:
+        return None
+    return node.metadata.get("reprocut")
