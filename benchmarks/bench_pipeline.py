@@ -140,6 +140,8 @@ def _shrink_figures(result: dict[str, Any], run: RunOutput, label: str) -> dict[
         f"{label}_checks": result.get("checks"),
         f"{label}_statements": result.get("statements"),
         f"{label}_phases": result.get("phases") or {},
+        # the fork server's own start: its torch import and warm-up (why fork_server is long)
+        f"{label}_server_phases": result.get("fork_server") or {},
         f"{label}_tail": "" if result else run.stderr_tail[-600:],
     }
     if label == "shrink":

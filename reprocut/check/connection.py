@@ -31,8 +31,11 @@ class ForkUnsafeError(RuntimeError):
     """The server's parent has CUDA initialised: forked children would inherit a broken context."""
 
 
-def start_server(workdir: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    """`python -m reprocut.check.forkserver`, once it said it is ready (it imports torch)."""
+def start_server(
+    workdir: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """`python -m reprocut.check.forkserver`, once it said it is ready (it imports torch), and
+    what it said (the seconds its import and warm-up took)."""
     log = (workdir / "server.log").open("a")
     server = subprocess.Popen(
         [sys.executable, "-m", "reprocut.check.forkserver", "--parent", str(os.getpid())],
@@ -55,7 +58,7 @@ def start_server(workdir: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     if ready.get("cuda_initialized"):
         kill_server(server)
         raise ForkUnsafeError("CUDA was initialised in the fork server before forking")
-    return server
+    return server, ready
 
 
 def _read_line(server: subprocess.Popen[str], timeout: float) -> str | None:

@@ -25,6 +25,7 @@ import os
 import select
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +53,14 @@ def _set_environment() -> None:
     os.environ.update(FORK_ENV)
 
 
-def _preload() -> None:
-    """What every child needs, imported once in the server (none of it touches CUDA)."""
+def _preload() -> dict[str, float]:
+    """What every child needs, imported once in the server (none of it touches CUDA); the
+    seconds each part took (the server's start is the first check's wait)."""
+    started = time.perf_counter()
     import torch
     import torch.nn.functional
 
+    imported = time.perf_counter()
     from reprocut.check import attribution
     from reprocut.model.publicapi import _public_index
 
@@ -65,16 +69,19 @@ def _preload() -> None:
     if os.environ.get("REPROCUT_FORKSERVER_WARMUP", "1") != "0":
         with attribution.FaultAttribution():
             torch.nn.functional.embedding(torch.tensor([0]), torch.zeros(1, 1)).sum().item()
+    done = time.perf_counter()
+    return {"import_torch": round(imported - started, 3), "warm_up": round(done - imported, 3)}
 
 
 def serve(stdin: Any, stdout: Any) -> None:
     """The request loop: JSON lines in; one JSON line out per request, as each is done."""
-    _preload()
+    seconds = _preload()
     import torch
 
     ready = {
         "ready": True,
         "pid": os.getpid(),
+        "seconds": seconds,
         "torch": torch.__version__,
         # a parent with CUDA initialised would poison every forked child: the oracle checks this
         "cuda_initialized": bool(torch.cuda.is_initialized()),

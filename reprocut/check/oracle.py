@@ -129,6 +129,7 @@ class Oracle:
         self.standby_cuda = standby_cuda
         self._server_lock = threading.Lock()  # prepare() may come from another thread
         self.startup_seconds: float | None = None  # how long warm_up took to start the server
+        self.server_seconds: dict[str, float] = {}  # the server's own: import_torch, warm_up
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -305,7 +306,9 @@ class Oracle:
     # --- fork server ----------------------------------------------------------------------------
 
     def _start_server(self) -> subprocess.Popen[str]:
-        return start_server(self.workdir, child_environment(blocking=self.launch_blocking))
+        server, ready = start_server(self.workdir, child_environment(blocking=self.launch_blocking))
+        self.server_seconds = ready.get("seconds") or {}
+        return server
 
     def _connect(self) -> None:
         """Start a server and its reply reader (the caller holds the server lock)."""

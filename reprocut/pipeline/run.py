@@ -214,6 +214,8 @@ def shrink_recording(
             extra["sanitizer"] = evidence.to_json()
         extra["same_bug"] = same.to_json()
         extra["stopped"] = outcome.stopped
+        if oracle.server_seconds:  # what the fork_server phase was made of
+            extra["fork_server"] = oracle.server_seconds
         extra["limits"] = {"max_time": limit, "max_checks": settings.max_checks}
         notes = tuple(note for note in (fallback, walked and walked.describe()) if note)
         notes += stopped_note(outcome, limit, settings.max_checks)
