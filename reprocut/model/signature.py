@@ -62,6 +62,7 @@ _ASSERTION_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
 
 _NUMBER = re.compile(r"(?<![A-Za-z_\d])-?\d+(\.\d+)?(e[-+]?\d+)?")
 _SIZES = re.compile(r"\b\d+(?:x\d+)+\b")  # "32x32", "4x4x4"
+_ADDRESS = re.compile(r"\b0x[0-9a-fA-F]+\b")  # "<built-in method ... at 0x7fbe3fb8c850>"
 _CUDA_ERROR = re.compile(r"CUDA error: ([^\n]+)")
 _TRITON_ERROR = re.compile(r"Triton Error \[CUDA\]: ([^\n]+)")
 # CuPy and the driver API: "CUDA_ERROR_MISALIGNED_ADDRESS: misaligned address",
@@ -171,6 +172,7 @@ def normalize_message(message: str) -> str:
     """The first line of a message with numbers replaced, so shrinking sizes keeps it equal."""
     first = message.strip().splitlines()[0] if message.strip() else ""
     first = normalize_inductor(first)  # a generated kernel's cache file and temporaries
+    first = _ADDRESS.sub("<address>", first)  # differs every run
     first = _SIZES.sub(lambda m: "x".join("<n>" for _ in m.group(0).split("x")), first)
     return _NUMBER.sub("<n>", first).strip()
 
