@@ -52,9 +52,10 @@ class Graphs:
 
     def __init__(self) -> None:
         self.cache: dict[type, tuple[str, ...]] = {}
-        # id -> node, the node kept: Python wrappers of C++ nodes are made on each access and
-        # an id freed with its wrapper is reused by the next one (a set of ids cut the H200's
-        # walks short: 24 nodes of 16 validation graphs, 3 of a two-layer attention)
+        # id -> node, the node kept: Python wrappers of C++ nodes are made on each access, and
+        # an id freed with its wrapper can be reused by the next one, whose node a set of ids
+        # would skip (the likely cause of the H200's short walks: 24 nodes of 16 validation
+        # graphs, 3 of a two-layer attention; not reproduced with real nodes on CPU)
         self.seen: dict[int, Any] = {}
         self.unreadable = 0  # saved values that could not be read (freed by a backward pass)
 
