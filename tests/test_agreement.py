@@ -269,3 +269,51 @@ def test_a_case_that_needs_blocking_launches_sets_them_before_torch_is_imported(
     )
     assert "Environment: CUDA_LAUNCH_BLOCKING=1" in code
     assert plain_fails(code, tmp_path / "repro.py")
+
+
+def test_a_captured_aten_calls_first_plain_run_goes_beside_the_shrink(tmp_path):
+    """reprocut's own captured call of aten ops: its first plain run does not hold up the
+    shrink (settle gives its answer), and a candidate that only drops process-sensitive parts
+    needs none; one that adds such a part still gets one."""
+    script = tmp_path / "repro.py"
+    verdict = Reproduced(EMBEDDING, "index out of range in self", "", 1.0)
+    fails = (
+        'import torch\n\nids = torch.tensor([12], device="cpu")\n'
+        'torch.nn.functional.embedding(ids, torch.zeros(10, 4, device="cpu"))\n'
+    )
+    with PlainAgreement(captured=True) as agreement:
+        assert agreement(fails, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
+        assert agreement.runs == 0  # still running beside
+        script.write_text("raise SystemExit(0)\n")  # the oracle's next candidate: not what runs
+        assert agreement.settle() is None and agreement.runs == 1
+        assert agreement.disagreements == 0
+        fewer = fails.replace(', device="cpu"))', "))")
+        assert agreement(fewer, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
+        assert agreement.runs == 1  # only removed a device: no plain run
+        more = fails.replace("embedding(ids,", "embedding(ids.contiguous(),")
+        assert agreement(more, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
+        assert agreement.runs == 2  # a new process-sensitive word: a plain run
+
+
+def test_a_first_plain_run_beside_the_shrink_that_disagrees_refuses_what_followed(tmp_path):
+    script = tmp_path / "repro.py"
+    verdict = Reproduced(EMBEDDING, "index out of range in self", "", 1.0)
+    with PlainAgreement(captured=True) as agreement:
+        assert (
+            agreement(FORK_DEPENDENT, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
+        )
+        refused = agreement.settle()
+        assert isinstance(refused, ForkOnly) and agreement.disagreements == 1
+        later = agreement(FORK_DEPENDENT + "\n", str(script), str(tmp_path), [], verdict, EMBEDDING)
+        assert isinstance(later, ForkOnly)  # built on a candidate that fails in a fork alone
+        agreement.start_scripts()  # the script is reduced next: its candidates start afresh
+        assert agreement.settle() is None
+
+
+def test_a_custom_op_candidate_is_still_confirmed_before_the_shrink_goes_on(tmp_path):
+    script = tmp_path / "repro.py"
+    verdict = Reproduced(EMBEDDING, "index out of range in self", "", 1.0)
+    custom = "import torch\n\ntorch.ops.mylib.pad_rows(torch.zeros(2))\n"
+    with PlainAgreement(captured=True) as agreement:
+        seen = agreement(custom, str(script), str(tmp_path), [], verdict, EMBEDDING)
+        assert isinstance(seen, ForkOnly) and agreement.runs == 1  # ran now, and disagreed

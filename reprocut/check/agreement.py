@@ -12,6 +12,12 @@ predicate accepts. The first candidate is always confirmed. Runs are bounded (`m
 half of a 60 s reduction); beyond that the final verification and the walk-back
 (`reprocut.shrink.walkback`) decide.
 
+A captured call of aten ops alone (`captured=True`, no custom op, no raw pointer) is cheaper to
+trust: a shrink only removes from it, and removing a tensor or a view from an aten call cannot
+make it fail in a fork alone, so only a process-sensitive word that appears or grows asks for a
+plain run; and its first plain run goes beside the shrink instead of before it (`settle` gives
+its answer). On the H200 the plain runs of a single-op device assert took 6 of its 16 s.
+
 `reproducing_form` settles the one case where blocking launches are truly needed: a CUDA case
 that reproduces only with CUDA_LAUNCH_BLOCKING=1 gets it in its `env`, which the emitter writes
 at the top of repro.py, so the oracle's children and the user's plain run both have it.
@@ -20,8 +26,11 @@ at the top of repro.py, so the oracle's children and the user's plain run both h
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,11 +47,30 @@ PROCESS_SENSITIVE = re.compile(
     r"\bfork\b|\bspawn\b|\bmultiprocessing\b"
 )
 BLOCKING = (("CUDA_LAUNCH_BLOCKING", "1"),)
+# what makes a candidate more than aten ops on its own tensors: an op outside aten/prims (its
+# kernel may read raw memory), a raw pointer, a kernel library
+NOT_ATEN = re.compile(
+    r"\btorch\.ops\.(?!aten\b|prims\b)\w+|\bdata_ptr\b|\bcupy\b|\btriton\b|\bload_inline\b|"
+    r"\bcpp_extension\b|\bctypes\b"
+)
+
+Fingerprint = tuple[tuple[str, int], ...]
 
 
-def fingerprint(code: str) -> tuple[tuple[str, int], ...]:
+def fingerprint(code: str) -> Fingerprint:
     """How often each process-sensitive word occurs in `code`."""
     return tuple(sorted(Counter(PROCESS_SENSITIVE.findall(code)).items()))
+
+
+def aten_only(code: str) -> bool:
+    """`code` calls aten ops on tensors it makes, and nothing that reads raw memory."""
+    return NOT_ATEN.search(code) is None
+
+
+def grew(mark: Fingerprint, confirmed: Fingerprint) -> bool:
+    """Some process-sensitive word occurs more often in `mark` than in `confirmed`."""
+    before = dict(confirmed)
+    return any(count > before.get(word, 0) for word, count in mark)
 
 
 class PlainAgreement:
@@ -56,8 +84,12 @@ class PlainAgreement:
         max_seconds: float | None = None,
         timeout: float = 120.0,
         finish: Callable[[str], str] | None = None,
+        captured: bool = False,
     ) -> None:
+        """`captured`: the candidates are reprocut's emitted captured calls, which a shrink
+        only makes smaller (not a user's script reduced)."""
         self.runner = runner or PlainRunner()
+        self.captured = captured
         # what a candidate becomes as repro.py (a script reduction's ends by waiting for the
         # GPU, as the fork child does after every candidate): the plain run runs that
         self.finish = finish
@@ -68,6 +100,8 @@ class PlainAgreement:
         self.runs = 0
         self.disagreements = 0
         self.seconds = 0.0
+        self._pending: Future[Verdict] | None = None  # the first run, beside the shrink
+        self._refused: ForkOnly | None = None  # what that run said, if it disagreed
 
     def trust(self, code: str) -> None:
         """`code` is known to fail this way in a plain run (the user's own script, which did):
@@ -90,15 +124,37 @@ class PlainAgreement:
         if not isinstance(verdict, Reproduced) or expected is None:
             return verdict
         mark = fingerprint(code)
+        trusted = self.captured and aten_only(code)
+        if self._refused is not None:  # the first candidate fails in a fork alone: so do these
+            return replace(self._refused, seconds=verdict.seconds)
         if mark == self.confirmed or self.runs >= self.max_runs:
+            return verdict
+        if trusted and self.confirmed is not None and not grew(mark, self.confirmed):
             return verdict
         if self.max_seconds is not None and self.runs and self.seconds >= self.max_seconds:
             return verdict  # the first run is always made: the biggest change comes first
+        if trusted and self.confirmed is None and self._pending is None:
+            self.confirmed = mark  # for now: `settle` says whether the plain run agreed
+            self._pending = self._beside(code, Path(filename), cwd, argv, verdict, expected)
+            return verdict
+        self.settle()  # one plain run at a time
         script = Path(filename)
+        return self._confirm(code, script, Path(cwd), argv, verdict, expected, mark)
+
+    def _confirm(
+        self,
+        code: str,
+        script: Path,
+        cwd: Path,
+        argv: list[str],
+        verdict: Verdict,
+        expected: Signature,
+        mark: Fingerprint,
+    ) -> Verdict:
         written = self.finish(code) if self.finish is not None else code
         if not script.exists() or script.read_text() != written:
             script.write_text(written)
-        outcome = self.runner.run(script, argv=argv, cwd=Path(cwd), timeout=self.timeout)
+        outcome = self.runner.run(script, argv=argv, cwd=cwd, timeout=self.timeout)
         self.runs += 1
         self.seconds += outcome.seconds
         seen = outcome.signature
@@ -108,6 +164,54 @@ class PlainAgreement:
         self.disagreements += 1
         return ForkOnly(verdict.signature, seen, outcome.stderr_tail, verdict.seconds)
 
+    def _beside(
+        self,
+        code: str,
+        script: Path,
+        cwd: str,
+        argv: list[str],
+        verdict: Verdict,
+        expected: Signature,
+    ) -> Future[Verdict]:
+        """The plain run of this candidate on a thread, from a folder of its own (the oracle
+        rewrites its script and sidecar for the next candidate meanwhile)."""
+        folder = Path(tempfile.mkdtemp(prefix="reprocut-first-"))
+        for sidecar in script.parent.glob("*.pt"):
+            shutil.copyfile(sidecar, folder / sidecar.name)
+        own = folder / script.name
+        own_cwd = folder if Path(cwd).resolve() == script.parent.resolve() else Path(cwd)
+        mark = self.confirmed or ()
+
+        def run() -> Verdict:
+            try:
+                return self._confirm(code, own, own_cwd, argv, verdict, expected, mark)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprocut-plain")
+        future = pool.submit(run)
+        pool.shutdown(wait=False)
+        return future
+
+    def settle(self) -> ForkOnly | None:
+        """Wait for the first candidate's plain run if it went beside the shrink: None when it
+        agreed (or none went), else its verdict, which every later candidate shares."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            seen = pending.result()
+            if isinstance(seen, ForkOnly):
+                self._refused = seen
+                self.confirmed = None
+        return self._refused
+
+    def start_scripts(self) -> None:
+        """The captured call did not reproduce: the user's script is reduced next, whose
+        candidates get every plain run a script's do."""
+        self.settle()
+        self.captured = False
+        self.confirmed = None
+        self._refused = None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "plain_runs": self.runs,
@@ -116,7 +220,7 @@ class PlainAgreement:
         }
 
     def close(self) -> None:
-        self.runner.close()
+        self.runner.close()  # a first run still beside the shrink ends within its timeout
 
     def __enter__(self) -> PlainAgreement:
         return self

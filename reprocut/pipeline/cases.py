@@ -132,15 +132,7 @@ def shrink_case(
     with phases.phase(FIRST_CHECK):  # waits for the fork server, if it is still starting
         case, _ = pick_case(failure, inputs, oracle)
     if case is None:
-        emitted = write_case(failure.cases[0], inputs, out, header)
-        return Outcome(
-            code=emitted.code,
-            statements=emitted.statements,
-            tensor_elements=failure.cases[0].total_numel(),
-            checks=oracle.checks,
-            sidecar=bool(emitted.sidecar_keys),
-            reproduced_from_capture=False,
-        )
+        return _unreproduced(failure, inputs, oracle, out, header)
     expected = _expected(case, failure)
 
     def predicate(candidate: ReproCase) -> bool:
@@ -165,10 +157,13 @@ def shrink_case(
     try:
         with phases.phase(SHRINK):
             best = shrinker.run()
+            refused = _first_plain_run_refused(oracle)
     except KeyboardInterrupt:
         raise ShrinkInterruptedError(
             f"interrupted: the best case so far is in {out / 'repro.py'} (not verified)"
         ) from None
+    if refused:  # the recorded call failed in a fork alone: nothing shrunk from it counts
+        return _unreproduced(failure, inputs, oracle, out, header)
     save(best)
     # Before the verification, not beside it: its answer is part of repro.py's header, and the
     # file the plain runs verify is the final one.
@@ -188,6 +183,27 @@ def shrink_case(
         cpu_message=cpu_message,
         stopped=_stopped(shrinker, max_checks),
     )
+
+
+def _unreproduced(
+    failure: Failure, inputs: dict[str, Any], oracle: Oracle, out: Path, header: Header
+) -> Outcome:
+    """No recorded call reproduces: the first, as it was recorded, for the record."""
+    emitted = write_case(failure.cases[0], inputs, out, header)
+    return Outcome(
+        code=emitted.code,
+        statements=emitted.statements,
+        tensor_elements=failure.cases[0].total_numel(),
+        checks=oracle.checks,
+        sidecar=bool(emitted.sidecar_keys),
+        reproduced_from_capture=False,
+    )
+
+
+def _first_plain_run_refused(oracle: Oracle) -> bool:
+    """The first candidate's plain run, made beside the shrink (check/agreement.py), disagreed."""
+    settle = getattr(oracle.confirm, "settle", None)
+    return settle is not None and settle() is not None
 
 
 def _stopped(shrinker: Shrinker, max_checks: int) -> str:

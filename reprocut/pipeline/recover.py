@@ -52,8 +52,9 @@ def agree(
     which failed so in their own run."""
     finish = _source_finish(failure)
     agreement = PlainAgreement(
-        timeout=timeout, finish=finish if source else None, max_seconds=max_seconds
-    )
+        timeout=timeout, finish=finish if source else None, max_seconds=max_seconds,
+        captured=not source,
+    )  # fmt: skip
     oracle.confirm = agreement
     agreement.warm_up()
     log = AcceptedLog(out / ACCEPTED_DIR, finish=finish)

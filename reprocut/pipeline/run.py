@@ -410,6 +410,9 @@ def _shrink(
     # the captured call alone does not fail so (a custom op whose code could not be carried,
     # state the call depends on): the script itself, reduced, may still
     print_phase(console, "the captured call did not reproduce: reducing the script instead")
+    start_scripts = getattr(oracle.confirm, "start_scripts", None)
+    if start_scripts is not None:  # the script's candidates get a script's plain runs
+        start_scripts()
     if log is not None and not log.entries:
         log.start_source(unshrunk_script(failure))
     with phases.phase(SOURCE):
