@@ -2,7 +2,8 @@
 
     python benchmarks/bench_faults.py --device cuda --jobs 3 --no-generic --out $OUT
 
-Each case (every memory-fault and custom-op case of the corpus by default): `reprocut record`
+All cases are recorded first (`--record-jobs` at once), then shrunk `--jobs` at a time. Each
+case (every memory-fault and custom-op case of the corpus by default): `reprocut record`
 (scored against case.toml as run_corpus scores it), then `reprocut shrink` of that recording at
 its default settings (`--max-time` given: that limit instead), then the repro run once more as a
 plain `python repro.py` (no CUDA_LAUNCH_BLOCKING, from the folder it was written to), which must
@@ -179,8 +180,9 @@ def run_generic(source: SourceCase | None, scratch: Path, options: argparse.Name
     )
 
 
-def bench_case(case: CorpusCase, root: Path, options: argparse.Namespace) -> FaultRow:
-    """Record, then shrink and the generic reducer side by side, each then run plainly."""
+def record_case(case: CorpusCase, root: Path, options: argparse.Namespace) -> tuple[RunOutput, str]:
+    """`reprocut record` of the case, in a scratch folder of its own: the run and its run folder
+    ("" when the recording did not end in one)."""
     scratch = root / case.name
     scratch.mkdir(parents=True, exist_ok=True)
     record = run_json(
@@ -188,11 +190,21 @@ def bench_case(case: CorpusCase, root: Path, options: argparse.Namespace) -> Fau
         scratch,
         options.record_timeout + 30,
     )
-    source = source_case(case, options.device)
     run_dir = (record.data or {}).get("run_dir")
     if not (run_dir and record.returncode == 0):
+        return record, ""
+    return record, str((scratch / run_dir).resolve())
+
+
+def bench_case(
+    case: CorpusCase, root: Path, options: argparse.Namespace, recorded: tuple[RunOutput, str]
+) -> FaultRow:
+    """Shrink the recording and the generic reducer side by side, each then run plainly."""
+    scratch = root / case.name
+    record, run_dir = recorded
+    source = source_case(case, options.device)
+    if not run_dir:
         return FaultRow(case.name, case.family, score_case(case, options.device, record))
-    run_dir = str((scratch / run_dir).resolve())
     with ThreadPoolExecutor(max_workers=1) as pool:
         generic = pool.submit(run_generic, source, scratch, options) if options.beside else None
         shrunk, reduced = run_reprocut_shrink(run_dir, scratch, source, options)
@@ -219,7 +231,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     parser.add_argument("--cases", nargs="*", default=list(CASES), help="corpus case names")
-    parser.add_argument("--jobs", type=int, default=3, help="cases at once")
+    parser.add_argument("--jobs", type=int, default=3, help="shrinks at once")
+    parser.add_argument(
+        "--record-jobs", type=int, default=None,
+        help="recordings at once, all made before the first shrink (default: --jobs)",
+    )  # fmt: skip
     parser.add_argument(
         "--max-time", type=float, default=None, help="shrink's limit (default: shrink's defaults)"
     )
@@ -237,6 +253,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _recorded(case: CorpusCase, root: Path, options: argparse.Namespace) -> tuple[RunOutput, str]:
+    try:
+        return record_case(case, root, options)
+    except Exception as exc:  # the shrink phase reports it as the case's row
+        return RunOutput(1, None, 0.0, f"harness: {exc!r}"), ""
+
+
 def main(argv: list[str] | None = None) -> int:
     options = parse_args(argv)
     wanted = set(options.cases)
@@ -250,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_time": options.max_time,
         "check_timeout": options.check_timeout,
         "jobs": options.jobs,
+        "record_jobs": options.record_jobs or options.jobs,
         "generic_version": generic_reducer.version() if options.generic else "(not run)",
         **environment(options.device),
     }
@@ -257,9 +281,17 @@ def main(argv: list[str] | None = None) -> int:
     lock = threading.Lock()
     root = Path(tempfile.mkdtemp(prefix="reprocut-faults-"))
 
+    # every recording first (side by side), then the shrinks, `--jobs` at a time: with --jobs 1
+    # each shrink has the machine to itself, as a user's has
+    print(f"recording {len(cases)} cases, {options.record_jobs or options.jobs} at once",
+          file=sys.stderr, flush=True)  # fmt: skip
+    with ThreadPoolExecutor(max_workers=max(1, options.record_jobs or options.jobs)) as pool:
+        recorded = pool.map(lambda case: _recorded(case, root, options), cases)
+        recordings = {case.name: run for case, run in zip(cases, recorded, strict=True)}
+
     def one(case: CorpusCase) -> FaultRow:
         try:
-            row = bench_case(case, root, options)
+            row = bench_case(case, root, options, recordings[case.name])
         except Exception as exc:  # a row that says so, not a lost benchmark
             empty = CaseScore(case.name, options.device, case.expect, notes=(f"harness: {exc!r}",))
             row = FaultRow(case.name, case.family, empty)

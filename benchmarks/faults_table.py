@@ -146,7 +146,9 @@ def render(rows: list[FaultRow], meta: dict[str, Any]) -> str:
         + (f" ({meta['incomplete']})" if meta.get("incomplete") else ""),
         f"- command: `{meta['command']}`",
         settings_line(meta, rows),
-        f"- {meta.get('jobs', '?')} cases at once; {meta.get('check_timeout', '?')} s per plain "
+        f"- recordings {meta.get('record_jobs', meta.get('jobs', '?'))} at once, all before the "
+        f"shrinks; shrinks {meta.get('jobs', '?')} at once (1: each alone on the machine); "
+        f"{meta.get('check_timeout', '?')} s per plain "
         f"check of the harness; generic reducer: {meta.get('generic_version', '(not run)')}",
         f"- each case's repro.py, report.md, compute-sanitizer logs and shrink JSON: "
         f"`{repros_folder(Path('.'), meta['device']).name}/`",

@@ -19,7 +19,8 @@
 #            default list: STAGES=speed, about 7 minutes (SPEED_CONFIGS=parallel: about 4)
 #   faults   issues #11, #23 (~6 min, at most FAULTS_LIMIT): the memcheck and agreement cuda tests
 #            beside benchmarks/bench_faults.py: record + shrink at its default settings of the 9
-#            memory-fault and custom-op corpus cases (FAULTS_JOBS=3 at once): verified, same bug
+#            memory-fault and custom-op corpus cases (all recorded first, FAULTS_RECORD_JOBS=3 at
+#            once, then shrunk FAULTS_JOBS=3 at once; FAULTS_JOBS=1: each shrink alone): verified, same bug
 #            (memcheck fingerprints), time; FAULTS_GENERIC=1 adds the generic reducer after each
 #            shrink on the same limit; faults-cuda.md/.json and faults-cuda-repros/;
 #            shrinkray comes from $SHRINKRAY, PATH, or the wheels
@@ -209,7 +210,7 @@ stage_faults() {
     # shrink at its default settings (FAULTS_MAX_TIME: a limit instead), no generic reducer
     # unless FAULTS_GENERIC=1: 9 memory-fault and custom-op cases, FAULTS_JOBS at once
     timeout -k 10 "${FAULTS_LIMIT:-400}" python3 benchmarks/bench_faults.py --device cuda \
-        --jobs "${FAULTS_JOBS:-3}" ${FAULTS_MAX_TIME:+--max-time $FAULTS_MAX_TIME} --check-timeout 30 \
+        --jobs "${FAULTS_JOBS:-3}" --record-jobs "${FAULTS_RECORD_JOBS:-3}" ${FAULTS_MAX_TIME:+--max-time $FAULTS_MAX_TIME} --check-timeout 30 \
         --record-timeout 150 --tail 150 --out "$OUT" ${FAULTS_CASES:+--cases $FAULTS_CASES} \
         $([ "${FAULTS_GENERIC:-0}" = 1 ] || echo --no-generic) >"$LOGS/bench_faults.log" 2>&1
     echo "bench_faults exit $?" >>"$LOGS/bench_faults.log"

@@ -195,6 +195,34 @@ def test_an_op_level_oom_is_reported_with_its_request_and_why(recorded):
         assert report["signature"]["kind"] == "out of memory"
 
 
+# The op's out-of-memory error, then what the script saw on the H200 when PyTorch lost that
+# error on its way out of the autograd engine's CUDA thread (recording the allocator's history).
+LOST_ERROR = """\
+import torch
+
+x = torch.randn(8, 8)
+try:
+    x.new_empty(2**40)  # 4 TiB
+except RuntimeError:
+    raise SystemError(
+        "<built-in method run_backward of torch._C._EngineBase object at 0x7f00> returned NULL"
+        " without setting an exception"
+    ) from None
+"""
+
+
+def test_an_oom_that_pytorch_lost_on_the_way_is_reported_as_the_op_raised_it(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(LOST_ERROR)
+    command = [sys.executable, "-m", "reprocut", "record", "--json", str(script)]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    report = json.loads(done.stdout)
+    assert report["error"]["type"] in ("OutOfMemoryError", "RuntimeError")  # torch < 2.5: the latter
+    assert report["signature"]["kind"] == "out of memory"
+    assert report["memory"]["requested_bytes"] == 2**42
+    assert "lost the op's error on its way to the script" in done.stderr
+
+
 def _shrink(run_dir: str) -> tuple[int, dict[str, Any]]:
     command = [sys.executable, "-m", "reprocut", "shrink", "--json", "--runs", "2", run_dir]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240)

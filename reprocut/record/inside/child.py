@@ -24,7 +24,7 @@ from reprocut.check import lifeline
 from reprocut.model.case import SourceLocation
 from reprocut.model.recording import atomic_write
 from reprocut.record.inside.main_module import run_main
-from reprocut.record.inside.outcome import OUTCOME_FILE, error_json, recorded_state
+from reprocut.record.inside.outcome import OUTCOME_FILE, failure_error, recorded_state
 from reprocut.record.inside.pytest_failure import FailedTest
 
 NONFINITE_INPUTS_FILE = "nonfinite-inputs.pt"
@@ -98,11 +98,12 @@ def main(config_path: str) -> None:
             surfaced = line_sync.launch  # the line after which the GPU first reported the fault
         elif surfaced is None and ended:
             surfaced = _script_end(script)
+        error = failure_error(exc, recorder.state.culprit_error)
         outcome = {
             "status": "failed",
             "exit_code": exit_code,
-            "error": error_json(exc),
-            "traceback": user_traceback(exc),
+            "error": error,
+            "traceback": user_traceback(exc, error),
             "surfaced_at": _location_json(surfaced),
             "last_op": recorder.state.last_op,
             "loop": recorder.loops.from_traceback(exc.__traceback__),
@@ -119,7 +120,7 @@ def main(config_path: str) -> None:
             outcome["test"] = test
         recorder.early.write(outcome)  # before closing and teardown, which may crash
         if memory is not None:
-            memory.at_failure(exc)
+            memory.at_failure(exc, f"{error['type']}: {error['message']}")
     finally:
         compile_use.__exit__()
         light_step = recorder.light_step  # read before close(), which turns the modes off
@@ -172,13 +173,19 @@ def _script_end(script: str) -> SourceLocation:
     )
 
 
-def user_traceback(exc: BaseException) -> str:
-    """The traceback as `python script.py` would print it: reprocut's own frames left out."""
+def user_traceback(exc: BaseException, error: dict[str, Any] | None = None) -> str:
+    """The traceback as `python script.py` would print it: reprocut's own frames left out;
+    and, where PyTorch lost the op's error on the way, what the op raised."""
     from reprocut.record.inside.frames import plain_python_frames
 
     frames = plain_python_frames(list(traceback.extract_tb(exc.__traceback__)))
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
     lines.extend(traceback.format_exception_only(type(exc), exc))
+    if error is not None and "surfaced_as" in error:
+        lines.append(
+            "reprocut: PyTorch lost the op's error on its way to the script; the op raised "
+            f"{error['type']}: {error['message']}\n"
+        )
     return "".join(lines)
 
 

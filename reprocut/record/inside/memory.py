@@ -165,8 +165,9 @@ class MemoryWatch(TorchDispatchMode):
 
         return analyse(self.live, self.frames, frame, tb, step)
 
-    def at_failure(self, exc: BaseException) -> None:
-        """The script raised (an out-of-memory error, in the rerun): who holds what, now."""
+    def at_failure(self, exc: BaseException, error: str | None = None) -> None:
+        """The script raised (an out-of-memory error, in the rerun): who holds what, now.
+        `error`: the failure's own text, where it differs from `exc`'s (outcome.failure_error)."""
         _drop_own_frames(exc.__traceback__)
         with torch._C._DisableTorchDispatch():
             self.prune()
@@ -177,7 +178,7 @@ class MemoryWatch(TorchDispatchMode):
                 "step": step,
                 "allocated": allocated,
                 "reserved": reserved,
-                "error": f"{type(exc).__name__}: {exc}",
+                "error": error or f"{type(exc).__name__}: {exc}",
                 **self._walk(None, exc.__traceback__, step),
                 **_cuda_state(self.run_dir, self._cuda_history, tracked),
             }

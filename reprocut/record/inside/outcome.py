@@ -42,6 +42,26 @@ def error_json(exc: BaseException) -> dict[str, Any]:
     }
 
 
+# what CPython says when a C function failed but the exception was lost before it returned: on
+# the H200 an out-of-memory error in backward, raised through reprocut's dispatch mode on the
+# autograd engine's CUDA thread, reached the script as this (while recording the allocator's
+# history); a plain run of the same script raised torch.OutOfMemoryError
+_LOST = "returned NULL without setting an exception"
+
+
+def error_lost_on_the_way(exc: BaseException) -> bool:
+    """`exc` says only that some error was lost on its way to Python."""
+    return isinstance(exc, SystemError) and _LOST in str(exc)
+
+
+def failure_error(exc: BaseException, culprit_error: dict[str, Any] | None) -> dict[str, Any]:
+    """The run's error: `exc`, or the culprit op's own where PyTorch lost it on the way (then
+    `surfaced_as` keeps what the script saw)."""
+    if culprit_error is None or not error_lost_on_the_way(exc):
+        return error_json(exc)
+    return {**culprit_error, "surfaced_as": error_json(exc)}
+
+
 def recorded_state(state: RunState, light_step: bool, *, failed: bool) -> dict[str, Any]:
     """What the recorder holds for the outcome: where the script was, its culprit, snapshots."""
     return {
@@ -70,7 +90,10 @@ class EarlyOutcome:
         error is being handled)."""
         if self.state.culprit is None:
             self.state.culprit = culprit
-            self.report(sys.exc_info()[1])
+            error = sys.exc_info()[1]
+            if error is not None:
+                self.state.culprit_error = error_json(error)
+            self.report(error)
 
     def report(self, error: BaseException | None) -> None:
         """The culprit was just noted while `error` is being handled: write the outcome."""

@@ -42,6 +42,9 @@ class RunState:
     pending: list[tuple[int, tuple[int, Any], list[Snapshot]]] = field(default_factory=list)
     healthy_through: int = -1  # last step whose kernels are known to have completed
     culprit: Culprit | None = None
+    # the culprit's error as its op raised it ({type, message, code}): PyTorch can lose it on
+    # its way out of a CUDA backward thread (outcome.error_lost_on_the_way)
+    culprit_error: dict[str, Any] | None = None
     # the outermost public call in flight (calls.py), its arguments captured once asked for
     public_stack: list[PublicEntry] = field(default_factory=list)
     public_captured: dict[int, HeldCall] = field(default_factory=dict)
