@@ -217,7 +217,10 @@ def test_an_oom_that_pytorch_lost_on_the_way_is_reported_as_the_op_raised_it(tmp
     command = [sys.executable, "-m", "reprocut", "record", "--json", str(script)]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     report = json.loads(done.stdout)
-    assert report["error"]["type"] in ("OutOfMemoryError", "RuntimeError")  # torch < 2.5: the latter
+    assert report["error"]["type"] in (
+        "OutOfMemoryError",
+        "RuntimeError",
+    )  # torch < 2.5: the latter
     assert report["signature"]["kind"] == "out of memory"
     assert report["memory"]["requested_bytes"] == 2**42
     assert "lost the op's error on its way to the script" in done.stderr

@@ -42,6 +42,7 @@ class PytestWatch:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         if self.test is None:
             self.state.culprit = None  # noted in an earlier test that did not fail by it
+            self.state.culprit_error = None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
