@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -317,3 +318,48 @@ def test_a_custom_op_candidate_is_still_confirmed_before_the_shrink_goes_on(tmp_
     with PlainAgreement(captured=True) as agreement:
         seen = agreement(custom, str(script), str(tmp_path), [], verdict, EMBEDDING)
         assert isinstance(seen, ForkOnly) and agreement.runs == 1  # ran now, and disagreed
+
+
+def _warmed_at_a_cuda_error() -> Oracle:
+    """record's warm oracle, as it is once the script printed its first CUDA error."""
+    from reprocut.check.warmer import OracleWarmer
+
+    warmer = OracleWarmer(timeout=30)
+    warmer.on_line("RuntimeError: CUDA error: device-side assert triggered")
+    oracle = warmer.ready()
+    deadline = time.monotonic() + 60
+    while oracle.plain_ahead is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return oracle
+
+
+def test_records_plain_interpreter_started_ahead_serves_the_shrinks_first_plain_run(tmp_path):
+    """`record --shrink`: at the script's first CUDA error the warmer starts a plain
+    interpreter (its torch import takes seconds on a GPU machine), and the shrink's agreement
+    takes it over; one the shrink never takes ends with the oracle."""
+    from reprocut.model.case import signature_to_json
+    from reprocut.model.recording import ErrorInfo, Failure
+    from reprocut.pipeline.recover import agree
+
+    oracle = _warmed_at_a_cuda_error()
+    ahead = oracle.plain_ahead
+    assert ahead is not None
+    failure = Failure.from_json(
+        {"status": "failed", "error": ErrorInfo("IndexError", "").to_json(),
+         "signature": signature_to_json(EMBEDDING)}
+    )  # fmt: skip
+    agreement, _ = agree(oracle, failure, tmp_path, source=False, timeout=60)
+    assert agreement.runner is ahead and oracle.plain_ahead is None
+    script = tmp_path / "repro.py"
+    fails = (
+        "import torch\n\ntorch.nn.functional.embedding(torch.tensor([12]), torch.zeros(10, 4))\n"
+    )
+    verdict = Reproduced(EMBEDDING, "index out of range in self", "", 1.0)
+    with agreement:
+        assert agreement(fails, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
+        assert agreement.settle() is None and ahead.runs == 1  # it ran in the one started ahead
+    oracle.close(wait=False)
+    untaken = _warmed_at_a_cuda_error()
+    process = untaken.plain_ahead._standby.process
+    untaken.close(wait=False)
+    assert untaken.plain_ahead is None and process.wait(timeout=30) is not None

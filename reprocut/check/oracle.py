@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reprocut import PACKAGE_DIR
 from reprocut.check.connection import (
@@ -49,6 +49,9 @@ from reprocut.check.verdicts import (
     Verdict,
     verdict_from_reply,
 )
+
+if TYPE_CHECKING:
+    from reprocut.check.plainrun import PlainRunner
 from reprocut.model.case import ReproCase, Signature
 from reprocut.shrink.emitter import SIDECAR_NAME, emit, inline_captured
 from reprocut.shrink.header import Header
@@ -130,6 +133,9 @@ class Oracle:
         self._server_lock = threading.Lock()  # prepare() may come from another thread
         self.startup_seconds: float | None = None  # how long warm_up took to start the server
         self.server_seconds: dict[str, float] = {}  # the server's own: import_torch, warm_up
+        # a plain interpreter started ahead (check/warmer.py: at record's first CUDA error) for
+        # the shrink's first plain confirmation, which would otherwise wait for its torch import
+        self.plain_ahead: PlainRunner | None = None
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -282,6 +288,9 @@ class Oracle:
         not (its children are then reaped by init)."""
         with self._server_lock:
             self._stop_server(wait=wait)
+        if self.plain_ahead is not None:  # not taken by a shrink
+            self.plain_ahead.close()
+            self.plain_ahead = None
         self._tmp.cleanup()
 
     def __enter__(self) -> Oracle:

@@ -59,6 +59,12 @@ class OracleWarmer:
         if self.ready() is not None:
             with contextlib.suppress(Exception):
                 self.oracle.prepare()
+            with contextlib.suppress(Exception):  # `record --shrink`'s first plain run's
+                from reprocut.check.plainrun import PlainRunner
+
+                ahead = PlainRunner()
+                ahead.warm_up()
+                self.oracle.plain_ahead = ahead
 
 
 def is_cuda_error_line(line: str) -> bool:

@@ -51,8 +51,9 @@ def agree(
     most), and the accepted-candidate log. A script reduction starts from the user's script,
     which failed so in their own run."""
     finish = _source_finish(failure)
+    ahead, oracle.plain_ahead = oracle.plain_ahead, None  # record's, already importing torch
     agreement = PlainAgreement(
-        timeout=timeout, finish=finish if source else None, max_seconds=max_seconds,
+        ahead, timeout=timeout, finish=finish if source else None, max_seconds=max_seconds,
         captured=not source,
     )  # fmt: skip
     oracle.confirm = agreement
