@@ -224,6 +224,7 @@ def test_an_oom_that_pytorch_lost_on_the_way_is_reported_as_the_op_raised_it(tmp
     assert report["signature"]["kind"] == "out of memory"
     assert report["memory"]["requested_bytes"] == 2**42
     assert "lost the op's error on its way to the script" in done.stderr
+    assert report["error"]["surfaced_as"]["type"] == "SystemError"
 
 
 def _shrink(run_dir: str) -> tuple[int, dict[str, Any]]:

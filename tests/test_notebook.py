@@ -114,3 +114,21 @@ def test_a_notebook_is_recorded_by_cell_and_shrunk_to_a_verified_repro(tmp_path,
     assert run.returncode != 0 and "Target 4 is out of bounds" in run.stderr
     markdown = Path(shrink["report"]).read_text()
     assert "train.ipynb, cell 6 (In [4]), line 3" in markdown
+
+
+def test_every_panel_names_a_notebook_line_by_its_cell():
+    """The failure, NaN and memory panels name a line through one function: a notebook's as
+    its cell, a script's as its path."""
+    from reprocut.model.case import SourceLocation
+    from reprocut.report.display.memory import _line
+    from reprocut.report.paths import where_text
+
+    cell = SourceLocation(cell_filename(str(NOTEBOOK), 6), 3, "x = 1")
+    assert (
+        where_text(cell, str(NOTEBOOK.parent)) == "notebook_labels.ipynb, cell 6 (In [4]), line 3"
+    )
+    assert _line(cell) == "notebook_labels.ipynb, cell 6 (In [4]), line 3"
+    script = SourceLocation("/work/proj/train.py", 41, "loss.backward()")
+    assert where_text(script, "/work/proj") == "train.py:41"
+    assert _line(script) == "train.py:41"
+    assert where_text(None) == "?" and where_text(None, missing="unknown") == "unknown"

@@ -91,6 +91,7 @@ def error_info(error: dict[str, Any], stderr: str) -> ErrorInfo:
         code=error.get("code") if error.get("code") is not None else code,
         name=name,
         assertions=tuple(a.to_json() for a in parse_assertions(stderr)),
+        surfaced_as=error.get("surfaced_as"),
     )
 
 

@@ -54,15 +54,20 @@ class ErrorInfo:
     code: int | None = None
     name: str | None = None  # "device-side assert triggered"
     assertions: tuple[dict[str, Any], ...] = ()
+    # what the script saw instead, where PyTorch lost the op's error on its way ({type, message})
+    surfaced_as: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "type": self.type,
             "message": self.message,
             "code": self.code,
             "name": self.name,
             "assertions": list(self.assertions),
         }
+        if self.surfaced_as is not None:
+            data["surfaced_as"] = self.surfaced_as
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ErrorInfo:
@@ -72,6 +77,7 @@ class ErrorInfo:
             code=data.get("code"),
             name=data.get("name"),
             assertions=tuple(data.get("assertions", ())),
+            surfaced_as=data.get("surfaced_as"),
         )
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import re
 
+from reprocut.model.case import SourceLocation
+from reprocut.model.notebook import place_of
+
 _PACKAGE_DIRS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 
 
@@ -23,6 +26,17 @@ def shown_path(path: str, base: str = "") -> str:
         if marker in path:
             return path.rsplit(marker, 1)[1]
     return without_home(path)
+
+
+def where_text(location: SourceLocation | None, base: str = "", *, missing: str = "?") -> str:
+    """`train.py:41` as shown_path shows the file, or a notebook's `train.ipynb, cell 7 (In [5]),
+    line 3`: one way of naming a line for every panel."""
+    if location is None:
+        return missing
+    place = place_of(location.file, location.line)
+    if place is not None:
+        return place.describe(base)
+    return f"{shown_path(location.file, base)}:{location.line}"
 
 
 def without_home(text: str) -> str:

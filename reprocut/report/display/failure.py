@@ -19,7 +19,7 @@ from reprocut.report.display.memory import memory_json, memory_section
 from reprocut.report.display.nonfinite import nonfinite_json, nonfinite_section
 from reprocut.report.display.ranks import other_ranks, rank_head, ranks_json
 from reprocut.report.display.tables import FittedTable
-from reprocut.report.paths import shown_path
+from reprocut.report.paths import shown_path, where_text
 
 TITLES = {
     "localized": "first faulting op found",
@@ -29,25 +29,6 @@ TITLES = {
     "nonfinite-input": "a NaN/inf came in from outside the step's ops",
     "compile-only": "fails only under torch.compile",
 }
-
-
-def _where(location: SourceLocation | None, cwd: str = "") -> str:
-    if location is None:
-        return "unknown"
-    place = place_of(location.file, location.line)
-    if place is not None:  # `train.ipynb, cell 7 (In [5]), line 3`
-        return place.describe(cwd)
-    path = location.file
-    if cwd and path.startswith(cwd.rstrip("/") + "/"):
-        path = path[len(cwd.rstrip("/")) + 1 :]
-    return f"{path}:{location.line}"
-
-
-def _where_shown(location: SourceLocation, cwd: str) -> str:
-    place = place_of(location.file, location.line)
-    if place is not None:
-        return place.describe(cwd)
-    return f"{shown_path(location.file, cwd)}:{location.line}"
 
 
 def same_line(a: SourceLocation | None, b: SourceLocation | None) -> bool:
@@ -169,11 +150,16 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
             if failure.phase == "backward"
             else "your code"
         )
-        parts.append(Text(f"\n{label}: {_where(failure.source, failure.cwd)}", style="bold"))
+        parts.append(
+            Text(
+                f"\n{label}: {where_text(failure.source, failure.cwd, missing='unknown')}",
+                style="bold",
+            )
+        )
         parts.append(source_context(failure.source))
     if failure.call_site is not None and not same_line(failure.call_site, failure.source):
         site = Text("torch called from ", style="bold")
-        site.append(_where_shown(failure.call_site, failure.cwd), style="cyan")
+        site.append(where_text(failure.call_site, failure.cwd), style="cyan")
         if failure.call_site.text:
             site.append(f"  {failure.call_site.text}", style="dim")
         parts.append(site)
@@ -193,7 +179,9 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
         parts.append(assertion)
     if failure.surfaced_at is not None and failure.surfaced_at != failure.source:
         surfaced = Text("\nwithout blocking, the error surfaced at ", style="bold")
-        surfaced.append(_where(failure.surfaced_at, failure.cwd), style="magenta")
+        surfaced.append(
+            where_text(failure.surfaced_at, failure.cwd, missing="unknown"), style="magenta"
+        )
         if failure.surfaced_at.text:
             surfaced.append(f"  {failure.surfaced_at.text}", style="dim")
         surfaced.append(
@@ -258,13 +246,7 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
         "call_site": location(failure.call_site),
         "loop": dict(failure.loop),
         "frameworks": dict(failure.frameworks),
-        "error": {
-            "type": failure.error.type,
-            "code": failure.error.code,
-            "name": failure.error.name,
-            "message": failure.error.message,
-            "assertions": list(failure.error.assertions),
-        },
+        "error": failure.error.to_json(),
         "surfaced_at": location(failure.surfaced_at),
         "signature": {
             "error_type": failure.signature.error_type,

@@ -15,10 +15,12 @@ from reprocut.model.case import SourceLocation
 from reprocut.model.memory import CAUSE_HELD, MemoryReport
 from reprocut.model.oom import format_bytes
 from reprocut.report.display.tables import FittedTable
+from reprocut.report.paths import where_text
 
 
 def _line(location: SourceLocation | None) -> str:
-    return "?" if location is None else f"{os.path.basename(location.file)}:{location.line}"
+    """The file relative to its own folder (the table fits 80 columns), or the notebook cell."""
+    return where_text(location, "" if location is None else os.path.dirname(location.file))
 
 
 def memory_section(report: MemoryReport, run_dir: Path, *, limit: int = 5) -> RenderableType:

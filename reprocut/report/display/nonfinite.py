@@ -10,6 +10,7 @@ from rich.text import Text
 
 from reprocut.model.case import SourceLocation
 from reprocut.model.nonfinite import ENTERED, FROM_INF, Link, NonfiniteOrigin
+from reprocut.report.paths import where_text
 
 
 def kind_name(kind: str) -> str:
@@ -27,15 +28,6 @@ def how_text(origin: NonfiniteOrigin) -> str:
             f"when step {origin.step} began, so no op of that step made it"
         )
     return f"made {kind_name(origin.kind)} from finite inputs"
-
-
-def short_where(location: SourceLocation | None, cwd: str = "") -> str:
-    if location is None:
-        return "?"
-    path = location.file
-    if cwd and path.startswith(cwd.rstrip("/") + "/"):
-        path = path[len(cwd.rstrip("/")) + 1 :]
-    return f"{path}:{location.line}"
 
 
 def _chain_groups(chain: tuple[Link, ...]) -> list[tuple[Link, list[Link]]]:
@@ -61,13 +53,13 @@ def nonfinite_section(origin: NonfiniteOrigin, cwd: str = "", *, full: bool) -> 
         if origin.module:
             head.append(f"  module   {origin.module}\n")
         if origin.source is not None:
-            head.append(f"  line     {short_where(origin.source, cwd)}  ")
+            head.append(f"  line     {where_text(origin.source, cwd)}  ")
             head.append(f"{origin.source.text}\n", style="dim")
     head.append(f"  {how_text(origin)}", style="yellow")
     if origin.autograd_node:
         head.append(f"\n  in the backward of {origin.autograd_node}")
         if origin.source is not None:
-            head.append(f", whose forward line is {short_where(origin.source, cwd)}", style="dim")
+            head.append(f", whose forward line is {where_text(origin.source, cwd)}", style="dim")
     parts.append(head)
     if full and origin.facts:
         parts.append(Text("\n".join(f"  {fact}" for fact in origin.facts), style="yellow"))
@@ -75,7 +67,7 @@ def nonfinite_section(origin: NonfiniteOrigin, cwd: str = "", *, full: bool) -> 
         parts.append(Text("then carried on by", style="bold"))
         lines = []
         for first, links in _chain_groups(origin.chain):
-            line = Text(f"  {short_where(first.source, cwd)} ({first.phase}")
+            line = Text(f"  {where_text(first.source, cwd)} ({first.phase}")
             if first.autograd_node:
                 line.append(f", {first.autograd_node}")
             line.append("): ")
@@ -89,7 +81,7 @@ def nonfinite_section(origin: NonfiniteOrigin, cwd: str = "", *, full: bool) -> 
             line.append(f"failed at step {ended.step}: ", style="red")
             line.append(ended.message)
             where = [
-                w for w in (ended.op, short_where(ended.source, cwd) if ended.source else "") if w
+                w for w in (ended.op, where_text(ended.source, cwd) if ended.source else "") if w
             ]
             if where:
                 line.append(f" ({', '.join(where)})", style="dim")
