@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import generic_reducer
-from benchmarks.bench_source import SourceCase, fresh_signature, run_shrinkray
+from benchmarks.bench_source import SourceCase, run_shrinkray
 from benchmarks.corpus_cases import CORPUS, CorpusCase, load_cases
 from benchmarks.corpus_score import CaseScore, RunOutput, score_case
 from benchmarks.faults_table import FaultRow, Reduced, matches_truth, repros_folder, write
@@ -95,18 +95,14 @@ def source_case(case: CorpusCase, device: str) -> SourceCase | None:
     return SourceCase(case.name, case.folder, expected, argv=(*case.args, "--device", device))
 
 
-def plain_verified(script: Path, argv: tuple[str, ...], source: SourceCase, timeout: float) -> bool:
-    """One plain `python script argv...` (no CUDA_LAUNCH_BLOCKING) fails with the signature."""
-    seen = fresh_signature(script, argv, timeout, blocking=False)
-    return seen is not None and seen.matches(source.expected)
-
-
-def repro_run(repro: Path, source: SourceCase, timeout: float) -> tuple[bool, str]:
-    """`python repro.py` as a user runs it (its own interpreter, teardown and all, no
+def repro_run(
+    repro: Path, source: SourceCase, timeout: float, argv: tuple[str, ...] = ()
+) -> tuple[bool, str]:
+    """`python repro.py argv...` as a user runs it (its own interpreter, teardown and all, no
     CUDA_LAUNCH_BLOCKING): does it fail with the signature; if not, what it did instead."""
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("CUDA_LAUNCH_BLOCKING", None)
-    outcome = run_plain(repro, timeout=timeout, env=env)
+    outcome = run_plain(repro, argv=argv, timeout=timeout, env=env)
     if outcome.signature is not None and outcome.signature.matches(source.expected):
         return True, ""
     ended = "timed out" if outcome.returncode is None else f"exit {outcome.returncode}"
@@ -169,7 +165,7 @@ def run_generic(source: SourceCase | None, scratch: Path, options: argparse.Name
     if outcome.code:
         reduced = work / source.script
         reduced.write_text(outcome.code)
-        verified = plain_verified(reduced, source.argv, source, options.check_timeout * 2)
+        verified, _ = repro_run(reduced, source, options.check_timeout * 2, argv=source.argv)
     return Reduced(
         seconds=round(outcome.seconds, 1),
         checks=outcome.checks,

@@ -103,7 +103,7 @@ def test_results_keep_one_name_per_device_and_a_rerun_overwrites(tmp_path):
     assert first == second == tmp_path / "faults-cuda.md"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["faults-cuda.json", "faults-cuda.md"]
     text = second.read_text()
-    assert "2026-12-02" in text and "4 cases at once" in text and "`faults-cuda-repros/`" in text
+    assert "2026-12-02" in text and "shrinks 4 at once" in text and "`faults-cuda-repros/`" in text
     assert repros_folder(tmp_path, "cuda") == tmp_path / "faults-cuda-repros"
 
 

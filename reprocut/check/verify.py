@@ -65,13 +65,17 @@ def signature_from_stderr(stderr: str) -> Signature | None:
 
 
 def run_plain(
-    script: Path, *, timeout: float = 120.0, env: dict[str, str] | None = None
+    script: Path,
+    *,
+    argv: Sequence[str] = (),
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
 ) -> RunOutcome:
-    """`python script` from the script's folder, in its own process group (`env`: its
+    """`python script argv...` from the script's folder, in its own process group (`env`: its
     environment, this process's by default)."""
     started = time.perf_counter()
     process = subprocess.Popen(
-        [sys.executable, script.name],
+        [sys.executable, script.name, *argv],
         cwd=script.parent,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
