@@ -129,6 +129,9 @@ def _record_figures(run: RunOutput, label: str) -> dict[str, Any]:
         meta = {}
     figures[f"{label}_script_s"] = meta.get("seconds")
     figures[f"{label}_localize_s"] = meta.get("localize_seconds")
+    # the script's run split: until its failure was known, then until its process had exited
+    figures[f"{label}_failed_after_s"] = meta.get("failed_after_seconds")
+    figures[f"{label}_exit_s"] = meta.get("exit_after_failure_seconds")
     if run.returncode is None:
         figures[f"{label}_status"] = "timeout"
     return figures

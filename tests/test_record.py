@@ -53,6 +53,9 @@ def test_embedding_example_is_localized_with_facts(tmp_path, capsys):
     assert len(steps) == report["step"], "every completed step is in the trace"
     meta = run_dir.read_meta()  # where the time went, for the benchmarks
     assert meta["status"] == "localized" and meta["seconds"] > 0 and meta["localize_seconds"] >= 0
+    # the script's run split at the moment its failure was known
+    assert 0 < meta["failed_after_seconds"] <= meta["seconds"]
+    assert meta["exit_after_failure_seconds"] >= 0
 
 
 def test_cross_entropy_target_names_step_module_and_value(tmp_path, capsys):

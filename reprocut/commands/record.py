@@ -204,6 +204,19 @@ def run(options: argparse.Namespace, console: Console) -> int:
             warmer.close()
 
 
+def _failure_timing(first: RunResult) -> dict[str, float]:
+    """Of the script's run: seconds until its failure was known, and from then until its
+    process had exited (a process after a CUDA error can take seconds to tear down)."""
+    failed_at = (first.outcome or {}).get("failed_at")
+    if not (isinstance(failed_at, (int, float)) and first.started_at):
+        return {}
+    failed_after = failed_at - first.started_at
+    return {
+        "failed_after_seconds": round(failed_after, 3),
+        "exit_after_failure_seconds": round(first.seconds - failed_after, 3),
+    }
+
+
 def _compiled_run(
     options: argparse.Namespace,
     launch: Launch,
@@ -315,6 +328,7 @@ def _record(
         status=failure.status,
         seconds=round(first.seconds, 3),
         localize_seconds=round(time.perf_counter() - localize_started, 3),
+        **_failure_timing(first),
     )
     run_dir.write_meta(meta)
     if not options.json:

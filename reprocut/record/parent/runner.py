@@ -40,6 +40,7 @@ class RunResult:
     stdout: str
     stderr: str
     outcome: dict[str, Any] | None  # the child's own report; None if it died without one
+    started_at: float = 0.0  # time.time() at the child's start (the outcome's failed_at is one)
 
     @property
     def crashed(self) -> bool:
@@ -109,7 +110,7 @@ def run_script(
             }
         )
     )
-    start = time.monotonic()
+    start, started_at = time.monotonic(), time.time()
     process = subprocess.Popen(
         [
             sys.executable,
@@ -162,6 +163,7 @@ def run_script(
         stdout=stdout_log.read_text(errors="replace"),
         stderr=stderr_log.read_text(errors="replace"),
         outcome=outcome,
+        started_at=started_at,
     )
 
 
