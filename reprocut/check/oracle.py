@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reprocut import PACKAGE_DIR
 from reprocut.check.connection import (
@@ -49,9 +49,6 @@ from reprocut.check.verdicts import (
     Verdict,
     verdict_from_reply,
 )
-
-if TYPE_CHECKING:
-    from reprocut.check.plainrun import PlainRunner
 from reprocut.model.case import ReproCase, Signature
 from reprocut.shrink.emitter import SIDECAR_NAME, emit, inline_captured
 from reprocut.shrink.header import Header
@@ -134,8 +131,9 @@ class Oracle:
         self.startup_seconds: float | None = None  # how long warm_up took to start the server
         self.server_seconds: dict[str, float] = {}  # the server's own: import_torch, warm_up
         # a plain interpreter started ahead (check/warmer.py: at record's first CUDA error) for
-        # the shrink's first plain confirmation, which would otherwise wait for its torch import
-        self.plain_ahead: PlainRunner | None = None
+        # the shrink's first plain confirmation, which would otherwise wait for its torch import;
+        # a check.plainrun.PlainRunner (plainrun imports this module, so not named in its type)
+        self.plain_ahead: Any = None
 
     # --- public API ---------------------------------------------------------------------------
 
