@@ -60,7 +60,8 @@ CASES = (  # the memory faults and the custom ops (the cuBLAS status cases: --ca
 DEFAULT_LIMIT = 120.0  # the harness's reckoning of shrink's longest default reduction limit
 # what shrink wrote -> the suffix of its copy, <case><suffix>, in the repros folder
 COPIED = {"repro.py": ".py", "report.md": ".report.md", "sanitizer.log": ".sanitizer.log",
-          "sanitizer-original.log": ".sanitizer-original.log"}  # fmt: skip
+          "sanitizer-original.log": ".sanitizer-original.log",
+          "repro-refused.py": ".refused.py"}  # fmt: skip
 
 
 def count_lines(code: str) -> int:

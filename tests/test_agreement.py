@@ -6,6 +6,7 @@ in the oracle's processes walks back to an earlier one that verifies."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import time
@@ -13,11 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from reprocut.check.agreement import PlainAgreement, fingerprint
 from reprocut.check.oracle import ForkOnly, Oracle, Passed, Reproduced
 from reprocut.check.verify import run_plain, verify
-from reprocut.model.case import Signature
+from reprocut.model.case import Signature, signature_to_json
+from reprocut.model.recording import ErrorInfo, Failure
+from reprocut.pipeline.cases import Outcome
+from reprocut.pipeline.recover import walk_back_outcome
+from reprocut.shrink.header import Environment
 from reprocut.shrink.walkback import AcceptedLog, walk_back
 from reprocut.source.passes import delete_statements, shrink_integers
 from reprocut.source.reducer import reduce_source
@@ -242,6 +248,25 @@ def test_a_reduction_whose_last_candidates_fail_only_in_the_oracle_walks_back(
     following = log.entries[walked.chosen.index + 1].path
     assert not reproduces(following)  # the next one is where the processes disagreed
     assert walked.probes <= 2 + len(log.entries).bit_length()
+    # as shrink does it: the chosen one written, the final one kept beside it with what it did
+    out = tmp_path / "out"
+    out.mkdir()
+    final_path = out / "repro.py"
+    final_path.write_text(final)
+    outcome = Outcome(code=final, statements=0, tensor_elements=None, checks=0, sidecar=False)
+    failure = Failure.from_json(
+        {"status": "failed", "error": ErrorInfo("IndexError", "").to_json(),
+         "signature": signature_to_json(EMBEDDING)}
+    )  # fmt: skip
+    failed_plainly = verify(final_path, EMBEDDING, runs=2, timeout=120)
+    chosen_outcome, verified, pipeline_walk = walk_back_outcome(
+        log, outcome, failed_plainly, failure, {}, Environment(), runs=2, timeout=120, out=out,
+        console=Console(file=io.StringIO()),
+    )  # fmt: skip
+    assert verified.reproduced == 2 and "12" in chosen_outcome.code
+    refused = pipeline_walk.to_json()["refused"]
+    assert (out / refused["file"]).read_text() == final
+    assert refused["exit"] == 0 and refused["signature"] is None  # it ran without failing
 
 
 def test_the_same_reduction_with_todays_oracle_ends_in_a_repro_that_verifies(oracle, tmp_path):
@@ -337,8 +362,6 @@ def test_records_plain_interpreter_started_ahead_serves_the_shrinks_first_plain_
     """`record --shrink`: at the script's first CUDA error the warmer starts a plain
     interpreter (its torch import takes seconds on a GPU machine), and the shrink's agreement
     takes it over; one the shrink never takes ends with the oracle."""
-    from reprocut.model.case import signature_to_json
-    from reprocut.model.recording import ErrorInfo, Failure
     from reprocut.pipeline.recover import agree
 
     oracle = _warmed_at_a_cuda_error()

@@ -22,7 +22,7 @@ from reprocut.check.oracle import Oracle
 from reprocut.check.sanitizer import Evidence, attach, evidence_for, run_memcheck, wants_evidence
 from reprocut.check.verify import Verification, run_plain, verify
 from reprocut.model.errors import ExitCode
-from reprocut.model.recording import Failure
+from reprocut.model.recording import Failure, atomic_write
 from reprocut.pipeline.cases import Outcome, failure_header
 from reprocut.report.display.sanitizer import print_evidence
 from reprocut.report.display.shrink import print_phase
@@ -116,6 +116,7 @@ def walk_back_outcome(
     walked = walk_back(
         log, reproduces=reproduces, verifies=verifies, render=renderer(header), inputs=inputs
     )
+    walked = replace(walked, refused=_refused(outcome.code, verification, failure, out))
     if walked.chosen is None:
         return outcome, verification, walked
     code = install(walked.chosen, out)
@@ -128,6 +129,28 @@ def walk_back_outcome(
         sidecar=SIDECAR_NAME in code,
     )
     return chosen, seen[walked.chosen.path], walked
+
+
+REFUSED_FILE = "repro-refused.py"
+
+
+def _refused(code: str, verification: Verification, failure: Failure, out: Path) -> dict[str, Any]:
+    """The final repro that did not verify, kept as repro-refused.py, and what the first of
+    its plain runs that did not fail so did instead."""
+    atomic_write(out / REFUSED_FILE, code)
+    missed = [
+        run for run in verification.outcomes
+        if run.signature is None or not run.signature.matches(failure.signature, compare_op=False)
+    ]  # fmt: skip
+    seen = missed[0] if missed else (verification.outcomes[0] if verification.outcomes else None)
+    refused: dict[str, Any] = {"file": REFUSED_FILE, "verified": verification.describe()}
+    if seen is not None:
+        refused.update(
+            exit=seen.returncode,
+            signature=None if seen.signature is None else seen.signature.describe(),
+            stderr_tail=seen.stderr_tail[-1500:],
+        )
+    return refused
 
 
 def start_memcheck(

@@ -109,6 +109,9 @@ class WalkBack:
     probes: int
     candidates: int
     reason: str
+    # the final repro that did not verify, kept beside the chosen one, and what its plain
+    # runs did instead (pipeline/recover.py): why a walk-back was needed
+    refused: dict[str, Any] | None = None
 
     def describe(self) -> str:
         """One sentence for report.md."""
@@ -127,6 +130,7 @@ class WalkBack:
             "candidates": self.candidates,
             "probes": self.probes,
             "reason": self.reason,
+            **({"refused": self.refused} if self.refused else {}),
         }
 
 
