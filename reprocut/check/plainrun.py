@@ -77,6 +77,11 @@ class _Standby:
         self.stderr_path.unlink(missing_ok=True)
 
 
+# cores for the fork server, reprocut and the verification's interpreters importing torch side
+# by side: with 2 (CI) the imports slowed the fork server by as much as they saved
+WARM_CORES = 8
+
+
 class Standbys:
     """`count` interpreters started now, for one verification later (reprocut.check.verify):
     they import torch while the shrink runs. Those not handed out are ended by `close`."""
@@ -84,6 +89,13 @@ class Standbys:
     def __init__(self, count: int, env: dict[str, str] | None = None) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="reprocut-verify-")
         self._waiting = [_Standby(Path(self._tmp.name), env) for _ in range(count)]
+
+    @classmethod
+    def if_worth_it(cls, count: int) -> Standbys | None:
+        """Started where the machine has the cores to import torch beside the fork server."""
+        if count < 2 or (os.cpu_count() or 1) < WARM_CORES:
+            return None
+        return cls(count)
 
     def take(self) -> list[_Standby]:
         """The waiting interpreters, each to run one script (handed out once)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from reprocut.check.agreement import reproducing_form
+from reprocut.check.agreement import PlainAgreement, reproducing_form
 from reprocut.check.oracle import Oracle, OtherFailure, Passed, Reproduced, Verdict
 from reprocut.check.precision import float64_behaviour
 from reprocut.model.case import ReproCase, Signature
@@ -127,7 +127,10 @@ def shrink_case(
     environment: Environment,
     on_event: Callable[[Any], None],
     phases: Phases,
+    agreement: PlainAgreement | None = None,
 ) -> Outcome:
+    """`agreement`: the oracle's plain confirmations, whose first may still be running beside
+    the shrink (its answer is waited for before the shrunk case counts)."""
     header = failure_header(failure, environment)
     with phases.phase(FIRST_CHECK):  # waits for the fork server, if it is still starting
         case, _ = pick_case(failure, inputs, oracle)
@@ -157,7 +160,7 @@ def shrink_case(
     try:
         with phases.phase(SHRINK):
             best = shrinker.run()
-            refused = _first_plain_run_refused(oracle)
+            refused = agreement is not None and agreement.settle() is not None
     except KeyboardInterrupt:
         raise ShrinkInterruptedError(
             f"interrupted: the best case so far is in {out / 'repro.py'} (not verified)"
@@ -198,12 +201,6 @@ def _unreproduced(
         sidecar=bool(emitted.sidecar_keys),
         reproduced_from_capture=False,
     )
-
-
-def _first_plain_run_refused(oracle: Oracle) -> bool:
-    """The first candidate's plain run, made beside the shrink (check/agreement.py), disagreed."""
-    settle = getattr(oracle.confirm, "settle", None)
-    return settle is not None and settle() is not None
 
 
 def _stopped(shrinker: Shrinker, max_checks: int) -> str:

@@ -12,7 +12,6 @@ fault. Each phase's seconds go to meta.json and `--json`.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
+from reprocut.check.agreement import PlainAgreement
 from reprocut.check.oracle import Oracle
 from reprocut.check.plainrun import Standbys
 from reprocut.check.verify import Verification, verify
@@ -168,7 +168,7 @@ def shrink_recording(
                 raise
         try:
             outcome = _shrink(run_dir, failure, inputs, environment, oracle, settings, phases,
-                              on_event, console, log)  # fmt: skip
+                              on_event, console, log, agreement)  # fmt: skip
         finally:
             oracle.close(wait=False)  # its processes end while the plain runs start
             agreement.close()
@@ -378,9 +378,11 @@ def _shrink(
     on_event: Any,
     console: Console,
     log: AcceptedLog | None = None,
+    agreement: PlainAgreement | None = None,
 ) -> Outcome:
     """The captured call, shrunk; or the script, reduced (`log`: the accepted candidates,
-    started afresh from the script when the captured call does not reproduce)."""
+    started afresh from the script when the captured call does not reproduce; `agreement`: the
+    oracle's plain confirmations, told when the script's candidates start)."""
     script = {
         "max_checks": settings.max_checks,
         "max_time": settings.time_limit(failure, script=True),
@@ -403,6 +405,7 @@ def _shrink(
         environment=environment,
         on_event=on_event,
         phases=phases,
+        agreement=agreement,
         **limits,
     )
     if outcome.reproduced_from_capture or not failure.script or not Path(failure.script).is_file():
@@ -410,19 +413,13 @@ def _shrink(
     # the captured call alone does not fail so (a custom op whose code could not be carried,
     # state the call depends on): the script itself, reduced, may still
     print_phase(console, "the captured call did not reproduce: reducing the script instead")
-    start_scripts = getattr(oracle.confirm, "start_scripts", None)
-    if start_scripts is not None:  # the script's candidates get a script's plain runs
-        start_scripts()
+    if agreement is not None:  # the script's candidates get a script's plain runs
+        agreement.start_scripts()
     if log is not None and not log.entries:
         log.start_source(unshrunk_script(failure))
     with phases.phase(SOURCE):
         return shrink_source(failure, oracle, on_event=on_event, kept=run_dir.launch_probe_path,
                              **script)  # fmt: skip
-
-
-# cores for the fork server, this process and the verification's interpreters importing torch
-# side by side: with 2 (CI) the imports slowed the fork server by as much as they saved
-WARM_CORES = 8
 
 
 def _warm_verification(
@@ -431,9 +428,8 @@ def _warm_verification(
     """Start the verification's interpreters now, to import torch while the shrink runs: for
     a captured call's repro, which reprocut writes and which starts by importing torch (a
     script reduction's repro is the user's code: its runs stay plain `python repro.py`)."""
-    if _is_source(failure, settings) or settings.runs < 2 or (os.cpu_count() or 1) < WARM_CORES:
-        return None
-    return cleanup.enter_context(contextlib.closing(Standbys(settings.runs)))
+    standbys = None if _is_source(failure, settings) else Standbys.if_worth_it(settings.runs)
+    return None if standbys is None else cleanup.enter_context(contextlib.closing(standbys))
 
 
 def _write_meta(run_dir: RunDir, result: dict[str, Any]) -> None:
