@@ -93,17 +93,18 @@ class EarlyOutcome:
             error = sys.exc_info()[1]
             if error is not None:
                 self.state.culprit_error = error_json(error)
-            self.report(error)
+                self.report(self.state.culprit_error)
 
-    def report(self, error: BaseException | None) -> None:
-        """The culprit was just noted while `error` is being handled: write the outcome."""
-        if error is None or os.getpid() != _MAIN_PID:
+    def report(self, error: dict[str, Any]) -> None:
+        """The culprit was just noted while `error` ({type, message, code}) is being handled:
+        write the outcome."""
+        if os.getpid() != _MAIN_PID:
             return
         self.write(
             {
                 "status": "failed",
                 "exit_code": 1,
-                "error": error_json(error),
+                "error": error,
                 "traceback": "",
                 "surfaced_at": None,
                 "last_op": self.state.last_op,
