@@ -5,6 +5,8 @@
   at least 20 errors (memcheck stopped after printing them)
 """
 
+from __future__ import annotations
+
 import torch
 
 import cupy
@@ -29,9 +31,10 @@ extern "C" __global__ void cmvn_vec4(const float* __restrict__ x, float* __restr
 _KERNEL = cupy.RawKernel(_SOURCE, "cmvn_vec4")
 x = torch.randn((1742,), dtype=torch.float32, device='cuda:0').as_strided((572,), (1,), 1170)
 mean, std = x.mean().item(), x.std().item()
-out = x.shape
+out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
 n = x.numel()
-blocks = (n // 4 + 4 + 256 - 1) // 256
+threads = 256
+blocks = (n // 4 + 4 + threads - 1) // threads
 args = (cupy.asarray(x), cupy.asarray(out), np.float32(mean), np.float32(1 / std), np.int32(n))
-_KERNEL((blocks,), (256,), args)
+_KERNEL((blocks,), (threads,), args)
 torch.cuda.synchronize()
