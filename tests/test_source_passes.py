@@ -35,6 +35,7 @@ from reprocut.source.passes import (
     unwrap_blocks,
 )
 from reprocut.source.passes.expressions import smaller_integers
+from reprocut.source.passes.specs import seeded
 from reprocut.source.passes.tree import focus_calls, names_reaching
 from reprocut.source.size import sort_key
 
@@ -465,9 +466,10 @@ def test_replace_with_specs_targets_the_focus_call():
     """)
     found = list(candidates(replace_with_specs, source, context))
     assert found[0] == code("""
+        torch.manual_seed(0)
         h = model(x)
         launch(torch.randn((3,), dtype=torch.float32).as_strided((2, 3), (0, 1), 0), out)
-    """)
+    """)  # a random tensor's candidate is seeded: every run draws the same values
     assert all("model(torch" not in c for c in found)
 
 
@@ -493,6 +495,7 @@ def test_replace_with_specs_replaces_a_name_wherever_its_function_reads_it():
     built = "torch.randn((3,), dtype=torch.float32).as_strided((2, 3), (0, 1), 0)"
     assert len(found) == 2  # each argument tries the spec recorded at its position
     assert found[1] == code(f"""
+        torch.manual_seed(0)
         def forward(x, cond):
             n = {built}.numel()
             kernel[grid](x, {built})
@@ -585,6 +588,7 @@ def test_replace_with_specs_replaces_tensor_parameters_of_the_launching_function
     """)
     built = "torch.randn((7,), dtype=torch.float32).as_strided((4,), (1,), 3)"
     assert next(candidates(replace_with_specs, source, context)) == code(f"""
+        torch.manual_seed(0)
         def cmvn(x):
             args = (asarray({built}), {built}.numel())
             launch((blocks,), args)
@@ -655,6 +659,7 @@ def test_jump_to_call_binds_the_probed_tensors_and_keeps_the_set_up():
         import sys
 
         import torch
+        torch.manual_seed(0)
 
         sys.path.insert(0, "vendor")
         SCALE = 4
@@ -698,3 +703,20 @@ def test_jump_to_call_binds_probed_plain_values_over_defaults():
     )
     pruned = next(candidates(jump_to_call, TRAINING, context))
     assert "eps = 0.5\nscale = (2, 3)\n" in pruned
+
+
+def test_a_candidate_with_random_tensors_draws_the_same_values_in_every_run():
+    """jump_to_call's tensors from specs are seeded once, after the imports (a seed the code
+    has at top level already is kept as it is)."""
+    spec = TensorSpec((64,), dtype="int64", values=Generated("randint", 22, 1 << 33))
+    context = PassContext(named_specs=(("x", spec),), focus="out = kernel(x, scale) - mean + eps")
+    first = next(candidates(jump_to_call, TRAINING, context))
+    assert first.count("torch.manual_seed(0)") == 1
+    assert first.index("import torch") < first.index("torch.manual_seed(0)") < first.index("x =")
+    drawn = []
+    for _ in range(2):
+        namespace: dict[str, object] = {"__name__": "candidate"}
+        exec(first.split("mean = ")[0], namespace)
+        drawn.append(namespace["x"])
+    assert torch.equal(drawn[0], drawn[1])
+    assert seeded(first) == first

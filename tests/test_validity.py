@@ -113,3 +113,16 @@ def test_a_cupy_launch_whose_arguments_are_bound_to_a_name_is_checked() -> None:
     assert MEMORY.rejects(on_cpu, best) == ["a CPU tensor handed to _KERNEL: ids"]
     regridded = best.replace("_KERNEL((1,), (128,), args)", "_KERNEL((1,), (1,), args)")
     assert MEMORY.rejects(regridded, best) == ["launch _KERNEL[(1,), (1,)]"]
+
+
+def test_a_seed_the_best_has_stays_while_random_tensors_are_drawn() -> None:
+    """On the H200 an unseeded candidate's index tensor spanning 2**33 rows faulted with error
+    700 in the fork and 717 in the plain runs: random tensors must draw the same values."""
+    seeded = _variant("import torch\n", "import torch\ntorch.manual_seed(0)\n")
+    assert Rules().rejects(BEST, seeded) == ["random tensors without a seed"]
+    assert MEMORY.rejects(BEST, seeded) == ["random tensors without a seed"]
+    # the best drew unseeded values already (the user's own script): nothing to keep
+    assert Rules().rejects(_variant("out = torch.empty", "out = torch.zeros"), BEST) == []
+    # nothing random left: the seed may go too
+    plain = 'import torch\nids = torch.full((64,), 1 << 20, device="cuda")\nids.sum()\n'
+    assert Rules().rejects(plain, seeded) == []

@@ -10,7 +10,9 @@ candidate before it is run and reject one that breaks a rule the current best ke
 - tensors stay on their device: no `.cpu()`, `.to("cpu")` or `device="cpu"` the best lacks;
 - a launch keeps its grid and block (Triton `k[grid](...)`, CuPy `k(grid, block, args)`) unless
   the pass that made the candidate shrinks them deliberately (`RESHAPING_PASSES`);
-- a failing custom op (`ns::op`) is still registered and still called.
+- a failing custom op (`ns::op`) is still registered and still called;
+- random tensors stay seeded: a top-level `torch.manual_seed` the best has stays while torch's
+  random generators are called (else each run draws other values: another bug, or none).
 
 The sanitizer at the end (reprocut.check.sanitizer) is the final word; these rules only keep
 the search away from candidates no sanitizer run should be spent on.
@@ -28,7 +30,13 @@ from pathlib import Path
 import libcst as cst
 
 from reprocut.source.custom_ops import registers, walk
-from reprocut.source.passes import import_module_name, parse, sibling_file, sibling_imports
+from reprocut.source.passes import (
+    import_module_name,
+    parse,
+    seeds_its_randomness,
+    sibling_file,
+    sibling_imports,
+)
 
 # passes allowed to change a launch's grid or block (none of today's passes is one)
 RESHAPING_PASSES: frozenset[str] = frozenset()
@@ -37,6 +45,7 @@ FACTORIES = frozenset({
     "linspace", "tensor", "as_tensor", "from_numpy", "eye",
 })  # fmt: skip
 _EMPTY = cst.Module([])
+UNSEEDED = "random tensors without a seed"
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -204,6 +213,8 @@ class Rules:
         if module is None:
             return Counter()
         found: Counter[str] = Counter()
+        if not seeds_its_randomness(module):
+            found[UNSEEDED] += 1
         if self.memory_fault:
             found.update(pointer_problems(module))
             found.update(f"moved off its device: {m}" for m in device_moves(module))

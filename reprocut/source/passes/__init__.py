@@ -21,7 +21,12 @@ from reprocut.source.passes.inlining import (
     sibling_imports,
 )
 from reprocut.source.passes.jump import jump_to_call
-from reprocut.source.passes.specs import literal, replace_with_specs, spec_expression
+from reprocut.source.passes.specs import (
+    literal,
+    replace_with_specs,
+    seeds_its_randomness,
+    spec_expression,
+)
 from reprocut.source.passes.statements import (
     delete_statements,
     inline_names,
@@ -81,6 +86,7 @@ __all__ = [
     "remove_all_unused",
     "remove_unused_definitions",
     "replace_with_specs",
+    "seeds_its_randomness",
     "shrink_integers",
     "sibling_file",
     "sibling_imports",

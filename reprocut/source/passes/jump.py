@@ -15,7 +15,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from reprocut.source.passes.specs import focus_scope, literal, spec_expression
+from reprocut.source.passes.specs import focus_scope, is_random, literal, seeded, spec_expression
 from reprocut.source.passes.statements import unused_definitions
 from reprocut.source.passes.tree import (
     PassContext,
@@ -55,6 +55,8 @@ def jump_to_call(code: str, context: PassContext) -> Generator[Any, Any, None]:
     for set_up in (pruned, kept) if len(pruned) < len(kept) else (kept,):
         for run in runs:
             candidate = _compiled(module.with_changes(body=[*set_up, *run]))
+            if candidate is not None and any(is_random(b) for _, b in bindings):
+                candidate = seeded(candidate)
             if candidate is None or candidate in tried:
                 continue
             tried.add(candidate)

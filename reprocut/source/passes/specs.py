@@ -21,6 +21,42 @@ from reprocut.source.passes.tree import (
 
 # --- replace_with_specs ----------------------------------------------------------------------
 
+RANDOM_MAKERS = frozenset({"randn", "rand", "randint"})
+_SEED = m.SimpleStatementLine(
+    [m.Expr(m.Call(func=m.Attribute(value=m.Name("torch"), attr=m.Name("manual_seed"))))]
+)
+_IMPORT_LINE = m.SimpleStatementLine([m.AtLeastN(m.Import() | m.ImportFrom(), n=1)])
+
+
+def is_random(value: cst.CSTNode) -> bool:
+    """A spec's tensor made by a random generator (`torch.randint(...)`, maybe viewed)."""
+    return bool(
+        m.findall(
+            value,
+            m.Call(
+                func=m.Attribute(value=m.Name("torch"), attr=m.OneOf(*map(m.Name, RANDOM_MAKERS)))
+            ),
+        )
+    )
+
+
+def seeds_its_randomness(module: cst.Module) -> bool:
+    """No torch random generator is called, or a top-level `torch.manual_seed(...)` is."""
+    return not is_random(module) or any(m.matches(s, _SEED) for s in module.body)
+
+
+def seeded(code: str) -> str:
+    """`code` with `torch.manual_seed(0)` after its imports, unless it seeds at top level
+    already. A candidate whose tensors come from random generators must draw the same values in
+    every run: on the H200 unseeded index tensors spanning 2**33 rows faulted with error 700 in
+    the fork and 717 in the plain runs, one bug in one run and another in the next."""
+    module = parse(code)
+    if module is None or any(m.matches(s, _SEED) for s in module.body):
+        return code  # seeded already
+    at = max((i + 1 for i, s in enumerate(module.body) if m.matches(s, _IMPORT_LINE)), default=0)
+    seed = cst.parse_statement("torch.manual_seed(0)\n")
+    return module.with_changes(body=[*module.body[:at], seed, *module.body[at:]]).code
+
 
 def literal(value: Any) -> cst.BaseExpression:
     """A Python value as an expression node (ints, floats, bools, strings, tuples)."""
@@ -224,6 +260,8 @@ def replace_with_specs(code: str, context: PassContext) -> Generator[Any, Any, N
         if _bound_to(module, name, value):
             continue  # jump_to_call made it so already: a second tensor would be all it adds
         candidate = _replace_name(code, module, scope, name, value)
+        if candidate is not None and is_random(value):
+            candidate = seeded(candidate)
         if candidate is not None and (yield candidate):
             code = candidate
     specs = context.specs
@@ -249,6 +287,8 @@ def replace_with_specs(code: str, context: PassContext) -> Generator[Any, Any, N
             if isinstance(arg.value, cst.Name) and _bound_to(module, arg.value.value, value):
                 continue
             candidate = _spec_candidate(code, module, arg, value)
+            if candidate is not None and is_random(value):
+                candidate = seeded(candidate)
             if candidate is not None and (yield candidate):
                 code, accepted = candidate, True
                 break
