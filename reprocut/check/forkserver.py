@@ -31,6 +31,7 @@ from typing import Any
 
 from reprocut import silence_torch_import_warnings
 from reprocut.check import lifeline
+from reprocut.check.childenv import BLOCKING_ENV, FORK_ENV
 from reprocut.check.forkchild import (
     Running,
     Standby,
@@ -43,8 +44,6 @@ from reprocut.check.forkchild import (
 
 __all__ = ["BLOCKING_ENV", "FORK_ENV", "main", "read_output", "run_request", "serve"]
 
-FORK_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # torch.cuda.is_available() without CUDA
-BLOCKING_ENV = {"CUDA_LAUNCH_BLOCKING": "1", **FORK_ENV}
 POLL_SECONDS = 0.005  # a child's end wakes the loop at once (its pipe closes); this is the fallback
 _parent: int | None = None  # reprocut's pid (--parent): once it is gone, the server ends
 

@@ -18,7 +18,6 @@ flight. `preload` has the server import the user's installed packages once for e
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 import threading
@@ -27,15 +26,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from reprocut import PACKAGE_DIR
+from reprocut.check import early_server
+from reprocut.check.childenv import child_environment
 from reprocut.check.connection import (
     ForkUnsafeError,
     Replies,
     Ticket,
+    await_ready,
     kill_server,
     start_server,
 )
-from reprocut.check.forkserver import BLOCKING_ENV, FORK_ENV
 from reprocut.check.fresh import run_fresh, run_with_timeout
 from reprocut.check.verdicts import (
     Cancelled,
@@ -74,21 +74,6 @@ SERVER_GRACE = 30.0  # seconds the server may take beyond a check's own timeout 
 PRELOAD_TIMEOUT = 300.0  # a trial import and the real one of every preloaded package
 
 
-def _package_root() -> str:
-    return os.path.dirname(PACKAGE_DIR)
-
-
-def child_environment(*, blocking: bool = True) -> dict[str, str]:
-    """The environment of reprocut's child processes, reprocut importable; with `blocking`
-    (probes and localization), blocking launches, else the user's own environment as it is."""
-    env = dict(os.environ)
-    env.update(BLOCKING_ENV if blocking else FORK_ENV)
-    root = _package_root()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 class Oracle:
     """Runs candidates in disposable processes; owns the fork server (started lazily)."""
 
@@ -116,7 +101,18 @@ class Oracle:
         self.compare_op = compare_op
         self.checks = 0
         self.seconds = 0.0
-        self._tmp = tempfile.TemporaryDirectory(prefix="reprocut-oracle-")
+        self._created = time.monotonic()
+        # `reprocut shrink`'s server, started before the command's imports: its folder is ours
+        self._early = (
+            early_server.take(child_environment(blocking=False))
+            if fork and not launch_blocking
+            else None
+        )
+        self._tmp = (
+            self._early.folder
+            if self._early
+            else tempfile.TemporaryDirectory(prefix="reprocut-oracle-")
+        )
         self.workdir = Path(self._tmp.name)
         self._server: subprocess.Popen[str] | None = None
         self._replies: Replies | None = None
@@ -129,7 +125,9 @@ class Oracle:
         self.standby_cuda = standby_cuda
         self._server_lock = threading.Lock()  # prepare() may come from another thread
         self.startup_seconds: float | None = None  # how long warm_up took to start the server
-        self.server_seconds: dict[str, float] = {}  # the server's own: import_torch, warm_up
+        # the server's own seconds (import_torch, warm_up); for a server the command started
+        # ahead, started_early and started_ahead_s (how long before this oracle existed)
+        self.server_seconds: dict[str, Any] = {}
         # a plain interpreter started ahead (check/warmer.py: at record's first CUDA error) for
         # the shrink's first plain confirmation, which would otherwise wait for its torch import;
         # a check.plainrun.PlainRunner (plainrun imports this module, so not named in its type)
@@ -313,6 +311,18 @@ class Oracle:
     # --- fork server ----------------------------------------------------------------------------
 
     def _start_server(self) -> subprocess.Popen[str]:
+        early, self._early = self._early, None
+        if early is not None and early.server.poll() is None:
+            ready = await_ready(early.server, self.workdir)
+            ahead = round(self._created - early.started, 3)
+            self.server_seconds = {
+                **ready.get("seconds", {}),
+                "started_early": True,
+                "started_ahead_s": ahead,
+            }
+            return early.server
+        if early is not None:  # it died before it was needed: start another
+            kill_server(early.server)
         server, ready = start_server(self.workdir, child_environment(blocking=self.launch_blocking))
         self.server_seconds = ready.get("seconds") or {}
         return server
@@ -380,6 +390,9 @@ class Oracle:
             kill_server(self._server, wait=wait)
             self._server = None
             self._replies = None
+        if self._early is not None:  # taken from the command, never needed
+            kill_server(self._early.server, wait=wait)
+            self._early = None
 
     # --- fresh processes ------------------------------------------------------------------------
 
