@@ -10,7 +10,9 @@ that gets its own process group, writes stdout/stderr to files, runs the code as
 FaultAttribution, sends its verdict through a pipe and leaves with `os._exit` (no destructors: a
 process after a sticky CUDA error can hang in teardown). Several children may be at work at once
 (the oracle checks candidates side by side); each reply is one JSON line carrying its request's
-id, written when that child is done, killed on timeout or cancelled (`{"cancel": id}`).
+id, written when that child is done, killed on timeout or cancelled (`{"cancel": id}`). A
+request runs in the standby child (`{"standby": true}`) if there is one, unless it says
+`fresh_child` (the standby is then discarded) or `leave_standby` (kept for the next request).
 `{"preload": [...]}` imports the user's script's installed packages once, here, for every later
 child (check/preload.py). `--once REQUEST` runs one request in this very process (the
 fresh-process mode of the oracle). With `--parent PID`, the server and its children end once that
@@ -159,7 +161,9 @@ class _Loop:
             self.serial += 1
             workdir = self.workdir / f"r{self.serial}"
             workdir.mkdir()
-            if self.standby is not None and not request.get("fresh_child"):
+            if request.get("leave_standby"):  # a check beside others: the standby is theirs
+                child = serve_one(request, workdir)
+            elif self.standby is not None and not request.get("fresh_child"):
                 self.standby, used = None, self.standby
                 child = used.start(request, workdir)
             else:  # a candidate that sets the environment CUDA reads must start it

@@ -121,7 +121,7 @@ class Oracle:
         self.preloaded: dict[str, Any] | None = None  # the server's reply: loaded, refused
         self._counts = threading.Lock()
         self.fork_disabled: str | None = None  # why the oracle fell back to fresh processes
-        self._sidecar_keys: tuple[tuple[str, ...], int] | None = None
+        self._sidecar_keys: dict[Path, tuple[tuple[str, ...], int]] = {}  # what each folder has
         self.standby_cuda = standby_cuda
         self._server_lock = threading.Lock()  # prepare() may come from another thread
         self.startup_seconds: float | None = None  # how long warm_up took to start the server
@@ -142,26 +142,34 @@ class Oracle:
         *,
         expected: Signature | None = None,
         timeout: float | None = None,
+        workdir: Path | None = None,
+        ticket: Ticket | None = None,
+        leave_standby: bool = False,
     ) -> Verdict:
-        """Emit `case` as a script and run it (captured values inlined or put in a sidecar)."""
+        """Emit `case` as a script and run it (captured values inlined or put in a sidecar).
+        `workdir`: a folder of its own for the script and sidecar (the oracle's by default), for
+        a check running beside others; `ticket` and `leave_standby` as for `check_source`."""
+        folder = workdir or self.workdir
         if inputs:
             case = inline_captured(case, inputs)
         emitted = emit(case, Header(expected=case.expected))
         if emitted.sidecar_keys:
-            self._write_sidecar(emitted.sidecar_keys, inputs or {})
-        filename = self.workdir / "repro.py"
+            self._write_sidecar(emitted.sidecar_keys, inputs or {}, folder)
+        filename = folder / "repro.py"
         if case.definitions:  # a custom op's code: `@triton.jit` reads its source from the file
-            filename = self.workdir / f"repro_{abs(hash(emitted.code)):x}.py"
+            filename = folder / f"repro_{abs(hash(emitted.code)):x}.py"
             filename.write_text(emitted.code)
         try:
             return self.check_source(
                 emitted.code,
                 filename=str(filename),
-                cwd=self.workdir,
+                cwd=folder,
                 argv=[],
                 timeout=timeout,
                 expected=expected or case.expected,
                 fresh_child=bool(case.env),  # its env must be set before CUDA starts
+                ticket=ticket,
+                leave_standby=leave_standby,
             )
         finally:
             if case.definitions:  # one file per candidate: gone once its check has run
@@ -180,11 +188,14 @@ class Oracle:
         fresh_child: bool = False,
         confirm: bool = True,
         ticket: Ticket | None = None,
+        leave_standby: bool = False,
     ) -> Verdict:
         """Run `code` as `__main__` (as `python filename argv...` from `cwd` would).
         `fresh_child`: not in a standby child whose CUDA context is made already. `confirm=False`:
         the caller applies the confirm hook itself (`confirm_verdict`), in an order of its own.
-        `ticket`: lets another thread cancel this check (its verdict is then `Cancelled`)."""
+        `ticket`: lets another thread cancel this check (its verdict is then `Cancelled`).
+        `leave_standby`: in a child forked for it, the standby child left to the next check (for
+        a check beside others that needs no CUDA context: the CPU one)."""
         request = {
             "code": code,
             "filename": str(filename),
@@ -194,13 +205,15 @@ class Oracle:
             "timeout": float(timeout or self.timeout),
             "sync": self.launch_blocking,
             "fresh_child": fresh_child,
+            "leave_standby": leave_standby,
         }
         started = time.perf_counter()
         if ticket is not None and ticket.cancelled:
             return Cancelled(0.0)
         if self.fork:
             reply = self._run_forked(request, ticket)
-            self.prepare()  # the next check's child starts while this verdict is read
+            if not leave_standby:
+                self.prepare()  # the next check's child starts while this verdict is read
         else:
             reply = self._run_fresh(request)
         expected = expected or self.expected
@@ -297,16 +310,18 @@ class Oracle:
 
     # --- sidecar ------------------------------------------------------------------------------
 
-    def _write_sidecar(self, keys: tuple[str, ...], inputs: Mapping[str, Any]) -> None:
-        if self._sidecar_keys == (keys, id(inputs)):
+    def _write_sidecar(
+        self, keys: tuple[str, ...], inputs: Mapping[str, Any], folder: Path
+    ) -> None:
+        if self._sidecar_keys.get(folder) == (keys, id(inputs)):
             return
         import torch
 
         missing = [key for key in keys if key not in inputs]
         if missing:
             raise KeyError(f"captured tensors missing from the inputs file: {missing}")
-        torch.save({key: inputs[key].detach().cpu() for key in keys}, self.workdir / SIDECAR_NAME)
-        self._sidecar_keys = (keys, id(inputs))
+        torch.save({key: inputs[key].detach().cpu() for key in keys}, folder / SIDECAR_NAME)
+        self._sidecar_keys[folder] = (keys, id(inputs))
 
     # --- fork server ----------------------------------------------------------------------------
 
