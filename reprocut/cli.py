@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from reprocut import __version__, silence_torch_import_warnings
+from reprocut.check import early_server
 from reprocut.model.errors import ExitCode, ReprocutError
-from reprocut.report.display.console import make_console, print_error, print_internal_error
 
 COMMANDS = {
     "record": (
@@ -123,9 +123,34 @@ def entry() -> NoReturn:
     os._exit(code)
 
 
+def wants_early_server(args: Sequence[str]) -> bool:
+    """`shrink` with the fork server (no --no-fork) and not for its help: the server is started
+    before the command's imports (check/early_server.py). Abbreviations count (argparse takes
+    `--no-f` for --no-fork)."""
+    if not args or args[0] != "shrink":
+        return False
+    options = [arg.split("=", 1)[0] for arg in args[1:]]
+    return not any(
+        arg == "-h" or (len(arg) > 2 and ("--no-fork".startswith(arg) or "--help".startswith(arg)))
+        for arg in options
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    silence_torch_import_warnings()
     args = list(sys.argv[1:] if argv is None else argv)
+    if wants_early_server(args):
+        early_server.spawn()
+    try:
+        return _main(args)
+    finally:
+        early_server.discard()  # the command ended without needing it
+
+
+def _main(args: list[str]) -> int:
+    # imported after the early server's start: rich alone takes a twentieth of a second
+    from reprocut.report.display.console import make_console, print_error, print_internal_error
+
+    silence_torch_import_warnings()
     parser = build_parser(args[0] if args and args[0] in COMMANDS else "")
     console = make_console()
     try:

@@ -36,6 +36,13 @@ def start_server(
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     """`python -m reprocut.check.forkserver`, once it said it is ready (it imports torch), and
     what it said (the seconds its import and warm-up took)."""
+    server = spawn_server(workdir, env)
+    return server, await_ready(server, workdir)
+
+
+def spawn_server(workdir: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """The server process, started and owned (it dies with reprocut), not waited for: `reprocut
+    shrink` starts it before importing the rest of itself (check/early_server.py)."""
     log = (workdir / "server.log").open("a")
     server = subprocess.Popen(
         [sys.executable, "-m", "reprocut.check.forkserver", "--parent", str(os.getpid())],
@@ -49,6 +56,11 @@ def start_server(
     )
     log.close()
     lifeline.own(server.pid)
+    return server
+
+
+def await_ready(server: subprocess.Popen[str], workdir: Path) -> dict[str, Any]:
+    """What a started server says once ready; a server that cannot serve is killed."""
     line = _read_line(server, STARTUP_TIMEOUT)
     ready = json.loads(line) if line else {}
     if not ready.get("ready"):
@@ -58,7 +70,7 @@ def start_server(
     if ready.get("cuda_initialized"):
         kill_server(server)
         raise ForkUnsafeError("CUDA was initialised in the fork server before forking")
-    return server, ready
+    return ready
 
 
 def _read_line(server: subprocess.Popen[str], timeout: float) -> str | None:

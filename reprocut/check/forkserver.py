@@ -10,7 +10,9 @@ that gets its own process group, writes stdout/stderr to files, runs the code as
 FaultAttribution, sends its verdict through a pipe and leaves with `os._exit` (no destructors: a
 process after a sticky CUDA error can hang in teardown). Several children may be at work at once
 (the oracle checks candidates side by side); each reply is one JSON line carrying its request's
-id, written when that child is done, killed on timeout or cancelled (`{"cancel": id}`).
+id, written when that child is done, killed on timeout or cancelled (`{"cancel": id}`). A
+request runs in the standby child (`{"standby": true}`) if there is one, unless it says
+`fresh_child` (the standby is then discarded) or `leave_standby` (kept for the next request).
 `{"preload": [...]}` imports the user's script's installed packages once, here, for every later
 child (check/preload.py). `--once REQUEST` runs one request in this very process (the
 fresh-process mode of the oracle). With `--parent PID`, the server and its children end once that
@@ -31,6 +33,7 @@ from typing import Any
 
 from reprocut import silence_torch_import_warnings
 from reprocut.check import lifeline
+from reprocut.check.childenv import BLOCKING_ENV, FORK_ENV
 from reprocut.check.forkchild import (
     Running,
     Standby,
@@ -43,8 +46,6 @@ from reprocut.check.forkchild import (
 
 __all__ = ["BLOCKING_ENV", "FORK_ENV", "main", "read_output", "run_request", "serve"]
 
-FORK_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # torch.cuda.is_available() without CUDA
-BLOCKING_ENV = {"CUDA_LAUNCH_BLOCKING": "1", **FORK_ENV}
 POLL_SECONDS = 0.005  # a child's end wakes the loop at once (its pipe closes); this is the fallback
 _parent: int | None = None  # reprocut's pid (--parent): once it is gone, the server ends
 
@@ -160,7 +161,9 @@ class _Loop:
             self.serial += 1
             workdir = self.workdir / f"r{self.serial}"
             workdir.mkdir()
-            if self.standby is not None and not request.get("fresh_child"):
+            if request.get("leave_standby"):  # a check beside others: the standby is theirs
+                child = serve_one(request, workdir)
+            elif self.standby is not None and not request.get("fresh_child"):
                 self.standby, used = None, self.standby
                 child = used.start(request, workdir)
             else:  # a candidate that sets the environment CUDA reads must start it

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,12 @@ from reprocut.check.forkchild import read_output
 
 def run_fresh(request: dict[str, Any], workdir: Path, env: dict[str, str]) -> dict[str, Any]:
     """One request in a fresh `python -m reprocut.check.forkserver --once`: the reply a server
-    would give."""
+    would give. Its files go to a folder of its own in `workdir` (checks may run side by side)."""
+    with tempfile.TemporaryDirectory(prefix="fresh-", dir=workdir) as folder:
+        return _run_fresh_in(request, Path(folder), env)
+
+
+def _run_fresh_in(request: dict[str, Any], workdir: Path, env: dict[str, str]) -> dict[str, Any]:
     request_path = workdir / "request.json"
     verdict_path = workdir / "verdict.json"
     out_path, err_path = workdir / "fresh-stdout.txt", workdir / "fresh-stderr.txt"

@@ -18,7 +18,6 @@ flight. `preload` has the server import the user's installed packages once for e
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 import threading
@@ -27,15 +26,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from reprocut import PACKAGE_DIR
+from reprocut.check import early_server
+from reprocut.check.childenv import child_environment
 from reprocut.check.connection import (
     ForkUnsafeError,
     Replies,
     Ticket,
+    await_ready,
     kill_server,
     start_server,
 )
-from reprocut.check.forkserver import BLOCKING_ENV, FORK_ENV
 from reprocut.check.fresh import run_fresh, run_with_timeout
 from reprocut.check.verdicts import (
     Cancelled,
@@ -74,21 +74,6 @@ SERVER_GRACE = 30.0  # seconds the server may take beyond a check's own timeout 
 PRELOAD_TIMEOUT = 300.0  # a trial import and the real one of every preloaded package
 
 
-def _package_root() -> str:
-    return os.path.dirname(PACKAGE_DIR)
-
-
-def child_environment(*, blocking: bool = True) -> dict[str, str]:
-    """The environment of reprocut's child processes, reprocut importable; with `blocking`
-    (probes and localization), blocking launches, else the user's own environment as it is."""
-    env = dict(os.environ)
-    env.update(BLOCKING_ENV if blocking else FORK_ENV)
-    root = _package_root()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 class Oracle:
     """Runs candidates in disposable processes; owns the fork server (started lazily)."""
 
@@ -116,7 +101,18 @@ class Oracle:
         self.compare_op = compare_op
         self.checks = 0
         self.seconds = 0.0
-        self._tmp = tempfile.TemporaryDirectory(prefix="reprocut-oracle-")
+        self._created = time.monotonic()
+        # `reprocut shrink`'s server, started before the command's imports: its folder is ours
+        self._early = (
+            early_server.take(child_environment(blocking=False))
+            if fork and not launch_blocking
+            else None
+        )
+        self._tmp = (
+            self._early.folder
+            if self._early
+            else tempfile.TemporaryDirectory(prefix="reprocut-oracle-")
+        )
         self.workdir = Path(self._tmp.name)
         self._server: subprocess.Popen[str] | None = None
         self._replies: Replies | None = None
@@ -125,11 +121,13 @@ class Oracle:
         self.preloaded: dict[str, Any] | None = None  # the server's reply: loaded, refused
         self._counts = threading.Lock()
         self.fork_disabled: str | None = None  # why the oracle fell back to fresh processes
-        self._sidecar_keys: tuple[tuple[str, ...], int] | None = None
+        self._sidecar_keys: dict[Path, tuple[tuple[str, ...], int]] = {}  # what each folder has
         self.standby_cuda = standby_cuda
         self._server_lock = threading.Lock()  # prepare() may come from another thread
         self.startup_seconds: float | None = None  # how long warm_up took to start the server
-        self.server_seconds: dict[str, float] = {}  # the server's own: import_torch, warm_up
+        # the server's own seconds (import_torch, warm_up); for a server the command started
+        # ahead, started_early and started_ahead_s (how long before this oracle existed)
+        self.server_seconds: dict[str, Any] = {}
         # a plain interpreter started ahead (check/warmer.py: at record's first CUDA error) for
         # the shrink's first plain confirmation, which would otherwise wait for its torch import;
         # a check.plainrun.PlainRunner (plainrun imports this module, so not named in its type)
@@ -144,26 +142,34 @@ class Oracle:
         *,
         expected: Signature | None = None,
         timeout: float | None = None,
+        workdir: Path | None = None,
+        ticket: Ticket | None = None,
+        leave_standby: bool = False,
     ) -> Verdict:
-        """Emit `case` as a script and run it (captured values inlined or put in a sidecar)."""
+        """Emit `case` as a script and run it (captured values inlined or put in a sidecar).
+        `workdir`: a folder of its own for the script and sidecar (the oracle's by default), for
+        a check running beside others; `ticket` and `leave_standby` as for `check_source`."""
+        folder = workdir or self.workdir
         if inputs:
             case = inline_captured(case, inputs)
         emitted = emit(case, Header(expected=case.expected))
         if emitted.sidecar_keys:
-            self._write_sidecar(emitted.sidecar_keys, inputs or {})
-        filename = self.workdir / "repro.py"
+            self._write_sidecar(emitted.sidecar_keys, inputs or {}, folder)
+        filename = folder / "repro.py"
         if case.definitions:  # a custom op's code: `@triton.jit` reads its source from the file
-            filename = self.workdir / f"repro_{abs(hash(emitted.code)):x}.py"
+            filename = folder / f"repro_{abs(hash(emitted.code)):x}.py"
             filename.write_text(emitted.code)
         try:
             return self.check_source(
                 emitted.code,
                 filename=str(filename),
-                cwd=self.workdir,
+                cwd=folder,
                 argv=[],
                 timeout=timeout,
                 expected=expected or case.expected,
                 fresh_child=bool(case.env),  # its env must be set before CUDA starts
+                ticket=ticket,
+                leave_standby=leave_standby,
             )
         finally:
             if case.definitions:  # one file per candidate: gone once its check has run
@@ -182,11 +188,14 @@ class Oracle:
         fresh_child: bool = False,
         confirm: bool = True,
         ticket: Ticket | None = None,
+        leave_standby: bool = False,
     ) -> Verdict:
         """Run `code` as `__main__` (as `python filename argv...` from `cwd` would).
         `fresh_child`: not in a standby child whose CUDA context is made already. `confirm=False`:
         the caller applies the confirm hook itself (`confirm_verdict`), in an order of its own.
-        `ticket`: lets another thread cancel this check (its verdict is then `Cancelled`)."""
+        `ticket`: lets another thread cancel this check (its verdict is then `Cancelled`).
+        `leave_standby`: in a child forked for it, the standby child left to the next check (for
+        a check beside others that needs no CUDA context: the CPU one)."""
         request = {
             "code": code,
             "filename": str(filename),
@@ -196,13 +205,15 @@ class Oracle:
             "timeout": float(timeout or self.timeout),
             "sync": self.launch_blocking,
             "fresh_child": fresh_child,
+            "leave_standby": leave_standby,
         }
         started = time.perf_counter()
         if ticket is not None and ticket.cancelled:
             return Cancelled(0.0)
         if self.fork:
             reply = self._run_forked(request, ticket)
-            self.prepare()  # the next check's child starts while this verdict is read
+            if not leave_standby:
+                self.prepare()  # the next check's child starts while this verdict is read
         else:
             reply = self._run_fresh(request)
         expected = expected or self.expected
@@ -299,20 +310,34 @@ class Oracle:
 
     # --- sidecar ------------------------------------------------------------------------------
 
-    def _write_sidecar(self, keys: tuple[str, ...], inputs: Mapping[str, Any]) -> None:
-        if self._sidecar_keys == (keys, id(inputs)):
+    def _write_sidecar(
+        self, keys: tuple[str, ...], inputs: Mapping[str, Any], folder: Path
+    ) -> None:
+        if self._sidecar_keys.get(folder) == (keys, id(inputs)):
             return
         import torch
 
         missing = [key for key in keys if key not in inputs]
         if missing:
             raise KeyError(f"captured tensors missing from the inputs file: {missing}")
-        torch.save({key: inputs[key].detach().cpu() for key in keys}, self.workdir / SIDECAR_NAME)
-        self._sidecar_keys = (keys, id(inputs))
+        torch.save({key: inputs[key].detach().cpu() for key in keys}, folder / SIDECAR_NAME)
+        self._sidecar_keys[folder] = (keys, id(inputs))
 
     # --- fork server ----------------------------------------------------------------------------
 
     def _start_server(self) -> subprocess.Popen[str]:
+        early, self._early = self._early, None
+        if early is not None and early.server.poll() is None:
+            ready = await_ready(early.server, self.workdir)
+            ahead = round(self._created - early.started, 3)
+            self.server_seconds = {
+                **ready.get("seconds", {}),
+                "started_early": True,
+                "started_ahead_s": ahead,
+            }
+            return early.server
+        if early is not None:  # it died before it was needed: start another
+            kill_server(early.server)
         server, ready = start_server(self.workdir, child_environment(blocking=self.launch_blocking))
         self.server_seconds = ready.get("seconds") or {}
         return server
@@ -380,6 +405,9 @@ class Oracle:
             kill_server(self._server, wait=wait)
             self._server = None
             self._replies = None
+        if self._early is not None:  # taken from the command, never needed
+            kill_server(self._early.server, wait=wait)
+            self._early = None
 
     # --- fresh processes ------------------------------------------------------------------------
 

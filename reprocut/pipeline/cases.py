@@ -2,7 +2,8 @@
 
 Picks the first recorded case (most public first) that reproduces from its captured inputs,
 shrinks it with the named passes against the oracle (every accepted case saved to disk, so an
-interrupted shrink keeps its best), and asks whether the same call fails on the CPU too.
+interrupted shrink keeps its best), and asks whether the same call fails on the CPU too (of each
+accepted case, beside the shrink: cpu_check.py).
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from reprocut.check.agreement import PlainAgreement, reproducing_form
-from reprocut.check.oracle import Oracle, OtherFailure, Passed, Reproduced, Verdict
+from reprocut.check.oracle import Oracle, Reproduced, Verdict
 from reprocut.check.precision import float64_behaviour
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.errors import ExitCode, ReprocutError
 from reprocut.model.recording import Failure, atomic_write
+from reprocut.pipeline.cpu_check import CpuBeside, all_on_cpu, cpu_behaviour
 from reprocut.pipeline.phases import CPU_CHECK, FIRST_CHECK, SHRINK, Phases
 from reprocut.shrink.emitter import SIDECAR_NAME, Emitted, emit, inline_captured
 from reprocut.shrink.header import Environment, Header
@@ -47,6 +49,7 @@ class Outcome:
     passes: tuple[tuple[str, int], ...] = ()  # a script reduction's: accepted candidates by pass
     from_script: bool = False  # the user's script reduced (not a captured call shrunk)
     stopped: str = ""  # what ended the shrink: "fixed point", or the limit that stopped it
+    cpu_checked_beside: bool = False  # the CPU answer came from a check beside the shrink
 
 
 def _expected(case: ReproCase, failure: Failure) -> Signature:
@@ -82,27 +85,6 @@ def pick_case(
         if isinstance(verdict, Reproduced):
             return case, verdicts
     return None, verdicts
-
-
-def on_cpu(case: ReproCase) -> ReproCase:
-    for path, spec in list(case.tensors()):
-        if spec.device != "cpu":
-            case = case.with_arg(path, replace(spec, device="cpu"))
-    return case
-
-
-def cpu_behaviour(
-    case: ReproCase, inputs: dict[str, Any], oracle: Oracle
-) -> tuple[bool | None, str]:
-    """Does the same call fail on the CPU too, and with which message?"""
-    if all(spec.device == "cpu" for _, spec in case.tensors()):
-        return True, ""
-    verdict = oracle.check_case(on_cpu(case), inputs, expected=None)
-    if isinstance(verdict, (OtherFailure, Reproduced)):
-        return True, f"{verdict.signature.error_type}: {verdict.message.strip().splitlines()[0]}"
-    if isinstance(verdict, Passed):
-        return False, "runs without error"
-    return None, type(verdict).__name__
 
 
 def write_case(case: ReproCase, inputs: dict[str, Any], out: Path, header: Header) -> Emitted:
@@ -141,8 +123,13 @@ def shrink_case(
     def predicate(candidate: ReproCase) -> bool:
         return isinstance(oracle.check_case(candidate, inputs, expected=expected), Reproduced)
 
+    # the CPU check of each accepted case runs beside the shrink (a forked check costs little)
+    beside = CpuBeside(inputs, oracle) if oracle.fork and not all_on_cpu(case) else None
+
     def save(best: ReproCase) -> None:
         """Every accepted case goes to disk: an interrupted shrink keeps its best repro."""
+        if beside is not None:
+            beside.submit(best)
         atomic_write(out / BEST_FILE, best.dumps())
         atomic_write(out / "repro.py", write_case(best, inputs, out, header).code)
 
@@ -157,21 +144,30 @@ def shrink_case(
         on_accept=save,
         cpu_visible=expected.error_code is None,
     )
+    if beside is not None:
+        beside.submit(case)  # the shrink may accept nothing
     try:
         with phases.phase(SHRINK):
             best = shrinker.run()
             refused = agreement is not None and agreement.settle() is not None
-    except KeyboardInterrupt:
-        raise ShrinkInterruptedError(
-            f"interrupted: the best case so far is in {out / 'repro.py'} (not verified)"
-        ) from None
+    except BaseException as exc:
+        if beside is not None:
+            beside.close()
+        if isinstance(exc, KeyboardInterrupt):
+            raise ShrinkInterruptedError(
+                f"interrupted: the best case so far is in {out / 'repro.py'} (not verified)"
+            ) from None
+        raise
     if refused:  # the recorded call failed in a fork alone: nothing shrunk from it counts
+        if beside is not None:
+            beside.close()
         return _unreproduced(failure, inputs, oracle, out, header)
     save(best)
     # Before the verification, not beside it: its answer is part of repro.py's header, and the
     # file the plain runs verify is the final one.
     with phases.phase(CPU_CHECK):
-        cpu_reproduces, cpu_message = cpu_behaviour(best, inputs, oracle)
+        answered = beside.answer_for(best) if beside is not None else None
+        cpu_reproduces, cpu_message = answered or cpu_behaviour(best, inputs, oracle)
         if best.check_finite:  # a NaN/inf origin: precision, or the values themselves?
             header = replace(header, float64=float64_behaviour(best, inputs, oracle))
     header = replace(header, cpu_reproduces=cpu_reproduces, cpu_message=cpu_message)
@@ -185,6 +181,7 @@ def shrink_case(
         cpu_reproduces=cpu_reproduces,
         cpu_message=cpu_message,
         stopped=_stopped(shrinker, max_checks),
+        cpu_checked_beside=answered is not None,
     )
 
 

@@ -214,6 +214,7 @@ def shrink_recording(
             extra["sanitizer"] = evidence.to_json()
         extra["same_bug"] = same.to_json()
         extra["stopped"] = outcome.stopped
+        extra["cpu_checked_beside"] = outcome.cpu_checked_beside  # cpu_check then took ~0 s
         if oracle.server_seconds:  # what the fork_server phase was made of
             extra["fork_server"] = oracle.server_seconds
         extra["limits"] = {"max_time": limit, "max_checks": settings.max_checks}

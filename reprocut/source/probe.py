@@ -186,7 +186,7 @@ def probe_launch(
     never reached. `keep`: where to write what was read, for `kept_launch` (a run of the whole
     script is what this costs, and `shrink` needs the same reading).
     """
-    from reprocut.check.oracle import child_environment
+    from reprocut.check.childenv import child_environment
 
     sources = call_argument_sources(focus)
     span = statement_span(Path(file), line)
@@ -268,7 +268,7 @@ def failing_frames(
     script_path: Path, *, cwd: Path, argv: Sequence[str], timeout: float = 600.0
 ) -> list[tuple[Path, int]]:
     """The traceback of one fresh run of the script, outermost frame first (empty if it passed)."""
-    from reprocut.check.oracle import child_environment
+    from reprocut.check.childenv import child_environment
 
     with tempfile.TemporaryDirectory(prefix="reprocut-frames-") as tmp:
         result = Path(tmp) / "frames.json"

@@ -1,0 +1,125 @@
+"""The CPU check of accepted cases runs beside the shrink: repro.py's CPU line is the final
+case's, one check is in flight at a time, and the shrinker's own budget is untouched."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from reprocut.check.oracle import Cancelled, Oracle, Passed, Verdict
+from reprocut.model.case import Generated, ReproCase, TensorSpec
+from reprocut.model.recording import ErrorInfo, Failure
+from reprocut.pipeline.cases import BEST_FILE, shrink_case
+from reprocut.pipeline.cpu_check import CpuBeside, cpu_behaviour
+from reprocut.pipeline.phases import Phases
+from reprocut.shrink.header import Environment
+from reprocut.shrink.shrinker import ShrinkEvent
+
+
+def meta_mm(rows: int = 8) -> ReproCase:
+    """torch.mm of mismatched meta tensors: fails here without a GPU, and on the CPU with
+    another message, which names the shapes (so it tells which case it was asked of)."""
+    return ReproCase(
+        "torch.mm",
+        (
+            TensorSpec((rows, 4), device="meta", values=Generated("randn")),
+            TensorSpec((3, 2), device="meta", values=Generated("randn")),
+        ),
+    )
+
+
+def meta_failure(oracle: Oracle) -> Failure:
+    verdict = oracle.check_case(meta_mm())
+    signature = verdict.signature  # type: ignore[union-attr]
+    case = ReproCase(meta_mm().target, meta_mm().args, expected=signature, aten_op=signature.op)
+    return Failure(
+        status="localized",
+        error=ErrorInfo(signature.error_type, verdict.message),  # type: ignore[union-attr]
+        signature=signature,
+        op=signature.op,
+        public_call=case.target,
+        cases=(case,),
+        device="meta",
+    )
+
+
+def test_the_header_has_the_final_cases_cpu_answer_checked_beside(tmp_path: Path) -> None:
+    with Oracle(timeout=60) as oracle:
+        outcome = shrink_case(
+            meta_failure(oracle), {}, oracle, max_checks=100, max_time=120, out=tmp_path,
+            environment=Environment(), on_event=lambda event: None, phases=Phases(),
+        )  # fmt: skip
+        best = ReproCase.loads((tmp_path / BEST_FILE).read_text())
+        assert best.total_numel() < meta_mm().total_numel()  # it did shrink
+        assert outcome.cpu_checked_beside
+        serial = cpu_behaviour(best, {}, oracle)  # what the check after the shrink would say
+    assert (outcome.cpu_reproduces, outcome.cpu_message) == serial
+    assert outcome.cpu_message.startswith("RuntimeError: mat1 and mat2 shapes cannot be multiplied")
+    assert f"CPU: reproduces too ({outcome.cpu_message})" in outcome.code
+
+
+def test_the_cpu_checks_beside_leave_the_shrinkers_budget_alone(tmp_path: Path) -> None:
+    events: list[ShrinkEvent] = []
+    with Oracle(timeout=60) as oracle:
+        outcome = shrink_case(
+            meta_failure(oracle), {}, oracle, max_checks=3, max_time=120, out=tmp_path,
+            environment=Environment(), on_event=events.append, phases=Phases(),
+        )  # fmt: skip
+    assert outcome.stopped == "max checks"
+    assert sum(event.kind == "check" for event in events) == 3
+
+
+class SlowOracle:
+    """Checks that wait for `release` (or their cancellation, once `notice` is set), counting
+    how many run at once."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.release = threading.Event()
+        self.notice = threading.Event()
+        self.asked: list[int] = []  # the first dimension of each case checked
+        self.running = 0
+        self.most = 0
+        self._lock = threading.Lock()
+
+    def check_case(self, case: ReproCase, inputs: Any, **options: Any) -> Verdict:
+        assert options["workdir"] != self.workdir and options["leave_standby"]
+        with self._lock:
+            self.asked.append(case.args[0].shape[0])  # type: ignore[union-attr]
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            while not self.release.wait(0.01):
+                if options["ticket"].cancelled and self.notice.is_set():
+                    return Cancelled(0.0)
+            return Passed(0.0)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+def wait_until(condition: Any) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_newer_case_supersedes_the_one_waiting_and_cancels_the_one_running(
+    tmp_path: Path,
+) -> None:
+    oracle = SlowOracle(tmp_path)
+    beside = CpuBeside({}, oracle)  # type: ignore[arg-type]
+    beside.submit(meta_mm(8))
+    wait_until(lambda: oracle.asked == [8])
+    beside.submit(meta_mm(6))  # cancels 8's check
+    beside.submit(meta_mm(4))  # 6's never starts
+    oracle.notice.set()
+    wait_until(lambda: oracle.asked == [8, 4])
+    beside.submit(meta_mm(4))  # already in flight: not asked again
+    oracle.release.set()
+    assert beside.answer_for(meta_mm(4)) == (False, "runs without error")
+    assert beside.answer_for(meta_mm(8)) is None  # cancelled: no answer kept
+    assert oracle.asked == [8, 4] and oracle.most == 1 and beside.checks == 2
