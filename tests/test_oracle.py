@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,6 +149,44 @@ def test_falls_back_to_fresh_processes_when_fork_is_unsafe(monkeypatch: pytest.M
         assert isinstance(oracle.check_case(embedding_case()), Reproduced)
         assert oracle.fork is False
         assert oracle.fork_disabled is not None and "CUDA" in oracle.fork_disabled
+
+
+def _children(pid: int) -> set[int]:
+    """The live child processes of `pid` (from /proc)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_standby_depth_keeps_that_many_children_waiting(tmp_path: Path) -> None:
+    """With standby_depth 2 the server keeps two children waiting: the next check's child has
+    started (its CUDA context, on a GPU) while the one before it ran."""
+    code = "import os\nprint(os.getpid())\n"
+    with Oracle(timeout=30, standby_cuda=True) as oracle:
+        oracle.standby_depth = 2
+        oracle.warm_up()
+        first = oracle.prepare()
+        assert oracle._server is not None
+        server = oracle._server.pid
+        waiting = _children(server)
+        assert len(waiting) == 2 and first in waiting
+        verdict = run(oracle, code, tmp_path)
+        assert isinstance(verdict, Passed) and int(verdict.stdout) == first
+        deadline = time.monotonic() + 10
+        while first in _children(server) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = oracle.prepare()
+        assert second in waiting  # forked before the first check, not after it
+        assert len(_children(server)) == 2  # refilled
+        verdict = run(oracle, code, tmp_path)
+        assert int(verdict.stdout) == second
 
 
 def test_standby_children_serve_the_next_checks(tmp_path: Path) -> None:

@@ -11,8 +11,9 @@ FaultAttribution, sends its verdict through a pipe and leaves with `os._exit` (n
 process after a sticky CUDA error can hang in teardown). Several children may be at work at once
 (the oracle checks candidates side by side); each reply is one JSON line carrying its request's
 id, written when that child is done, killed on timeout or cancelled (`{"cancel": id}`). A
-request runs in the standby child (`{"standby": true}`) if there is one, unless it says
-`fresh_child` (the standby is then discarded) or `leave_standby` (kept for the next request).
+request runs in the oldest standby child (`{"standby": true, "depth": n}` keeps n of them
+waiting, their CUDA contexts starting side by side) if there is one, unless it says `fresh_child`
+(the standbys are then discarded) or `leave_standby` (kept for the next requests).
 `{"preload": [...]}` imports the user's script's installed packages once, here, for every later
 child (check/preload.py). `--once REQUEST` runs one request in this very process (the
 fresh-process mode of the oracle). With `--parent PID`, the server and its children end once that
@@ -28,6 +29,7 @@ import select
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -94,13 +96,13 @@ def serve(stdin: Any, stdout: Any) -> None:
 
 
 class _Loop:
-    """The server's state between requests: children at work, a standby child, the replies."""
+    """The server's state between requests: children at work, standby children, the replies."""
 
     def __init__(self, workdir: Path, stdout: Any) -> None:
         self.workdir = workdir
         self.stdout = stdout
         self.running: dict[int, Running] = {}  # by the read end of each child's verdict pipe
-        self.standby: Standby | None = None
+        self.standbys: deque[Standby] = deque()  # oldest first: the likeliest to be ready
         self.serial = 0
 
     def run(self, stdin_fd: int) -> None:
@@ -131,8 +133,11 @@ class _Loop:
                         kill_group(child.pid)
                     os._exit(1)
         finally:
-            if self.standby is not None:
-                self.standby.discard()
+            self.discard_standbys()
+
+    def discard_standbys(self) -> None:
+        while self.standbys:
+            self.standbys.popleft().discard()
 
     def answer(self, reply: dict[str, Any]) -> None:
         self.stdout.write(json.dumps(reply) + "\n")
@@ -148,10 +153,10 @@ class _Loop:
                         child.cancel()  # its reply says "cancelled" once it is reaped
                 return
             if request.get("standby"):
-                self.standby = self.standby or Standby.fork(cuda=bool(request.get("cuda")))
-                self.answer(
-                    {"outcome": "standby", "pid": self.standby.pid, "id": request.get("id")}
-                )
+                while len(self.standbys) < max(1, int(request.get("depth", 1))):
+                    self.standbys.append(Standby.fork(cuda=bool(request.get("cuda"))))
+                pid = self.standbys[0].pid
+                self.answer({"outcome": "standby", "pid": pid, "id": request.get("id")})
                 return
             if "preload" in request:
                 from reprocut.check.preload import preload_here
@@ -163,13 +168,10 @@ class _Loop:
             workdir.mkdir()
             if request.get("leave_standby"):  # a check beside others: the standby is theirs
                 child = serve_one(request, workdir)
-            elif self.standby is not None and not request.get("fresh_child"):
-                self.standby, used = None, self.standby
-                child = used.start(request, workdir)
+            elif self.standbys and not request.get("fresh_child"):
+                child = self.standbys.popleft().start(request, workdir)
             else:  # a candidate that sets the environment CUDA reads must start it
-                if self.standby is not None:
-                    self.standby.discard()
-                    self.standby = None
+                self.discard_standbys()
                 child = serve_one(request, workdir)
             self.running[child.read_fd] = child
         except Exception as exc:  # a broken request must not take the server down

@@ -123,6 +123,9 @@ class Oracle:
         self.fork_disabled: str | None = None  # why the oracle fell back to fresh processes
         self._sidecar_keys: dict[Path, tuple[tuple[str, ...], int]] = {}  # what each folder has
         self.standby_cuda = standby_cuda
+        # how many such children wait at once: each check of a device assert ends its child's
+        # context, and a child's CUDA start (0.3 s on an H200) is longer than the check itself
+        self.standby_depth = 1
         self._server_lock = threading.Lock()  # prepare() may come from another thread
         self.startup_seconds: float | None = None  # how long warm_up took to start the server
         # the server's own seconds (import_torch, warm_up); for a server the command started
@@ -145,15 +148,23 @@ class Oracle:
         workdir: Path | None = None,
         ticket: Ticket | None = None,
         leave_standby: bool = False,
+        sidecar_file: Path | None = None,
     ) -> Verdict:
         """Emit `case` as a script and run it (captured values inlined or put in a sidecar).
         `workdir`: a folder of its own for the script and sidecar (the oracle's by default), for
-        a check running beside others; `ticket` and `leave_standby` as for `check_source`."""
+        a check running beside others; `ticket` and `leave_standby` as for `check_source`.
+        `sidecar_file`: a file of captured tensors (the recording's) that the script loads as
+        its sidecar, linked as it is: no values are read here, so no torch import."""
         folder = workdir or self.workdir
         if inputs:
             case = inline_captured(case, inputs)
         emitted = emit(case, Header(expected=case.expected))
-        if emitted.sidecar_keys:
+        if emitted.sidecar_keys and sidecar_file is not None:
+            link = folder / SIDECAR_NAME
+            link.unlink(missing_ok=True)
+            link.symlink_to(sidecar_file.resolve())
+            self._sidecar_keys.pop(folder, None)
+        elif emitted.sidecar_keys:
             self._write_sidecar(emitted.sidecar_keys, inputs or {}, folder)
         filename = folder / "repro.py"
         if case.definitions:  # a custom op's code: `@triton.jit` reads its source from the file
@@ -284,11 +295,12 @@ class Oracle:
         Returns the waiting child's pid, if there is one."""
         if not (self.fork and self.standby_cuda):
             return None
+        request = {"standby": True, "cuda": True, "depth": self.standby_depth}
         with self._server_lock:
             server, replies = self._server, self._replies
             if server is None or server.poll() is not None or replies is None:
                 return None
-            reply = replies.call({"standby": True, "cuda": True}, SERVER_GRACE)
+            reply = replies.call(request, SERVER_GRACE)
         return reply.get("pid") if reply else None
 
     def close(self, *, wait: bool = True) -> None:
@@ -320,7 +332,9 @@ class Oracle:
         missing = [key for key in keys if key not in inputs]
         if missing:
             raise KeyError(f"captured tensors missing from the inputs file: {missing}")
-        torch.save({key: inputs[key].detach().cpu() for key in keys}, folder / SIDECAR_NAME)
+        path = folder / SIDECAR_NAME
+        path.unlink(missing_ok=True)  # a link to a recording's file is replaced, not written to
+        torch.save({key: inputs[key].detach().cpu() for key in keys}, path)
         self._sidecar_keys[folder] = (keys, id(inputs))
 
     # --- fork server ----------------------------------------------------------------------------

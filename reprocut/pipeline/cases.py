@@ -20,6 +20,7 @@ from reprocut.model.case import ReproCase, Signature
 from reprocut.model.errors import ExitCode, ReprocutError
 from reprocut.model.recording import Failure, atomic_write
 from reprocut.pipeline.cpu_check import CpuBeside, all_on_cpu, cpu_behaviour
+from reprocut.pipeline.first_check import FirstCheck
 from reprocut.pipeline.phases import CPU_CHECK, FIRST_CHECK, SHRINK, Phases
 from reprocut.shrink.emitter import SIDECAR_NAME, Emitted, emit, inline_captured
 from reprocut.shrink.header import Environment, Header
@@ -75,11 +76,15 @@ def with_definitions(failure: Failure) -> Failure:
 
 
 def pick_case(
-    failure: Failure, inputs: dict[str, Any], oracle: Oracle
+    failure: Failure, inputs: dict[str, Any], oracle: Oracle, first: FirstCheck | None = None
 ) -> tuple[ReproCase | None, list[Verdict]]:
-    """The first case (most public first) that reproduces from its captured inputs."""
+    """The first case (most public first) that reproduces from its captured inputs (`first`:
+    a check of the first case started before the inputs were read)."""
     verdicts = []
     for case in failure.cases:
+        early = None if first is None else first.verdict_for(case)
+        if isinstance(early, Reproduced):
+            return case, [early]
         case, verdict = reproducing_form(oracle, case, inputs, _expected(case, failure))
         verdicts.append(verdict)
         if isinstance(verdict, Reproduced):
@@ -110,12 +115,14 @@ def shrink_case(
     on_event: Callable[[Any], None],
     phases: Phases,
     agreement: PlainAgreement | None = None,
+    first: FirstCheck | None = None,
 ) -> Outcome:
     """`agreement`: the oracle's plain confirmations, whose first may still be running beside
-    the shrink (its answer is waited for before the shrunk case counts)."""
+    the shrink (its answer is waited for before the shrunk case counts). `first`: the first
+    case's check, started while the inputs were read."""
     header = failure_header(failure, environment)
     with phases.phase(FIRST_CHECK):  # waits for the fork server, if it is still starting
-        case, _ = pick_case(failure, inputs, oracle)
+        case, _ = pick_case(failure, inputs, oracle, first)
     if case is None:
         return _unreproduced(failure, inputs, oracle, out, header)
     expected = _expected(case, failure)

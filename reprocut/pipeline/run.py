@@ -25,13 +25,14 @@ from reprocut.check.agreement import PlainAgreement
 from reprocut.check.oracle import Oracle
 from reprocut.check.plainrun import Standbys
 from reprocut.check.verify import Verification, verify
-from reprocut.model.case import Captured
 from reprocut.model.compiled import COMPILE_ONLY
-from reprocut.model.errors import CorruptRecordingError, ExitCode, ReprocutError
+from reprocut.model.errors import ExitCode, ReprocutError
 from reprocut.model.recording import Failure, RunDir, atomic_write
 from reprocut.pipeline.cases import Outcome, shrink_case, with_definitions
 from reprocut.pipeline.compiled import shrink_compile_only
 from reprocut.pipeline.finish import report_inputs, result_json
+from reprocut.pipeline.first_check import FirstCheck
+from reprocut.pipeline.inputs import load_inputs
 from reprocut.pipeline.phases import FORK_SERVER, READ, REPORT, SOURCE, VERIFY, Phases
 from reprocut.pipeline.recover import (
     agree,
@@ -54,7 +55,7 @@ from reprocut.pipeline.same_bug import (
     stopped_note,
 )
 from reprocut.pipeline.scripts import shrink_source
-from reprocut.pipeline.settings import PLAIN_SHARE, ShrinkSettings
+from reprocut.pipeline.settings import PLAIN_SHARE, STANDBY_DEPTH, ShrinkSettings
 from reprocut.report.display.console import print_line
 from reprocut.report.display.shrink import print_phase, shrink_display
 from reprocut.report.markdown import collect_environment, render
@@ -75,45 +76,6 @@ class Shrunk:
     signature_text: str
     reproduced_from_capture: bool
     exit_code: ExitCode
-
-
-def load_inputs(run: RunDir, failure: Failure | None = None) -> dict[str, Any]:
-    """The captured tensors; a recording whose cases need some that are not there is corrupt."""
-    needed = sorted(_captured_keys(failure)) if failure is not None else []
-    if not run.inputs_path.exists():
-        if needed:
-            raise CorruptRecordingError(
-                f"{run.inputs_path} is missing: the recorded call's captured inputs are gone",
-                hint="record the script again with `reprocut record`",
-            )
-        return {}
-    import torch
-
-    try:
-        data = torch.load(run.inputs_path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise CorruptRecordingError(
-            f"{run.inputs_path} cannot be read: {exc}",
-            hint="record the script again with `reprocut record`",
-        ) from exc
-    if not isinstance(data, dict):
-        raise CorruptRecordingError(f"{run.inputs_path} does not hold a dict of tensors")
-    missing = [key for key in needed if key not in data]
-    if missing:
-        raise CorruptRecordingError(
-            f"{run.inputs_path} lacks captured tensors the recording needs: {', '.join(missing)}",
-            hint="record the script again with `reprocut record`",
-        )
-    return data
-
-
-def _captured_keys(failure: Failure) -> set[str]:
-    return {
-        spec.values.key
-        for case in failure.cases
-        for _, spec in case.tensors()
-        if isinstance(spec.values, Captured)
-    }
 
 
 def shrink_recording(
@@ -161,6 +123,7 @@ def shrink_recording(
                                    timeout=settings.timeout * 2,
                                    max_seconds=settings.time_limit(failure, script=_is_source(failure, settings)) * PLAIN_SHARE)  # fmt: skip
             on_event = log.watch(shown)
+            first = _first_check(oracle, failure, settings, run_dir)
             try:
                 inputs, environment = _read(run_dir, failure, settings, environment)
             except BaseException:
@@ -168,7 +131,7 @@ def shrink_recording(
                 raise
         try:
             outcome = _shrink(run_dir, failure, inputs, environment, oracle, settings, phases,
-                              on_event, console, log, agreement)  # fmt: skip
+                              on_event, console, log, agreement, first)  # fmt: skip
         finally:
             oracle.close(wait=False)  # its processes end while the plain runs start
             agreement.close()
@@ -314,6 +277,17 @@ def _start_server(oracle: Oracle, phases: Phases, started: float) -> None:
     threading.Thread(target=warm, daemon=True).start()
 
 
+def _first_check(
+    oracle: Oracle, failure: Failure, settings: ShrinkSettings, run_dir: RunDir
+) -> FirstCheck | None:
+    """The first case's check, started now: it runs once the server is up, while this process
+    still imports torch to read the inputs (its script loads them from inputs.pt itself)."""
+    if not oracle.fork or _is_source(failure, settings):
+        return None
+    case = with_definitions(failure).cases[0]
+    return FirstCheck(oracle, case, case.expected or failure.signature, run_dir.inputs_path)
+
+
 def _out(run_dir: RunDir, settings: ShrinkSettings) -> Path:
     out = (settings.out or run_dir.path).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -365,6 +339,9 @@ def _fit_oracle(oracle: Oracle | None, failure: Failure, settings: ShrinkSetting
             standby_cuda=not source and failure.device.startswith("cuda"),
         )
     oracle.expected = failure.signature
+    # two children starting their CUDA contexts ahead, unless the failure is about memory,
+    # which each waiting context takes some of
+    oracle.standby_depth = 1 if failure.memory is not None else STANDBY_DEPTH
     return oracle
 
 
@@ -380,10 +357,12 @@ def _shrink(
     console: Console,
     log: AcceptedLog | None = None,
     agreement: PlainAgreement | None = None,
+    first: FirstCheck | None = None,
 ) -> Outcome:
     """The captured call, shrunk; or the script, reduced (`log`: the accepted candidates,
     started afresh from the script when the captured call does not reproduce; `agreement`: the
-    oracle's plain confirmations, told when the script's candidates start)."""
+    oracle's plain confirmations, told when the script's candidates start; `first`: the first
+    case's check, started while the inputs were read)."""
     script = {
         "max_checks": settings.max_checks,
         "max_time": settings.time_limit(failure, script=True),
@@ -407,6 +386,7 @@ def _shrink(
         on_event=on_event,
         phases=phases,
         agreement=agreement,
+        first=first,
         **limits,
     )
     if outcome.reproduced_from_capture or not failure.script or not Path(failure.script).is_file():

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import libcst as cst
 
-from reprocut.source.passes import COMPOUND, integer_value, is_constant, parse, sibling_imports
+from reprocut.source.passes import (
+    COMPOUND,
+    integer_value,
+    is_constant,
+    parse,
+    sibling_imports,
+    without_seed,
+)
 
 
 class _Measure(cst.CSTVisitor):
@@ -42,10 +49,15 @@ class _Measure(cst.CSTVisitor):
 def sort_key(code: str, search_dirs: Sequence[Path] = ()) -> tuple[int, ...]:
     """Smaller is simpler: imports of the user's own modules (a repro is one file), then
     blocks (loops, branches, functions: a flat script is simpler), non-blank lines, statements,
-    expression nodes, variable names, the sum of integer constants, characters."""
+    expression nodes, variable names, the sum of integer constants, characters. A top-level
+    `torch.manual_seed(...)` counts for nothing: random tensors must draw the same values in
+    every run (reprocut.source.passes.specs.seeded)."""
     module = parse(code)
     if module is None:
         return (sys.maxsize,)
+    unseeded = without_seed(module)
+    if unseeded is not module:
+        module, code = unseeded, unseeded.code
     measure = _Measure()
     module.visit(measure)
     lines = sum(1 for line in code.splitlines() if line.strip())

@@ -26,6 +26,7 @@ from reprocut.source.passes.specs import (
     replace_with_specs,
     seeds_its_randomness,
     spec_expression,
+    without_seed,
 )
 from reprocut.source.passes.statements import (
     delete_statements,
@@ -94,4 +95,5 @@ __all__ = [
     "spec_expression",
     "strip_comments",
     "unwrap_blocks",
+    "without_seed",
 ]

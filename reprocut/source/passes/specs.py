@@ -40,6 +40,14 @@ def is_random(value: cst.CSTNode) -> bool:
     )
 
 
+def without_seed(module: cst.Module) -> cst.Module:
+    """The module less its top-level `torch.manual_seed(...)` lines: the size order measures
+    that (a seed costs a candidate nothing, so passes may add one and never gain by dropping
+    one)."""
+    body = [s for s in module.body if not m.matches(s, _SEED)]
+    return module if len(body) == len(module.body) else module.with_changes(body=body)
+
+
 def seeds_its_randomness(module: cst.Module) -> bool:
     """No torch random generator is called, or a top-level `torch.manual_seed(...)` is."""
     return not is_random(module) or any(m.matches(s, _SEED) for s in module.body)
