@@ -339,7 +339,7 @@ def _fit_oracle(oracle: Oracle | None, failure: Failure, settings: ShrinkSetting
             standby_cuda=not source and failure.device.startswith("cuda"),
         )
     oracle.expected = failure.signature
-    # two children starting their CUDA contexts ahead, unless the failure is about memory,
+    # children starting their CUDA contexts ahead, one alone if the failure is about memory,
     # which each waiting context takes some of
     oracle.standby_depth = 1 if failure.memory is not None else STANDBY_DEPTH
     return oracle

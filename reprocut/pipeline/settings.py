@@ -12,7 +12,7 @@ from reprocut.model.signature import is_memory_error
 # the walk-back answer for the candidates accepted after that
 PLAIN_SHARE = 0.2
 # children of the fork server starting their CUDA contexts ahead of a captured call's checks
-STANDBY_DEPTH = 2
+STANDBY_DEPTH = 3
 # Default limits: a script reduction gets most of its cut from its first passes; at 30 s the
 # H200's fault cases took 46 s median to a verified repro (110-343 s at 300 s).
 SCRIPT_TIME = 30.0
