@@ -79,6 +79,13 @@ def wait_for_file(path: Path, process: subprocess.Popen, seconds: float = 120) -
     return path.read_text()
 
 
+def _signals_as_a_shell_leaves_them() -> None:
+    """The signals under test at their defaults in reprocut, whatever this test run inherited:
+    under `nohup` SIGHUP is ignored, and reprocut rightly keeps ignoring it."""
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(
     "signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name
 )
@@ -89,6 +96,7 @@ def test_killing_reprocut_record_ends_the_scripts_whole_group(tmp_path, signum, 
          str(SCRIPTS / "sleeps.py"), str(report)],
         env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         start_new_session=True,  # our signal, and nobody else's, reaches it
+        preexec_fn=_signals_as_a_shell_leaves_them,
     )  # fmt: skip
     script, pgid, helper = map(int, wait_for_file(report, reprocut).split())
     leftovers[0].append(pgid)
