@@ -41,7 +41,6 @@ class EarlyServer:
 
 _slot: EarlyServer | None = None
 _lock = threading.Lock()
-_at_exit: list[bool] = []  # discard is registered with atexit once
 
 
 def spawn() -> None:
@@ -58,9 +57,6 @@ def spawn() -> None:
             folder.cleanup()
             return
         _slot = EarlyServer(folder, server, env, time.monotonic())
-        if not _at_exit:
-            atexit.register(discard)
-            _at_exit.append(True)
 
 
 def take(env: dict[str, str]) -> EarlyServer | None:
@@ -84,3 +80,6 @@ def discard() -> None:
         early, _slot = _slot, None
     if early is not None:
         early.close()
+
+
+atexit.register(discard)  # a server still untaken when the interpreter exits (a no-op if none)

@@ -47,6 +47,7 @@ class Generated:
 
 
 Values = Captured | Literal | Generated
+RANDOM_KINDS = frozenset({"randn", "rand", "randint"})  # random values: a repro seeds first
 
 DTYPE_RANK = {
     # simpler dtypes first: the shrinker moves toward the front of this list

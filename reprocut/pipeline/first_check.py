@@ -10,8 +10,6 @@ when it is for the case it would check first.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 from pathlib import Path
 
@@ -27,18 +25,18 @@ class FirstCheck:
     ) -> None:
         self.case = case
         self._verdict: Verdict | None = None
-        self._folder = Path(tempfile.mkdtemp(prefix="reprocut-first-check-"))
+        # a folder of its own (the shrinker's checks write in the oracle's), gone with the oracle
+        folder = oracle.workdir / "first-check"
+        folder.mkdir(exist_ok=True)
         sidecar = inputs_path if inputs_path.exists() else None
 
         def run() -> None:
             try:
                 self._verdict = oracle.check_case(
-                    case, None, expected=expected, workdir=self._folder, sidecar_file=sidecar
+                    case, None, expected=expected, workdir=folder, sidecar_file=sidecar
                 )
             except Exception:  # pick_case checks the case itself, and says what went wrong
                 self._verdict = None
-            finally:
-                shutil.rmtree(self._folder, ignore_errors=True)
 
         self._thread = threading.Thread(target=run, name="reprocut-first-check", daemon=True)
         self._thread.start()

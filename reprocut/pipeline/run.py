@@ -123,7 +123,9 @@ def shrink_recording(
                                    timeout=settings.timeout * 2,
                                    max_seconds=settings.time_limit(failure, script=_is_source(failure, settings)) * PLAIN_SHARE)  # fmt: skip
             on_event = log.watch(shown)
-            first = _first_check(oracle, failure, settings, run_dir)
+            # the cases with the code registering any custom op they call: read once, here
+            defined = None if _is_source(failure, settings) else with_definitions(failure)
+            first = _first_check(oracle, defined, run_dir)
             try:
                 inputs, environment = _read(run_dir, failure, settings, environment)
             except BaseException:
@@ -131,7 +133,7 @@ def shrink_recording(
                 raise
         try:
             outcome = _shrink(run_dir, failure, inputs, environment, oracle, settings, phases,
-                              on_event, console, log, agreement, first)  # fmt: skip
+                              on_event, console, log, agreement, first, defined)  # fmt: skip
         finally:
             oracle.close(wait=False)  # its processes end while the plain runs start
             agreement.close()
@@ -277,15 +279,14 @@ def _start_server(oracle: Oracle, phases: Phases, started: float) -> None:
     threading.Thread(target=warm, daemon=True).start()
 
 
-def _first_check(
-    oracle: Oracle, failure: Failure, settings: ShrinkSettings, run_dir: RunDir
-) -> FirstCheck | None:
+def _first_check(oracle: Oracle, defined: Failure | None, run_dir: RunDir) -> FirstCheck | None:
     """The first case's check, started now: it runs once the server is up, while this process
-    still imports torch to read the inputs (its script loads them from inputs.pt itself)."""
-    if not oracle.fork or _is_source(failure, settings):
+    still imports torch to read the inputs (its script loads them from inputs.pt itself).
+    `defined`: the failure whose cases are shrunk (None for a script reduction)."""
+    if not oracle.fork or defined is None:
         return None
-    case = with_definitions(failure).cases[0]
-    return FirstCheck(oracle, case, case.expected or failure.signature, run_dir.inputs_path)
+    case = defined.cases[0]
+    return FirstCheck(oracle, case, case.expected or defined.signature, run_dir.inputs_path)
 
 
 def _out(run_dir: RunDir, settings: ShrinkSettings) -> Path:
@@ -358,11 +359,13 @@ def _shrink(
     log: AcceptedLog | None = None,
     agreement: PlainAgreement | None = None,
     first: FirstCheck | None = None,
+    defined: Failure | None = None,
 ) -> Outcome:
     """The captured call, shrunk; or the script, reduced (`log`: the accepted candidates,
     started afresh from the script when the captured call does not reproduce; `agreement`: the
     oracle's plain confirmations, told when the script's candidates start; `first`: the first
-    case's check, started while the inputs were read)."""
+    case's check, started while the inputs were read; `defined`: `failure` with its cases'
+    custom-op definitions, when read already)."""
     script = {
         "max_checks": settings.max_checks,
         "max_time": settings.time_limit(failure, script=True),
@@ -378,7 +381,7 @@ def _shrink(
             kept = run_dir.launch_probe_path
             return shrink_source(failure, oracle, on_event=on_event, kept=kept, **script)
     outcome = shrink_case(
-        with_definitions(failure),
+        defined or with_definitions(failure),
         inputs,
         oracle,
         out=_out(run_dir, settings),

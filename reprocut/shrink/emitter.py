@@ -16,7 +16,15 @@ from typing import Any
 import libcst as cst
 from libcst.helpers import parse_template_module
 
-from reprocut.model.case import INT_DTYPES, Captured, Generated, Literal, ReproCase, TensorSpec
+from reprocut.model.case import (
+    INT_DTYPES,
+    RANDOM_KINDS,
+    Captured,
+    Generated,
+    Literal,
+    ReproCase,
+    TensorSpec,
+)
 from reprocut.shrink.call_code import INDEX_NAMES, call_statement, parameter_names, variable_name
 from reprocut.shrink.finite_check import finite_check
 from reprocut.shrink.header import Header, header_text
@@ -25,7 +33,6 @@ from reprocut.shrink.tensor_code import tensor_statements
 
 INLINE_LIMIT = 256  # captured tensors up to this many elements are written into the script
 SIDECAR_NAME = "repro_inputs.pt"
-RANDOM_KINDS = frozenset({"randn", "rand", "randint"})
 
 TEMPLATE = """\
 import torch

@@ -9,7 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 import libcst.metadata
 
-from reprocut.model.case import Generated, Literal, TensorSpec
+from reprocut.model.case import RANDOM_KINDS, Generated, Literal, TensorSpec
 from reprocut.source.passes.tree import (
     Enclosing,
     PassContext,
@@ -21,7 +21,6 @@ from reprocut.source.passes.tree import (
 
 # --- replace_with_specs ----------------------------------------------------------------------
 
-RANDOM_MAKERS = frozenset({"randn", "rand", "randint"})
 _SEED = m.SimpleStatementLine(
     [m.Expr(m.Call(func=m.Attribute(value=m.Name("torch"), attr=m.Name("manual_seed"))))]
 )
@@ -34,10 +33,14 @@ def is_random(value: cst.CSTNode) -> bool:
         m.findall(
             value,
             m.Call(
-                func=m.Attribute(value=m.Name("torch"), attr=m.OneOf(*map(m.Name, RANDOM_MAKERS)))
+                func=m.Attribute(value=m.Name("torch"), attr=m.OneOf(*map(m.Name, RANDOM_KINDS)))
             ),
         )
     )
+
+
+def _has_seed(module: cst.Module) -> bool:
+    return any(m.matches(s, _SEED) for s in module.body)
 
 
 def without_seed(module: cst.Module) -> cst.Module:
@@ -50,7 +53,7 @@ def without_seed(module: cst.Module) -> cst.Module:
 
 def seeds_its_randomness(module: cst.Module) -> bool:
     """No torch random generator is called, or a top-level `torch.manual_seed(...)` is."""
-    return not is_random(module) or any(m.matches(s, _SEED) for s in module.body)
+    return not is_random(module) or _has_seed(module)
 
 
 def seeded(code: str) -> str:
@@ -59,7 +62,7 @@ def seeded(code: str) -> str:
     every run: on the H200 unseeded index tensors spanning 2**33 rows faulted with error 700 in
     the fork and 717 in the plain runs, one bug in one run and another in the next."""
     module = parse(code)
-    if module is None or any(m.matches(s, _SEED) for s in module.body):
+    if module is None or _has_seed(module):
         return code  # seeded already
     at = max((i + 1 for i, s in enumerate(module.body) if m.matches(s, _IMPORT_LINE)), default=0)
     seed = cst.parse_statement("torch.manual_seed(0)\n")
