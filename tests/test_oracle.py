@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_lifeline import children_of
 
 from reprocut.check.oracle import Crashed, Oracle, OtherFailure, Passed, Reproduced, TimedOut
 from reprocut.model.case import Generated, Literal, ReproCase, Signature, TensorSpec
@@ -151,19 +152,6 @@ def test_falls_back_to_fresh_processes_when_fork_is_unsafe(monkeypatch: pytest.M
         assert oracle.fork_disabled is not None and "CUDA" in oracle.fork_disabled
 
 
-def _children(pid: int) -> set[int]:
-    """The live child processes of `pid` (from /proc)."""
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.add(int(stat.parent.name))
-    return found
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_standby_depth_keeps_that_many_children_waiting(tmp_path: Path) -> None:
     """With standby_depth 2 the server keeps two children waiting: the next check's child has
@@ -175,16 +163,16 @@ def test_standby_depth_keeps_that_many_children_waiting(tmp_path: Path) -> None:
         first = oracle.prepare()
         assert oracle._server is not None
         server = oracle._server.pid
-        waiting = _children(server)
+        waiting = set(children_of(server))
         assert len(waiting) == 2 and first in waiting
         verdict = run(oracle, code, tmp_path)
         assert isinstance(verdict, Passed) and int(verdict.stdout) == first
         deadline = time.monotonic() + 10
-        while first in _children(server) and time.monotonic() < deadline:
+        while first in set(children_of(server)) and time.monotonic() < deadline:
             time.sleep(0.05)
         second = oracle.prepare()
         assert second in waiting  # forked before the first check, not after it
-        assert len(_children(server)) == 2  # refilled
+        assert len(set(children_of(server))) == 2  # refilled
         verdict = run(oracle, code, tmp_path)
         assert int(verdict.stdout) == second
 
