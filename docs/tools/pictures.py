@@ -46,9 +46,12 @@ from reprocut.report.display.memory import memory_json, memory_panel
 REPO = sync.REPO
 ASSETS = REPO / "docs" / "assets"
 WIDTH = 100  # the width reprocut's console has off a terminal
-# rich's SVG template without its @font-face rules: the picture fetches nothing from the network
-# and falls back to the reader's monospace font
-SVG_FORMAT = re.sub(r"\s*@font-face \{\{.*?\}\}", "", CONSOLE_SVG_FORMAT, flags=re.DOTALL)
+# rich's SVG template without its @font-face rules, so the picture fetches nothing from the
+# network, and with common monospace fonts named before the generic one
+MONOSPACE = 'font-family: "Fira Code", "DejaVu Sans Mono", Menlo, Consolas, monospace;'
+SVG_FORMAT = re.sub(r"\s*@font-face \{\{.*?\}\}", "", CONSOLE_SVG_FORMAT, flags=re.DOTALL).replace(
+    "font-family: Fira Code, monospace;", MONOSPACE
+)
 
 
 @dataclass(frozen=True, slots=True)
