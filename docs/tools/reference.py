@@ -25,8 +25,17 @@ def command_parser(name: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+MARKDOWN_SPECIAL = re.compile(r"([\\*_<>|\[\]])")
+
+
+def markdown_cell(text: str) -> str:
+    """Help text as one markdown table cell: what markdown would read as emphasis or HTML
+    (`__main__`, `<id>`) escaped, code spans left as they are."""
+    parts = " ".join(text.split()).split("`")
+    escaped = (
+        part if i % 2 else MARKDOWN_SPECIAL.sub(r"\\\1", part) for i, part in enumerate(parts)
+    )
+    return "`".join(escaped)
 
 
 def _invocation(action: argparse.Action) -> str:
@@ -40,23 +49,17 @@ def _invocation(action: argparse.Action) -> str:
 
 def _synopsis(name: str, parser: argparse.ArgumentParser) -> str:
     if parser.usage:
-        return parser.usage
+        return "\n".join(line.strip() for line in parser.usage.splitlines())
     positionals = [a for a in parser._actions if not a.option_strings]
     words = [f"reprocut {name}", "[OPTIONS]"]
     words += [f"[{a.dest.upper()}]" if a.nargs == "?" else a.dest.upper() for a in positionals]
     return " ".join(words)
 
 
-def _description(parser: argparse.ArgumentParser) -> str:
-    """The command's docstring as markdown paragraphs."""
-    paragraphs = (parser.description or "").strip().split("\n\n")
-    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
-
-
 def command_markdown(name: str) -> str:
     parser = command_parser(name)
     rows = [
-        f"| {_invocation(action)} | {_cell(action.help or '')} |"
+        f"| {_invocation(action)} | {markdown_cell(action.help or '')} |"
         for action in parser._actions
         if not isinstance(action, argparse._HelpAction)
     ]
@@ -66,9 +69,9 @@ def command_markdown(name: str) -> str:
             "",
             "```text",
             _synopsis(name, parser),
-            "```",
             "",
-            _description(parser),
+            (parser.description or "").strip(),
+            "```",
             "",
             "| option | what it does |",
             "|---|---|",
@@ -107,5 +110,7 @@ def exit_code_meanings() -> dict[int, str]:
 
 def exit_codes_markdown() -> str:
     meanings = exit_code_meanings()
-    rows = [f"| {int(code)} | `{code.name}` | {_cell(meanings[code])} |" for code in ExitCode]
+    rows = [
+        f"| {int(code)} | `{code.name}` | {markdown_cell(meanings[code])} |" for code in ExitCode
+    ]
     return "\n".join(["| code | name | meaning |", "|---|---|---|", *rows, ""])
