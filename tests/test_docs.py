@@ -174,6 +174,20 @@ def shell_script(block: Block) -> str:
     return "\n".join(lines)
 
 
+def shell_env(work: Path) -> dict[str, str]:
+    """The environment a block runs in: `reprocut` is this checkout's, run by this Python."""
+    shims = work / ".bin"
+    shims.mkdir(parents=True)
+    shim = shims / "reprocut"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m reprocut "$@"\n')
+    shim.chmod(0o755)
+    return {
+        **os.environ,
+        "PATH": os.pathsep.join([str(shims), os.environ.get("PATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
 def run_block(block: Block, work: Path) -> str | None:
     """Run one block in its own copy of examples/ and corpus/; a failure's description."""
     for top in ("examples", "corpus"):
@@ -182,6 +196,7 @@ def run_block(block: Block, work: Path) -> str | None:
         done = subprocess.run(
             ["bash", "-c", shell_script(block)],
             cwd=work,
+            env=shell_env(work),
             capture_output=True,
             text=True,
             timeout=BLOCK_TIMEOUT,
@@ -203,25 +218,37 @@ def recording_files(work: Path) -> set[str]:
     return names
 
 
-@pytest.mark.slow
-def test_the_docs_commands_run_on_the_cpu(tmp_path: Path):
-    shell_blocks = {}
+def shell_blocks() -> list[Block]:
+    """Every fenced bash block that runs reprocut, the README's and a page's same block once."""
+    found: dict[tuple, Block] = {}
     for page in pages():
         for block in blocks(page):
             if block.language == "bash" and block.invokes_reprocut():
-                shell_blocks.setdefault(tuple(runnable(block)), block)  # README and pages repeat
-    skipped = sorted(
-        (str(b.page.relative_to(REPO)), b.skip_reason)
-        for b in shell_blocks.values()
-        if b.skip_reason
-    )
-    assert skipped == EXPECTED_SKIPS
-    to_run = [b for b in shell_blocks.values() if not b.skip_reason]
-    assert len(to_run) >= 9  # getting started and every CPU failure class
+                found.setdefault(tuple(runnable(block)), block)
+    return list(found.values())
+
+
+def run_blocks(to_run: list[Block], tmp_path: Path) -> list[Path]:
+    """Run the blocks several at once, each in its own folder; those folders."""
     works = [tmp_path / f"block{i}" for i in range(len(to_run))]
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         failures = [f for f in pool.map(run_block, to_run, works) if f is not None]
     assert failures == [], "\n\n".join(failures)
+    return works
+
+
+def test_only_the_listed_blocks_are_skipped_on_the_cpu():
+    skipped = sorted(
+        (str(b.page.relative_to(REPO)), b.skip_reason) for b in shell_blocks() if b.skip_reason
+    )
+    assert skipped == EXPECTED_SKIPS
+
+
+@pytest.mark.slow
+def test_the_docs_commands_run_on_the_cpu(tmp_path: Path):
+    to_run = [b for b in shell_blocks() if not b.skip_reason]
+    assert len(to_run) >= 9  # getting started and every CPU failure class
+    works = run_blocks(to_run, tmp_path)
     documented = documented_recording_files()
     undocumented = {
         name
@@ -230,3 +257,11 @@ def test_the_docs_commands_run_on_the_cpu(tmp_path: Path):
         if not any(fnmatch.fnmatch(name, pattern) for pattern in documented)
     }
     assert undocumented == set(), "files of a recording that docs/reference/recordings.md omits"
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_the_docs_gpu_commands_run_on_a_gpu(tmp_path: Path):
+    to_run = [b for b in shell_blocks() if b.skip_reason == "needs a GPU"]
+    assert len(to_run) == 3
+    run_blocks(to_run, tmp_path)
