@@ -103,15 +103,17 @@ def relative(text: str, work: Path) -> str:
 
 
 def run_case(case: Case, work: Path) -> dict[str, str]:
-    """Run the case's commands; the shrink's stderr by command."""
+    """Run the case's commands, `reprocut` being this checkout's run by this Python; the
+    stderr of each command."""
     cwd = work / case.cwd
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     outputs = {}
     for command in case.commands:
+        words = shlex.split(command)
+        argv = [sys.executable, "-m", "reprocut", *words[1:]] if words[0] == "reprocut" else words
         started = time.perf_counter()
-        done = subprocess.run(
-            shlex.split(command), cwd=cwd, env=env, capture_output=True, text=True, check=False
-        )
+        done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
         seconds = time.perf_counter() - started
         print(f"  {command}: exit {done.returncode}, {seconds:.1f} s", flush=True)
         outputs[command] = done.stderr
