@@ -38,6 +38,10 @@
 #            inputs in seconds and verified (path empty-inputs), held ones refused with exit 9)
 #            and record's overhead on the gpu_bound loop, then tests/test_memory.py -m cuda (the
 #            allocator snapshot read); ~4 min, at most MEMORY_LIMIT + 60 s: STAGES=memory
+#   docs     issue #32: the docs' GPU examples (the bash blocks marked "# needs a GPU": a device
+#            assert on CUDA, the Triton memory fault with shrink and sanitize, the triton_op
+#            custom op), run as the docs show them, side by side (tests/test_docs.py -m cuda);
+#            ~3 min, at most DOCS_LIMIT; not in the default list: STAGES=docs
 # Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
 # (*_LIMIT, seconds). Result files go to $OUT (default benchmarks/results) under their current
 # names (faults-cuda.md, corpus-cuda.md, ...: the date is inside), overwriting the last run's;
@@ -58,7 +62,8 @@ stage_tests() {
     timeout -k 10 "${TESTS_LIMIT:-330}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 4 \
         --timeout 240 --ignore tests/test_source_reducer.py --ignore tests/test_nan.py \
         --ignore tests/test_nan_flags.py \
-        --ignore tests/test_ranks_cuda.py --ignore tests/test_compile.py ${TESTS:-tests/} >"$LOGS/cuda-tests.log" 2>&1
+        --ignore tests/test_ranks_cuda.py --ignore tests/test_compile.py \
+        --ignore tests/test_docs.py ${TESTS:-tests/} >"$LOGS/cuda-tests.log" 2>&1
     echo "pytest exit $?" >>"$LOGS/cuda-tests.log"
     grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$LOGS/cuda-tests.log"
 }
@@ -130,6 +135,13 @@ stage_compile() {
         >"$LOGS/compile-cuda-tests.log" 2>&1
     echo "pytest exit $?" >>"$LOGS/compile-cuda-tests.log"
     grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$LOGS/compile-cuda-tests.log"
+}
+
+stage_docs() {
+    timeout -k 10 "${DOCS_LIMIT:-420}" python3 -m pytest -v -rA -p no:cacheprovider -m cuda \
+        --timeout 410 tests/test_docs.py >"$LOGS/docs-cuda-tests.log" 2>&1
+    echo "pytest exit $?" >>"$LOGS/docs-cuda-tests.log"
+    grep -hE "PASSED|FAILED|ERROR|passed|failed|exit" "$LOGS/docs-cuda-tests.log"
 }
 
 stage_nan_tests() {

@@ -9,7 +9,7 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Documented exit codes of the `reprocut` command (README lists them)."""
+    """Documented exit codes of the `reprocut` command (docs/reference/exit-codes.md lists them)."""
 
     OK = 0  # failure recorded and localized, or repro written and verified
     NOT_REPRODUCED = 1  # the script passed, or the repro lost the signature
