@@ -42,10 +42,9 @@ def runs_after_the_first(run: Path) -> list[str]:
     """The script's runs after the failing one: the attempts' config files, and `probe` when
     the launch's inputs were read by a run of their own."""
     attempts = sorted(path.name.split(".")[0] for path in run.glob("*.config.json"))
-    kept = json.loads((run / "launch_probe.json").read_text())
-    return [a for a in attempts if a != "record"] + (
-        ["probe"] if kept["read_by"] == "probe" else []
-    )
+    kept = run / "launch_probe.json"
+    probed = kept.exists() and json.loads(kept.read_text())["read_by"] == "probe"
+    return [a for a in attempts if a != "record"] + (["probe"] if probed else [])
 
 
 @pytest.mark.parametrize(
@@ -83,4 +82,25 @@ def test_raw_pointers_reaching_a_cupy_kernel_are_named_as_pointers(tmp_path: Pat
         assert any(f.startswith(f"its address ({address[name]:#x}) reaches the kernel") for f in facts[name]), facts  # fmt: skip
     assert not any("2**31" in f for f in report["facts"]), report["facts"]
     assert any("≥ 50000 rows of `table`" in f for f in facts["ids"]), facts["ids"]
+    assert runs_after_the_first(run) == ["localize"]
+
+
+def test_a_custom_ops_fault_shows_its_kernels_launch_with_the_call_beside_it(tmp_path: Path):
+    """corpus/cuda_triton_op_compiled: `fused::gated` (a triton_op in kernels.py) is called by
+    the compiled model at train.py; its Triton kernel reads past the expand()ed gate. Under
+    torch.compile the report named the Inductor kernel launched after it."""
+    pytest.importorskip("triton")
+    truth = load_case(CORPUS / "cuda_triton_op_compiled")
+    report, run = record(tmp_path, "cuda_triton_op_compiled")
+    assert report["op"] == "fused::gated" and report["step"] == truth.step
+    marker = truth.culprit()
+    assert marker is not None
+    assert (Path(report["source"]["file"]).name, report["source"]["line"]) == (
+        "train.py",
+        marker[1],
+    )
+    launch = report["launch"]
+    assert launch is not None and Path(launch["file"]).name == "kernels.py"
+    assert "wrap_triton(gated_kernel)" in launch["text"]
+    assert report["torch_compile"]["kernel"] is None  # no Inductor kernel asserted
     assert runs_after_the_first(run) == ["localize"]
