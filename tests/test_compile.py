@@ -91,6 +91,38 @@ def test_a_device_assert_names_the_triton_kernel_that_asserted() -> None:
     assert classify("AcceleratorError", run.message, output).kind == "index out of bounds"
 
 
+def test_a_cuda_fault_names_no_inductor_kernel_it_merely_surfaced_at() -> None:
+    """corpus/cuda_triton_op_compiled on the H200: a custom op's own Triton kernel
+    (`gated_kernel`, named by memcheck) read out of bounds inside the compiled model; the error
+    surfaced at the launch of the Inductor kernel after it, which the report then named as
+    "Inductor-generated kernel: `triton_poi_fused_gelu_0`". Only an assert names a kernel."""
+    output = (
+        "Traceback (most recent call last):\n"
+        '  File "/root/corpus/cuda_triton_op_compiled/train.py", line 32, in forward\n'
+        "    return self.out(F.gelu(gated(h, gate)))  # reprocut: culprit\n"
+        '  File "/tmp/torchinductor_root/qx/cqxkq5.py", line 121, in call\n'
+        "    triton_poi_fused_gelu_0.run(buf3, buf4, 33554432, stream=stream0)\n"
+        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
+        "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+        "stacktrace below might be incorrect.\n"
+    )
+    run = read_compiled(output, 1, 30.0)
+    assert run.kernel is None and run.assertion is None
+    assert (
+        run.describe() == "AcceleratorError: CUDA error: an illegal memory access was encountered"
+    )
+    assert run.kernel_file == "/tmp/torchinductor_root/qx/cqxkq5.py"  # the traceback's, kept
+    verdict = CompileVerdict(("GatedBlock",), True, "AcceleratorError in fused::gated", run)
+    from reprocut.report.compiled import compile_markdown
+
+    assert not any("Inductor-generated kernel" in line for line in compile_markdown(verdict))
+    # the same traceback from the CPU, where a generated kernel raises its own error: named
+    cpu = output.replace("triton_poi_fused_gelu_0.run(buf3, buf4, 33554432, stream=stream0)",
+                         "cpp_fused_gelu_0(buf3, buf4)").split("torch.AcceleratorError")[0]  # fmt: skip
+    named = read_compiled(cpu + "RuntimeError: index out of bounds: 0 <= tmp2 < 64L\n", 1, 1.0)
+    assert named.kernel == "cpp_fused_gelu_0"
+
+
 def test_an_abort_without_traceback_is_a_crash_with_the_kernels_assertion() -> None:
     """Inductor's CPU kernel under OpenMP: a C++ exception ends the process (SIGABRT)."""
     output = (

@@ -82,7 +82,11 @@ def test_the_same_fault_matches_and_another_one_with_the_same_error_code_does_no
     assert slid.equal is False and slid.differ == ("relation",)
     other = compare(original, evidence("memcheck_misaligned.log"), op=None)
     assert other.equal is False and other.differ == ("kernel", "relation")
-    assert "**no (kernel, relation)**" in other.markdown()
+    assert other.verdict() == (
+        "no: the kernel differs; the address relation differs; same access; "
+        "the access size differs (4 B, then 16 B)"
+    )
+    assert f"**{other.verdict()}**" in other.markdown()
     assert other.to_json()["original"]["text"].startswith("read of 4 B in add_cond_kernel")
 
 
@@ -209,3 +213,64 @@ def test_a_memory_fault_gets_the_short_default_limit_even_for_a_captured_call():
     assert settings.time_limit(device_assert, script=False) == CASE_TIME
     assert settings.time_limit(device_assert, script=True) == SCRIPT_TIME
     assert ShrinkSettings(max_time=7).time_limit(fault, script=False) == 7
+
+
+def test_the_verdict_says_which_parts_agreed_when_only_the_side_of_the_address_differs() -> None:
+    """The original read before the start of `feats`, the repro past the end of `loss`: the
+    same overrun of the same kernel, the nearest allocation another one in each run's layout
+    (real memcheck text, the side as each run's memcheck measured it)."""
+    text = (FIXTURES / "memcheck_triton_oob.log").read_text()
+    base = 0x7F2A3C000200
+    feats = TensorRange("feats", base, 512, base, position=0)
+    loss = TensorRange("loss", base, 512, base)
+    before = text.replace("bytes after the nearest", "bytes before the nearest")
+    same = compare(evidence("", (feats,), before), evidence("", (loss,), text), op=None)
+    assert same.equal is True and same.differ == ()
+    assert same.parts == (("kernel", "same"), ("access", "same"), ("size", "same"),
+                          ("address", "differs"))  # fmt: skip
+    assert same.verdict() == (
+        "yes: same kernel and access; the address relation differs "
+        "(expected when the allocation layout changes)"
+    )
+    shown = same.to_json()
+    assert shown["parts"] == {"kernel": "same", "access": "same", "size": "same",
+                              "address": "differs"}  # fmt: skip
+    assert shown["verdict"] == same.verdict() and shown["equal"] is True
+    markdown = same.markdown()
+    assert (
+        "| address relation | before the start of `feats` (arg 0) | past the end of `loss` | differs |"
+        in markdown
+    )
+    assert "| kernel | add_cond_kernel | add_cond_kernel | same |" in markdown
+    identical = compare(evidence("", (loss,), text), evidence("", (loss,), text), op=None)
+    assert identical.verdict() == "yes: same kernel, access and address relation"
+
+
+def test_a_misaligned_access_compares_its_size_and_says_so() -> None:
+    text = (FIXTURES / "memcheck_misaligned.log").read_text()
+    narrower = text.replace("of size 16 bytes", "of size 8 bytes")
+    slid = compare(evidence("", text=text), evidence("", text=narrower), op=None)
+    assert slid.equal is False and slid.differ == ("size",)
+    assert slid.verdict() == "no: the access size differs; same kernel, access and address relation"
+
+
+def test_a_signatures_parts_from_real_plain_runs(tmp_path: Path) -> None:
+    """The error and the kind, as the repro's plain runs showed them; the op they cannot see."""
+    from reprocut.check.verify import verify
+    from reprocut.model.signature import classify
+    from reprocut.pipeline.same_bug import signature_same_bug
+
+    expected = classify("IndexError", "index out of range in self", op="aten::embedding")
+    failure = Failure("localized", ErrorInfo("IndexError", "index out of range in self"), expected)
+    repro = tmp_path / "repro.py"
+    repro.write_text(
+        "import torch\ntorch.nn.functional.embedding(torch.tensor([5]), torch.zeros(3, 2))\n"
+    )
+    same = signature_same_bug(failure, verify(repro, expected, runs=1, timeout=120))
+    assert same.equal is True and same.parts == (("error", "same"), ("kind", "same"))
+    assert same.verdict() == "yes: same error and kind"
+    other = tmp_path / "other.py"
+    other.write_text("import torch\ntorch.zeros(3)[torch.tensor([1.5])]\n")
+    slid = signature_same_bug(failure, verify(other, expected, runs=1, timeout=120))
+    assert slid.equal is False and slid.parts == (("error", "same"), ("kind", "differs"))
+    assert slid.verdict() == "no: the kind differs; same error"

@@ -47,3 +47,91 @@ def test_no_user_frame_means_no_source_and_no_public_frame():
     exec(LIBRARY, namespace)
     view = namespace["public_api"](0, lambda: frames.view(None))
     assert view.source() is None and view.library is None and view.user == []
+
+
+def _kernel_launch():
+    raise IndexError("row id 18 is past the table")  # the op's implementation
+
+
+def _model_line(ids):
+    return LIBRARY_CALL(ids, _kernel_launch)  # the model calls the op
+
+
+# a dispatcher between the user's call and the op's implementation, as torch's is
+LIBRARY_CALL = {}
+exec(LIBRARY, LIBRARY_CALL)
+LIBRARY_CALL = LIBRARY_CALL["public_api"]
+
+
+def _formatted_traceback() -> str:
+    import traceback
+
+    try:
+        LIBRARY_CALL(None, lambda: _model_line([3, 18]))
+    except IndexError as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        return "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
+    raise AssertionError("no error")
+
+
+def test_the_user_frames_of_a_traceback_and_the_deepest_below_a_call():
+    from reprocut.model.case import SourceLocation
+    from reprocut.record.inside.frames import deepest_below, user_frames_in
+
+    frames = user_frames_in(_formatted_traceback())
+    names = [(f.function, f.text.split("  #")[0]) for f in frames]
+    assert names[-3:] == [
+        ("<lambda>", "LIBRARY_CALL(None, lambda: _model_line([3, 18]))"),
+        ("_model_line", "return LIBRARY_CALL(ids, _kernel_launch)"),
+        ("_kernel_launch", 'raise IndexError("row id 18 is past the table")'),
+    ]  # torch's frames (the library function) are not the user's
+    call, launch = frames[-2], frames[-1]
+    assert deepest_below(frames, SourceLocation(call.file, call.line)) == launch
+    assert deepest_below(frames, SourceLocation(launch.file, launch.line)) is None
+    assert deepest_below(frames, SourceLocation(call.file, 1)) is None  # not on the stack
+
+
+def test_a_custom_ops_failure_shows_the_line_inside_its_implementation(tmp_path):
+    """tests/scripts/custom_op: `demo::gather_rows` (ops.py) raises inside its implementation;
+    the model calls it at train.py:12. The panel showed the call, and "without blocking, the
+    error surfaced at ops.py:12 (CUDA reports errors asynchronously)", on the CPU."""
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from reprocut.cli import main
+    from reprocut.localize.launch import op_launch
+    from reprocut.model.recording import Failure
+    from reprocut.report.display.failure import failure_panel
+
+    script = Path(__file__).parent / "scripts" / "custom_op" / "train.py"
+    assert main(["record", "--json", "--quiet", "--root", str(tmp_path), str(script)]) == 0
+    run = next((tmp_path / "runs").iterdir())
+    failure = Failure.from_json(json.loads((run / "failure.json").read_text()))
+    assert failure.op == "demo::gather_rows"
+    assert failure.source is not None and failure.launch is not None
+    assert (Path(failure.source.file).name, failure.source.line) == ("train.py", 12)
+    ops = script.parent / "ops.py"
+    raise_line = (
+        ops.read_text()
+        .splitlines()
+        .index(
+            '        raise IndexError(f"row id {top} is past the table\'s {table.shape[0]} rows")'
+        )
+        + 1
+    )
+    assert (failure.launch.file, failure.launch.line) == (str(ops), raise_line)
+    console = Console(record=True, width=200)
+    console.print(failure_panel(failure, run))
+    shown = console.export_text()
+    cwd = Path(failure.cwd)
+    shown_ops, shown_script = ops.relative_to(cwd), script.relative_to(cwd)  # as the panel shows
+    assert f"your code: {shown_ops}:{raise_line} (inside demo::gather_rows)" in shown
+    assert f"called from {shown_script}:12  rows = gather_rows(table.detach(), ids)" in shown
+    assert "without blocking" not in shown and "asynchronously" not in shown
+    # an aten op's call has no implementation of the user's below it
+    outcome = json.loads((run / "record.outcome.json").read_text())
+    culprit = dict(outcome["culprit"], op="aten::index_select")
+    assert op_launch(culprit, outcome) is None
+    assert op_launch(outcome["culprit"], outcome) == failure.launch

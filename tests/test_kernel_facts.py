@@ -9,16 +9,31 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from reprocut.cli import main
 from reprocut.localize.kernel_facts import kernel_facts, offset_facts
 from reprocut.model.case import TensorSpec
 from reprocut.model.errors import ExitCode
+from reprocut.model.tensors import spec_of
+from reprocut.record.inside.launch_read import (
+    MISSING,
+    LaunchCall,
+    evaluate_safe,
+    integer_range,
+    read_frame,
+)
 from reprocut.source.focus import launch_grid_source
-from reprocut.source.launch_specs import IntegerRange, LaunchSpecs, LaunchValues
+from reprocut.source.launch_specs import (
+    IntegerRange,
+    LaunchSpecs,
+    LaunchValues,
+    launch_specs_from_json,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -95,9 +110,115 @@ def test_a_cupy_grid_and_a_plain_integer_past_int32():
         "grid 4194304 × block 1024: offsets reach 4294967295, past 2**31 - 1; computed in int32 "
         "they wrap negative from program 2097152 on (down to -2147483648)",
     )
-    assert offset_facts(LaunchValues(args=(None, 3_000_000_000), library="mylib")) == (
+    # an integer past int32 is an offset that wraps only where it can count into a tensor there
+    plain = LaunchValues(args=(None, 3_000_000_000), library="mylib")
+    bytes_3g = TensorSpec((3_000_000_000,), dtype="uint8", device="cuda")
+    assert offset_facts(plain, [bytes_3g]) == (
         "integer argument 3000000000 reaches the kernel, past 2**31 - 1 (an int32 offset wraps)",
     )
+    assert offset_facts(plain, [TensorSpec((4096,), device="cuda")]) == ()
+    assert offset_facts(plain) == ()
+
+
+class LaunchedFrom:
+    """A library's kernel object (CuPy's RawKernel, say): called, it keeps the frame that
+    launched it, so the reader sees that frame as the blocking rerun's tracer does."""
+
+    name = "rowsum_vec4"
+    frame = None
+
+    def __call__(self, grid, block, args):
+        self.frame = sys._getframe(1)
+
+
+ROWSUM = LaunchedFrom()
+POINTER_LAUNCH = (
+    "ROWSUM((x.shape[0],), (64,), (x.data_ptr(), out.data_ptr(), x.shape[0], x.stride(0)))"
+)
+
+
+def rowsum(x, out):
+    ROWSUM((x.shape[0],), (64,), (x.data_ptr(), out.data_ptr(), x.shape[0], x.stride(0)))
+
+
+def read_launch(launch_of: Callable[[], None], focus: str) -> LaunchSpecs:
+    """What the blocking rerun's reader takes from the launching frame, after the fault: no
+    work evaluated, ranges as noted (here read now: CPU tensors)."""
+    launch_of()
+    assert ROWSUM.frame is not None
+    call = LaunchCall.from_focus(focus)
+    found = read_frame(ROWSUM.frame, call, evaluate=evaluate_safe, integers=integer_range)
+    return launch_specs_from_json(json.loads(json.dumps(found)))  # as the run folder keeps it
+
+
+def test_integers_that_are_live_tensors_addresses_are_named_as_their_pointers():
+    """A CuPy kernel fed `x.data_ptr()` was told "integer argument 139735081191424 reaches the
+    kernel, past 2**31 - 1 (an int32 offset wraps)", once per pointer. They are the addresses of
+    the real tensors here (CPU allocations, 64-byte aligned); the fact that explains the
+    misaligned float4 loads is the 65-float row stride of the padded buffer."""
+    padded = torch.randn(32, 65)
+    x, out = padded[:, :64], torch.empty(32)
+    assert x.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0  # c10's CPU alignment
+    probed = read_launch(lambda: rowsum(x, out), POINTER_LAUNCH)
+    assert probed.launch.args[2] == (x.data_ptr(), out.data_ptr(), 32, 65)
+    assert [p.name for p in probed.pointers] == ["x", "out"]
+    tensors = list(probed.params)
+    facts = kernel_facts(probed, tensors, misaligned=True)
+    assert facts == {
+        "x": (
+            f"its address ({x.data_ptr():#x}) reaches the kernel as an integer (16-byte aligned)",
+            "rows 65 elements (260 B) apart: 3 of every 4 rows start off a 16-byte boundary, "
+            "where a 16-byte (float4) load of the row is misaligned",
+        ),
+        "out": (
+            f"its address ({out.data_ptr():#x}) reaches the kernel as an integer (16-byte aligned)",
+        ),
+    }
+    # an illegal address (not a misaligned one): the rows' alignment does not bear on it
+    assert "x" in kernel_facts(probed, tensors) and len(kernel_facts(probed, tensors)["x"]) == 1
+    shifted = padded[:, 1:]  # one float in: the data starts 4 B past the boundary
+    moved = kernel_facts(read_launch(lambda: rowsum(shifted, out), POINTER_LAUNCH), tensors,
+                         misaligned=True)  # fmt: skip
+    assert moved["x"] == (
+        f"its address ({shifted.data_ptr():#x}) reaches the kernel as an integer "
+        "(4 B past a 16-byte boundary)",
+        "rows 65 elements (260 B) apart: 3 of every 4 rows start off a 16-byte boundary, "
+        "where a 16-byte (float4) load of the row is misaligned",
+    )
+
+
+def test_an_address_inside_a_storage_and_an_integer_that_counts_into_nothing():
+    table = torch.zeros(16, 65)
+    second_row = "ROWSUM((1,), (64,), (table.data_ptr() + 260, 1 << 40, 16))"
+
+    def launch() -> None:
+        ROWSUM((1,), (64,), (table.data_ptr() + 260, 1 << 40, 16))
+
+    probed = read_launch(launch, second_row)
+    assert probed.launch.args[2] == (table.data_ptr() + 260, 1 << 40, 16)
+    facts = kernel_facts(probed, [("table", spec_of(table))])
+    assert facts == {
+        "table": (
+            f"an address 260 B into its storage ({table.data_ptr() + 260:#x}) reaches the "
+            "kernel as an integer (4 B past a 16-byte boundary)",
+        )
+    }  # 2**40 is neither an address here nor a count into 4160 B: nothing is said of it
+
+
+def test_the_reader_runs_nothing_after_a_fault():
+    """Calls that read (`data_ptr`, `stride`, `np.int32`) are evaluated; work is not."""
+    import numpy as np
+
+    x = torch.arange(6).view(2, 3)
+    frame = sys._getframe()
+    assert evaluate_safe("(x.data_ptr(), x.stride(0), x.shape[1] * 2, np.int32(7))", frame) == (
+        x.data_ptr(),
+        3,
+        6,
+        np.int32(7),
+    )
+    for work in ("x * 2", "x.sum()", "x.contiguous()", "torch.ones(3)", "print(x)"):
+        assert evaluate_safe(work, frame) is MISSING, work
 
 
 def test_the_grid_of_a_subscripted_launch_is_read_from_its_text():
@@ -120,7 +241,17 @@ def recorded(recorded_run: Path) -> dict:
     return json.loads(recorded_run.joinpath("failure.json").read_text())
 
 
-def test_record_reads_the_ids_reaching_a_library_launched_kernel(recorded: dict):
+def runs_after_the_first(run: Path) -> list[str]:
+    """The runs of the script record started after the failing one, by the attempt names their
+    config files carry; a probe of the launch (a run of its own) shows as `probe`."""
+    attempts = sorted(path.name.split(".")[0] for path in run.glob("*.config.json"))
+    kept = json.loads((run / "launch_probe.json").read_text())
+    return [a for a in attempts if a != "record"] + (
+        ["probe"] if kept["read_by"] == "probe" else []
+    )
+
+
+def test_record_reads_the_ids_reaching_a_library_launched_kernel(recorded: dict, recorded_run):
     assert recorded["status"] == "outside-dispatcher" and recorded["kernel"] == "hashed_bag"
     tensors = {t["name"]: t for t in recorded["tensors"]}
     assert set(tensors) == {"ids", "table"}
@@ -128,6 +259,36 @@ def test_record_reads_the_ids_reaching_a_library_launched_kernel(recorded: dict)
         "id max 1099511627783 ≥ 64 rows of `table` at [7, 3]",
         "row 1099511627783 starts 16.0 TiB past the end of `table`",
     ]
+    # one rerun after the failing run names the launch line and reads what reached it
+    assert runs_after_the_first(recorded_run) == ["localize"]
+
+
+def test_record_names_the_pointers_a_kernel_is_handed_and_the_rows_they_misalign(tmp_path):
+    """tests/scripts/pointer_rows_kernel.py: `x.data_ptr()` and `out.data_ptr()` reach a
+    float4 row kernel; from step 2 the rows are 65 floats apart."""
+    code = main(["record", "--json", "--quiet", "--root", str(tmp_path),
+                 str(SCRIPTS / "pointer_rows_kernel.py")])  # fmt: skip
+    assert code == ExitCode.OK
+    run = next((tmp_path / "runs").iterdir())
+    failure = json.loads((run / "failure.json").read_text())
+    assert failure["status"] == "outside-dispatcher" and failure["kernel"] == "rowsum_vec4"
+    assert failure["signature"]["error_code"] == 716
+    kept = json.loads((run / "launch_probe.json").read_text())["found"]
+    address = {p["name"]: p["address"] for p in kept["pointers"]}
+    tensors = {t["name"]: t["facts"] for t in failure["tensors"]}
+    assert tensors == {
+        "x": [
+            "not contiguous: stride (65, 1) for shape (32, 64)",
+            f"its address ({address['x']:#x}) reaches the kernel as an integer (16-byte aligned)",
+            "rows 65 elements (260 B) apart: 3 of every 4 rows start off a 16-byte boundary, "
+            "where a 16-byte (float4) load of the row is misaligned",
+        ],
+        "out": [
+            f"its address ({address['out']:#x}) reaches the kernel as an integer (16-byte aligned)"
+        ],
+    }
+    assert kept["launch"]["args"][2] == [address["x"], address["out"], 32, 65]
+    assert runs_after_the_first(run) == ["localize"]
 
 
 TRITON_LIKE = """\

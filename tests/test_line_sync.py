@@ -90,3 +90,115 @@ def test_the_step_is_the_one_that_launched_the_kernel_not_the_one_it_surfaced_in
         exec(compile(path.read_text(), str(path), "exec"), {"device": device, "state": state})
     assert tracer.launch is not None and tracer.launch.line == 3
     assert state["step"] == 2 and tracer.launch_step == 1
+
+
+# a library's kernel (its frames are not the user's): an id past the table queues a fault on the
+# fake device; as a kernel writing through a raw pointer does, it changes its input without a
+# version bump
+_LIBRARY = compile(
+    "def scatter_kernel(device, ids, table):\n"
+    "    if int(ids.max()) >= table.shape[0]:\n"
+    "        device.pending = True\n"
+    "    ids.numpy()[:] = 0\n"
+    "def raising_kernel(grid, n):\n"
+    "    raise RuntimeError('CUDA error: misaligned address')\n",
+    "fakelib/_kernels.pyx",
+    "exec",
+)
+FAKELIB: dict = {}
+exec(_LIBRARY, FAKELIB)
+
+LAUNCHING = """
+import torch
+
+def scatter(ids, table):
+    out = table.clone()
+    scatter_kernel(device, ids, table)  # the launch
+    return out
+
+table = torch.zeros(64, 4)
+for step in range(3):
+    state["step"] = step
+    ids = torch.tensor([3, 70 if step == 2 else 7, 5])
+    scatter(ids, table)
+"""
+
+
+def test_the_rerun_reads_the_launchs_inputs_its_ids_as_they_were_before_it_ran(tmp_path):
+    """Once the fault shows, the device answers nothing: the ids' range was read as the launch
+    line was about to run, not after (the kernel zeroed them through a raw view)."""
+    import json
+
+    from reprocut.record.inside.launch_read import LaunchReader
+
+    path = tmp_path / "train.py"
+    path.write_text(LAUNCHING.lstrip())
+    kept = tmp_path / "launch_probe.json"
+    device, state = FakeDevice(), {"step": 0}
+    tracer = LineSync(device, step=lambda: state["step"], window=(2, 2),
+                      reader=LaunchReader(kept, str(path), ["--fast"]))  # fmt: skip
+    namespace = {"device": device, "state": state, "scatter_kernel": FAKELIB["scatter_kernel"]}
+    with pytest.raises(RuntimeError, match="misaligned address") as raised, tracer:
+        exec(compile(path.read_text(), str(path), "exec"), namespace)
+    assert tracer.launch is not None and tracer.launch.line == 5 and tracer.launch_step == 2
+    assert device.waits < 40  # waits in step 2 only, not in steps 0 and 1
+    assert tracer.read_launch(raised.value)
+    written = json.loads(kept.read_text())
+    assert (written["line"], written["focus"], written["read_by"]) == (
+        5,
+        "scatter_kernel(device, ids, table)",
+        "rerun",
+    )
+    assert written["script"] == str(path.resolve()) and written["argv"] == ["--fast"]
+    found = written["found"]
+    assert found["integers"] == [
+        ["ids", {"low": 3, "high": 70, "low_at": 0, "high_at": 1, "shape": [3]}]
+    ]
+    assert namespace["ids"].tolist() == [0, 0, 0]  # what the kernel left: not what it was given
+    assert [name for name, _ in found["params"]] == ["ids", "table"]
+    assert [p["name"] for p in found["pointers"]] == ["ids", "table", "out"]
+    from reprocut.source.probe import kept_launch
+
+    read = kept_launch(kept, path, ["--fast"])
+    assert read is not None and read.line == 5 and dict(read.specs.integers)["ids"].high == 70
+
+
+def test_a_launch_that_raises_itself_is_read_from_the_traceback(tmp_path):
+    """Triton's and CuPy's launches raise at the launch under blocking launches: the frame to
+    read is the innermost user frame of the error, not the line the waits last saw."""
+    import json
+
+    from reprocut.record.inside.launch_read import LaunchReader
+
+    path = tmp_path / "train.py"
+    path.write_text("def launch(n):\n    grid = (n // 4,)\n    kernel(grid, n)\n")
+    kept = tmp_path / "launch_probe.json"
+    kernel = FAKELIB["raising_kernel"]
+    device = FakeDevice()
+    tracer = LineSync(device, reader=LaunchReader(kept, str(path), []))
+    with pytest.raises(RuntimeError) as raised, tracer:
+        exec(compile(path.read_text() + "launch(4096)\n", str(path), "exec"), {"kernel": kernel})
+    assert tracer.launch is None
+    assert tracer.read_launch(raised.value)
+    found = json.loads(kept.read_text())["found"]
+    assert found["launch"]["args"] == [[1024], 4096] and found["values"] == [["n", 4096]]
+
+
+def test_noted_ranges_follow_each_tensor_while_it_lives_and_its_version_holds():
+    import sys
+
+    import torch
+
+    from reprocut.record.inside.launch_read import RangeCache
+
+    cache = RangeCache()
+    ids = torch.tensor([1, 9])
+    with torch.inference_mode():
+        frozen = torch.tensor([4, 2])  # keeps no version counter
+    cache.note(sys._getframe())
+    ids.numpy()[1] = 50  # written as a kernel writes, through memory: no new version
+    assert cache.read(ids) == {"low": 1, "high": 9, "low_at": 0, "high_at": 1, "shape": [2]}
+    ids.add_(1)  # an op's write: a new version, read again
+    assert cache.read(ids) == {"low": 2, "high": 51, "low_at": 0, "high_at": 1, "shape": [2]}
+    assert cache.read(frozen) == {"low": 2, "high": 4, "low_at": 1, "high_at": 0, "shape": [2]}
+    assert cache.read(torch.ones(2)) is None  # floats have no id range

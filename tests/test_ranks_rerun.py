@@ -113,7 +113,7 @@ def test_the_rerun_synchronizes_one_rank_and_runs_the_others_plainly(rescued):
     assert json.loads((job / "rank.localize.config.json").read_text())["target"] == {
         "rank": 1,
         "attempt": "localize",
-        "how": {"launch_blocking": False, "localize_from": 3, "localize_to": 5},
+        "how": {"launch_blocking": True, "localize_from": 3, "localize_to": 5, "sync_lines": True},
     }
 
 

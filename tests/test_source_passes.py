@@ -307,6 +307,39 @@ def test_shrink_integers_bisects_to_a_threshold_in_logarithmic_checks():
     assert smaller_integers(3, low=2) == [] and smaller_integers(1) == [0]
 
 
+def test_shrink_integers_keeps_a_launchs_grid_and_block_at_one_or_more():
+    """A shrunk CuPy launch read `ROWSUM((rows,), (0,), ...)`: 0 threads a block is an invalid
+    launch configuration, which the stand-in kernel below does not check (the fork's blocking
+    launches did not either). The integers a grid or block is made of stop at 1."""
+    source = code("""
+        def ROWSUM(grid, block, args):
+            raise ValueError("bad")
+
+        rows = 512
+        threads = 256
+        cols = 65
+        ROWSUM((rows // 128,), (threads,), (rows, cols))
+    """)
+    assert reduce_with([shrink_integers], source) == code("""
+        def ROWSUM(grid, block, args):
+            raise ValueError("bad")
+
+        rows = 1
+        threads = 1
+        cols = 0
+        ROWSUM((rows // 1,), (threads,), (rows, cols))
+    """)
+    triton = code("""
+        class Kernel:
+            def __getitem__(self, grid):
+                raise ValueError("bad")
+
+        kernel = Kernel()
+        kernel[(8, 2)](3)
+    """)
+    assert reduce_with([shrink_integers], triton).endswith("kernel[(1, 1)](0)\n")
+
+
 def test_drop_arguments_lets_defaults_apply():
     source = code("""
         def f(a, b=1, *, mode="bad"):

@@ -126,3 +126,30 @@ def test_a_seed_the_best_has_stays_while_random_tensors_are_drawn() -> None:
     # nothing random left: the seed may go too
     plain = 'import torch\nids = torch.full((64,), 1 << 20, device="cuda")\nids.sum()\n'
     assert Rules().rejects(plain, seeded) == []
+
+
+def test_a_launch_configuration_stays_valid() -> None:
+    """Grid and block dims of 1 or more, at most 1024 threads a block, as far as the script
+    fixes them (names assigned once are followed; `rows` from a shape is not)."""
+    best = (
+        "rows, threads = x.shape[0], 256\n"
+        "block = threads\n"
+        "ROWSUM((rows,), (block,), (x.data_ptr(), rows))\n"
+    )
+    zero = best.replace("(block,)", "(0,)")
+    assert Rules().rejects(zero, best) == ["invalid launch: ROWSUM block (0,) has a dim below 1"]
+    assert MEMORY.rejects(zero, best) == ["invalid launch: ROWSUM block (0,) has a dim below 1"]
+    named = "threads = 0\nROWSUM((4,), (threads,), (x, 4))\n"
+    assert Rules().rejects(named, named.replace("threads = 0", "threads = 256")) == [
+        "invalid launch: ROWSUM block (threads,) has a dim below 1"
+    ]
+    wide = best.replace("block = threads", "block = threads * 8")
+    assert Rules().rejects(wide, best) == [
+        "invalid launch: ROWSUM block (block,) is 2048 threads, over 1024"
+    ]
+    assert Rules().rejects(best.replace("(block,)", "(32, 32)"), best) == []  # 1024 is the most
+    triton = "add_one[(n // 4, 0)](x, n)\n"
+    assert Rules().rejects(triton, "add_one[(n // 4, 1)](x, n)\n") == [
+        "invalid launch: add_one grid (n // 4, 0) has a dim below 1"
+    ]
+    assert Rules().rejects(best, best) == []  # what the script fixes nowhere is not judged

@@ -75,7 +75,7 @@ def memory_fingerprint(evidence: Evidence | None, op: str | None) -> MemoryFinge
 
 
 def compare(original: Evidence | None, repro: Evidence | None, op: str | None) -> SameBug:
-    """The repro's memcheck fingerprint against the original's."""
+    """The repro's memcheck fingerprint against the original's, part by part."""
     if original is None or repro is None or "unavailable" in (original.status, repro.status):
         return SameBug("memcheck", None, None, None, skipped=(UNAVAILABLE,))
     mine, theirs = memory_fingerprint(original, op), memory_fingerprint(repro, op)
@@ -88,7 +88,8 @@ def compare(original: Evidence | None, repro: Evidence | None, op: str | None) -
         return SameBug("memcheck", mine.to_json(), None, False, differ=(f"repro: {why}",))
     differ, unknown = mine.differences(theirs)
     skipped = tuple(f"{name}: not reported by memcheck" for name in unknown)
-    return SameBug("memcheck", mine.to_json(), theirs.to_json(), not differ, skipped, tuple(differ))
+    return SameBug("memcheck", mine.to_json(), theirs.to_json(), not differ, skipped, tuple(differ),
+                   parts=mine.parts(theirs))  # fmt: skip
 
 
 def _json(fingerprint: MemoryFingerprint | None) -> dict | None:  # type: ignore[type-arg]

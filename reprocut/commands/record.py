@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--launch-blocking",
         action="store_true",
-        help="also set CUDA_LAUNCH_BLOCKING=1 in the localization rerun",
+        help="set CUDA_LAUNCH_BLOCKING=1 in the first run too (the localization rerun always has it)",
     )
     parser.add_argument(
         "--no-snapshots",
@@ -266,7 +266,7 @@ def _record(
             "record",
             snapshots=options.snapshots,
             light_steps=False if options.full_trace else None,
-            launch_blocking=False,
+            launch_blocking=options.launch_blocking,
             nan=options.nan,
             memory=options.memory,
             timeout=options.timeout,

@@ -16,6 +16,7 @@ import torch
 
 from reprocut.localize.explain import explain_inputs, plain
 from reprocut.localize.failure import LocalizeOptions, error_info, finish, location, signature_of
+from reprocut.localize.launch import op_launch
 from reprocut.model.case import ReproCase, Signature, arg_from_json
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
 from reprocut.model.signature import parse_assertions
@@ -119,6 +120,7 @@ def from_culprit(
             source=location(culprit.get("source")),
             forward_source=location(culprit.get("forward_source")),
             call_site=location(culprit.get("call_site")),
+            launch=op_launch(culprit, error_run),
             loop=dict(culprit.get("loop") or {}),
             surfaced_at=location(outcome.get("surfaced_at")),
             tensors=tensors,

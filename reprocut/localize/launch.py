@@ -1,8 +1,14 @@
 """A fault from outside PyTorch's dispatcher: a custom kernel launched from the user's code.
 
+Also the launch inside a custom op: a `torch.library` op is dispatched like an aten op, so the
+culprit's line is where the model calls it, but what faulted ran below, in the op's
+implementation (a sibling module's kernel launch); `op_launch` finds that line.
+
 Takes the outcome of the blocking rerun, whose line sync names the Python line that launched
-the faulting kernel; hands on the outside-dispatcher Failure, with the kernel's name and the
-tensors that reached the launch read by one more run stopped at that line.
+the faulting kernel and whose reader kept what reached it (the run folder's launch probe file);
+hands on the outside-dispatcher Failure, with the kernel's name and the tensors that reached the
+launch. Only when the rerun could not read them does one more run, stopped at that line, read
+them (`reprocut.source.probe.probe_launch`).
 """
 
 from __future__ import annotations
@@ -21,8 +27,11 @@ from reprocut.localize.failure import (
 from reprocut.localize.kernel_facts import kernel_facts
 from reprocut.model.case import SourceLocation, TensorSpec
 from reprocut.model.recording import Failure, TensorReport
+from reprocut.record.inside.frames import deepest_below, user_frames_in
 from reprocut.record.parent.runner import RunResult
 from reprocut.report.diagnosis import DIAGNOSES, layout_facts
+
+MISALIGNED_CODE = 716  # cudaErrorMisalignedAddress
 
 
 def outside_dispatcher(
@@ -38,8 +47,10 @@ def outside_dispatcher(
     culprit = blocked.get("culprit") or {}
     kernel, tensors = None, ()
     if launch is not None:
-        progress(f"reading what reached the launch at {Path(launch.file).name}:{launch.line}")
-        kernel, tensors = _launch_inputs(options, launch)
+        misaligned = error_info(error, run.stderr).code == MISALIGNED_CODE or (
+            "misaligned address" in str(error.get("message", ""))
+        )
+        kernel, tensors = _launch_inputs(options, launch, progress, misaligned=misaligned)
     return finish(
         options,
         Failure(
@@ -65,37 +76,63 @@ def outside_dispatcher(
 
 
 def _launch_inputs(
-    options: LocalizeOptions, launch: SourceLocation
+    options: LocalizeOptions,
+    launch: SourceLocation,
+    progress: Progress = lambda _: None,
+    *,
+    misaligned: bool = False,
 ) -> tuple[str | None, tuple[TensorReport, ...]]:
-    """The launched kernel's name and the tensors reaching the launch, with their layout facts
-    and the facts their values show (ids against the table's rows, int32 offsets), read by one
-    more run stopped where the launch raises (`reprocut.source.probe.probe_launch`); nothing
-    when they cannot be read."""
+    """The launched kernel's name and the tensors reaching the launch (those whose addresses
+    reach it as integers too), with their layout facts and the facts their values show (ids
+    against the table's rows, addresses, int32 offsets, misaligned rows): as the blocking rerun
+    read them, else read by one more run stopped where the launch raises; nothing when they
+    cannot be read."""
     from reprocut.source.focus import call_argument_sources, statement_text
-    from reprocut.source.probe import probe_launch
+    from reprocut.source.probe import kept_launch, probe_launch
 
     path = Path(launch.file)
     focus = statement_text(path, launch.line) if path.is_file() else None
     if focus is None:
         return None, ()
-    probed = probe_launch(
-        options.script,
-        cwd=options.cwd,
-        argv=options.argv,
-        file=path,
-        line=launch.line,
-        focus=focus,
-        timeout=options.timeout or 600.0,
-        keep=options.run_dir.launch_probe_path,  # `shrink` reads it instead of probing again
-    )
+    kept = kept_launch(options.run_dir.launch_probe_path, options.script, options.argv)
+    if kept is not None and kept.file == path.resolve() and kept.line == launch.line:
+        probed = kept.specs  # the rerun that named the line read it
+    else:
+        progress(f"reading what reached the launch at {path.name}:{launch.line} (one more run)")
+        probed = probe_launch(
+            options.script,
+            cwd=options.cwd,
+            argv=options.argv,
+            file=path,
+            line=launch.line,
+            focus=focus,
+            timeout=options.timeout or 600.0,
+            keep=options.run_dir.launch_probe_path,  # `shrink` reads it instead of probing again
+        )
     named = [*zip(call_argument_sources(focus), probed.args, strict=False), *probed.params]
     tensors: dict[str, TensorSpec] = {}
     for name, spec in named:
         if spec is not None:
             tensors.setdefault(name, spec)
-    values = kernel_facts(probed, list(tensors.items()))
+    values = kernel_facts(probed, list(tensors.items()), misaligned=misaligned)
+    for pointer in probed.pointers:  # a tensor handed over by its address reaches it too
+        if pointer.name in values:
+            tensors.setdefault(pointer.name, pointer.spec)
     reports = [
         TensorReport(name, spec, (*layout_facts(spec), *values.get(name, ())))
         for name, spec in tensors.items()
     ]
     return probed.kernel, tuple(reports)
+
+
+def op_launch(culprit: dict[str, Any], outcome: dict[str, Any]) -> SourceLocation | None:
+    """The deepest line of the user's code below a custom op's call, where the error the op
+    raised passed through its implementation (its kernel's launch); None for an aten op, or when
+    the error did not pass through user code below the call (a fault that surfaced later)."""
+    op, source = culprit.get("op") or "", location(culprit.get("source"))
+    if source is None or "::" not in op or op.startswith(("aten::", "prims::")):
+        return None
+    found = deepest_below(user_frames_in(outcome.get("traceback") or ""), source)
+    if found is None:
+        return None
+    return location({"file": found.file, "line": found.line, "function": found.function})

@@ -1,8 +1,10 @@
-"""Run the script again to the failing step, synchronizing around each op there.
+"""Run the script again to the failing step, synchronizing around each op there: one rerun.
 
 Takes the first run's outcome (the failing step, the last step known healthy); hands on the
-Failure for the op the rerun names, else, when the fault was pending before an op, runs once
-more with blocking launches and line sync and hands the launch line to `launch`. A synchronous
+Failure for the op the rerun names, else, when the fault was pending before an op or raised
+outside any (a custom kernel), the launch line and what reached it, from the same rerun: it
+launches with CUDA_LAUNCH_BLOCKING=1 and waits for the GPU after each line of the user's code
+in those steps (line_sync), reading the launch's inputs as it goes (launch_read). A synchronous
 error in a light step is rerun here too, watching every op of that step. Under torchrun the
 options' rerunner runs the whole job again instead, the culprit rank localizing (job_rerun.py).
 """
@@ -38,15 +40,12 @@ def rerun(
     if options.rerunner is not None:
         line = options.rerunner.describe(span)
     else:
-        line = f"rerunning to {span}, synchronizing around each op there"
+        line = (
+            f"rerunning to {span} with CUDA_LAUNCH_BLOCKING=1, synchronizing around each op "
+            "and each line of your code there"
+        )
     progress(f"{why}; {line}" if why else line)
-    second = _run_again(
-        options,
-        "localize",
-        localize_from=first_suspect,
-        localize_to=step,
-        launch_blocking=options.launch_blocking,
-    )
+    second = _run_again(options, "localize", **localizing(first_suspect, step))
     again = second.outcome
     if again is None or again.get("status") != "failed":
         why = "it crashed" if again is None else "it did not fail"
@@ -56,15 +55,18 @@ def rerun(
     culprit = again.get("culprit")
     if names_op(culprit):
         return from_culprit(options, first, outcome, culprit, second, "rerun")
-    # A fault pending before an aten op, or raised outside any: a custom kernel.
-    progress(
-        "the fault came from outside PyTorch's dispatcher; rerunning with CUDA_LAUNCH_BLOCKING=1, "
-        "waiting for the GPU after each line of your code"
-    )
-    third = _run_again(options, "localize-blocking", launch_blocking=True, sync_lines=True)
-    blocked = third.outcome if third.outcome and third.outcome.get("status") == "failed" else again
-    used = third if blocked is third.outcome else second
-    return outside_dispatcher(options, first, outcome, blocked, used, progress)
+    # A fault pending before an aten op, or raised outside any: a custom kernel, whose launch
+    # line the same rerun named (and read what reached it).
+    return outside_dispatcher(options, first, outcome, again, second, progress)
+
+
+def localizing(first_step: int, last_step: int) -> dict[str, Any]:
+    """How the one localization rerun runs (the RunRequest fields): synchronized around each
+    op of the suspect steps, so an aten op that faults raises at itself; with blocking launches
+    and a wait after each user line there, so a custom kernel's fault shows at its launch line,
+    whose inputs are read in the same run."""
+    return {"localize_from": first_step, "localize_to": last_step, "launch_blocking": True,
+            "sync_lines": True}  # fmt: skip
 
 
 def _run_again(options: LocalizeOptions, attempt: str, **how: Any) -> RunResult:

@@ -28,6 +28,11 @@ _ASSERTING_KERNEL = re.compile(r": ((?:triton|cpp)_\w+): block: \[")
 # the assert's site in a generated file: "/tmp/torchinductor_root/ro/cror....py:28: unknown: block: ["
 _ASSERT_SITE = re.compile(r"(?P<file>\S*torchinductor\S*?\.py):(?P<line>\d+): [^:\n]*: block: \[")
 _KERNEL_DEF = re.compile(r"\s*def ((?:triton|cpp)_\w+)\(")
+# a CUDA error: reported at a later API call than the launch that faulted
+_CUDA_ERROR = re.compile(
+    r"CUDA error|CUDA_ERROR|cudaError|Triton Error \[CUDA\]|illegal memory access|"
+    r"misaligned address|device-side assert|unspecified launch failure"
+)
 # a file under Inductor's cache: /tmp/torchinductor_<user>/ih/cihu3e...main.cpp:29
 _CACHE_FILE = re.compile(
     r"(?P<file>[^\s\"',]*torchinductor[^\s\"',:]*?\.(?:py|cpp))(?::(?P<line>\d+))?"
@@ -154,12 +159,15 @@ def compile_environment(compiled: bool) -> dict[str, str]:
 def inductor_evidence(output: str) -> tuple[str | None, str | None, str | None]:
     """(kernel name, assertion, kernel file) an Inductor-generated kernel left in `output`.
 
-    A device-side assert's line names the generated file and line; Triton prints `unknown` where
+    The kernel named is the one the failure happened in, never one that merely ran nearby. A
+    device-side assert's line names the generated file and line; Triton prints `unknown` where
     the kernel's name would stand, so the name is read from that file, whose `def` encloses the
-    line (Inductor leaves its cache on disk)."""
+    line (Inductor leaves its cache on disk). Without such a line, the traceback's deepest
+    generated kernel raised its own error only on the CPU: a CUDA error surfaces at whatever
+    launch comes after the faulting one (on the H200 a custom op's Triton kernel read out of
+    bounds inside a compiled model, and the traceback named the Inductor kernel launched next)."""
     assertion = _INDUCTOR_ASSERT.search(output)
     named = _ASSERTING_KERNEL.findall(output)[:1]
-    kernels = named or _KERNEL_NAME.findall(output)
     cache = list(_CACHE_FILE.finditer(output))
     asserting = _ASSERT_SITE.search(output)
     kernel_file = cache[-1]["file"] if cache else None  # the deepest: the kernel's own file
@@ -167,12 +175,14 @@ def inductor_evidence(output: str) -> tuple[str | None, str | None, str | None]:
         kernel_file = asserting["file"]
         if not named:  # the file is read only when the assert's line names no kernel
             defined = kernel_defined_at(Path(kernel_file), int(asserting["line"]))
-            kernels = [defined] if defined else kernels
-    return (
-        kernels[-1] if kernels else None,  # the asserting one, else the traceback's deepest
-        assertion.group(0).strip() if assertion else None,
-        kernel_file,
-    )
+            named = [defined] if defined else []
+    if named:
+        kernel: str | None = named[0]
+    elif _CUDA_ERROR.search(output):
+        kernel = None  # it surfaced at a later launch: that kernel is a bystander
+    else:
+        kernel = next(reversed(_KERNEL_NAME.findall(output)), None)  # it raised synchronously
+    return kernel, assertion.group(0).strip() if assertion else None, kernel_file
 
 
 def kernel_defined_at(source: Path, line: int) -> str | None:

@@ -142,6 +142,9 @@ class Failure:
     torch_compile: CompileVerdict | None = None  # the script used torch.compile: the verdict
     test: FailingTest | None = None  # under pytest: the test that failed (it has no step)
     memory: MemoryReport | None = None  # an out-of-memory failure: request, holders, leak
+    # a custom op's failure: the deepest line of the user's code below `source` (the op's call),
+    # inside the op's implementation (the launch of its kernel, often in a sibling module)
+    launch: SourceLocation | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -179,6 +182,7 @@ class Failure:
             "torch_compile": None if self.torch_compile is None else self.torch_compile.to_json(),
             "test": None if self.test is None else self.test.to_json(),
             "memory": None if self.memory is None else self.memory.to_json(),
+            "launch": location_json(self.launch),
         }
 
     @classmethod
@@ -224,6 +228,7 @@ class Failure:
             if data.get("torch_compile")
             else None,
             memory=MemoryReport.from_json(data["memory"]) if data.get("memory") else None,
+            launch=location_from_json(data.get("launch")),
         )
 
     def with_notes(self, *notes: str) -> Failure:

@@ -24,7 +24,12 @@ from reprocut.check.fingerprint import compare, memory_fingerprint
 from reprocut.check.sanitizer import LOG_NAME, Evidence, attach, run_memcheck, wants_evidence
 from reprocut.check.verify import Verification, verify
 from reprocut.model.errors import ExitCode
-from reprocut.model.fingerprint import MemoryFingerprint, SameBug, signature_fingerprint
+from reprocut.model.fingerprint import (
+    MemoryFingerprint,
+    SameBug,
+    signature_fingerprint,
+    signature_parts,
+)
 from reprocut.model.recording import Failure
 from reprocut.pipeline.cases import Outcome
 from reprocut.report.display.shrink import print_phase
@@ -68,8 +73,10 @@ def signature_same_bug(failure: Failure, verification: Verification) -> SameBug:
     skipped = [PLAIN_ONLY] if failure.signature.op else []
     if not seen and not equal:
         skipped.append("the repro did not fail in its plain runs")
+    differ = () if equal else (f"{verification.reproduced} of {verification.runs} plain runs failed as expected",)  # fmt: skip
     return SameBug("signature", signature_fingerprint(failure.signature),
-                   signature_fingerprint(seen), equal, tuple(skipped))  # fmt: skip
+                   signature_fingerprint(seen), equal, tuple(skipped), differ,
+                   parts=signature_parts(failure.signature, seen))  # fmt: skip
 
 
 def memcheck_same_bug(

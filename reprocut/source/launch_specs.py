@@ -1,7 +1,8 @@
 """What the launch probe read at the failing call, as values.
 
-The probe's child writes JSON; this is what it means: the tensors' specs by argument and by
-parameter, the range of integer tensors' values, the plain values of the launch itself.
+The probe's child (or the blocking rerun, reprocut.record.inside.launch_read) writes JSON; this
+is what it means: the tensors' specs by argument and by parameter, the range of integer tensors'
+values, the plain values of the launch itself, the addresses of the tensors the frame held.
 Readers (`reprocut.localize.kernel_facts`, the source reducer's specs) need these values and
 not how they were read, so they live apart from the probing. `with_value_ranges` turns the
 integer ranges into generated values the reducer can hand the kernel.
@@ -64,6 +65,26 @@ def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class TensorPointer:
+    """A tensor the launching frame held, by address: where its data starts and its storage's
+    bytes (an integer argument that falls there is a pointer into it, not a number)."""
+
+    name: str
+    address: int
+    storage_start: int
+    storage_bytes: int
+    spec: TensorSpec
+
+    def holds(self, value: int) -> bool:
+        return self.storage_start <= value < self.storage_start + max(self.storage_bytes, 1)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TensorPointer:
+        return cls(data["name"], data["address"], data["storage"], data["bytes"],
+                   spec_from_json(data["spec"]))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchSpecs:
     """The tensors at the failing call, seen just before it ran: its arguments by position
     (None: not a tensor), the tensor parameters of the function making it, and that function's
@@ -75,6 +96,7 @@ class LaunchSpecs:
     kernel: str | None = None  # the launched kernel's own name (`cmvn_vec4`, not `_KERNEL`)
     integers: tuple[tuple[str, IntegerRange], ...] = ()  # integer tensors' values, by name
     launch: LaunchValues = field(default_factory=LaunchValues)
+    pointers: tuple[TensorPointer, ...] = ()  # the tensors the launching frame held
 
 
 INT64_MAX = 2**63 - 1
@@ -117,6 +139,7 @@ def launch_specs_from_json(found: dict[str, Any]) -> LaunchSpecs:
         kernel=found.get("kernel"),
         integers=tuple((n, IntegerRange.from_json(r)) for n, r in found.get("integers", ())),
         launch=LaunchValues.from_json(found.get("launch") or {}),
+        pointers=tuple(TensorPointer.from_json(p) for p in found.get("pointers", ())),
     )
 
 

@@ -1,9 +1,11 @@
 """What reached the failing call, read by running the script once more in a child.
 
-The recording knows only where a custom kernel was launched, not what it was given. These
-probes run the script as `python script.py argv...` would, under a tracer or to the end: one
-reads the tensors (their layout included), the range of integer tensors' values and the plain
-values at the launch the time it raised (`probe_launch`, kept for `shrink` by `kept_launch`),
+The recording's blocking rerun reads what reached a custom kernel's launch as it names the
+launch line (reprocut.record.inside.launch_read, whose reader the probe shares); when that
+reading is missing (or the script changed since), these probes run the script as
+`python script.py argv...` would, under a tracer or to the end: one reads the tensors (their
+layout included), the range of integer tensors' values, the plain values and the pointers at
+the launch the time it raised (`probe_launch`, kept for `shrink` by `kept_launch`),
 the other the failing traceback (`failing_frames`). What they read is
 `reprocut.source.launch_specs`; the focus line is taken apart by `reprocut.source.focus`. They
 hand the source reducer its specs and focus line, and `reprocut.localize` the launch's inputs.
@@ -21,115 +23,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reprocut.check import lifeline
-from reprocut.source.focus import (
-    call_argument_sources,
-    call_keyword_sources,
-    launch_grid_source,
-    launched_source,
-    statement_span,
-    statement_text,
-)
+from reprocut.record.inside.launch_read import LaunchCall
+from reprocut.source.focus import statement_span, statement_text
 from reprocut.source.launch_specs import LaunchSpecs, launch_specs_from_json
 
 # --- what reaches the failing call -----------------------------------------------------------
 
 _PROBE = r"""
-import json, operator, os, sys, threading
-result_path, filename, target_file, first, last, sources, launched, extra = sys.argv[1:9]
-sys.argv = [filename, *sys.argv[9:]]
+import json, os, sys, threading
+result_path, filename, target_file, first, last, call = sys.argv[1:7]
+sys.argv = [filename, *sys.argv[7:]]
 sys.path[0] = os.path.dirname(os.path.abspath(filename))
-target_file, sources, extra = os.path.realpath(target_file), json.loads(sources), json.loads(extra)
-first, last = int(first), int(last)
+target_file, first, last = os.path.realpath(target_file), int(first), int(last)
+from reprocut.record.inside.launch_read import (
+    LaunchCall, evaluate_any, integer_range, read_frame)
+call = LaunchCall.from_json(json.loads(call))
 latest = None  # what reached the call the last time it was about to run
-
-def spec(value):
-    import torch
-    from reprocut.model.case import spec_to_json
-    from reprocut.model.tensors import spec_of
-    return spec_to_json(spec_of(value)) if isinstance(value, torch.Tensor) else None
-
-def kernel_name(kernel):
-    for name in (getattr(kernel, "name", None), getattr(kernel, "__name__", None),
-                 getattr(getattr(kernel, "fn", None), "__name__", None)):
-        if isinstance(name, str):
-            return name  # CuPy RawKernel.name, a function's or Triton JITFunction's name
-    return None
-
-MISSING = object()
-
-def value_of(source, frame):
-    try:
-        return eval(source, frame.f_globals, frame.f_locals)
-    except Exception:
-        return MISSING
-
-def scalar(value):  # a plain launch value: an int (numpy's too), a float, a tuple of them
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, (list, tuple)):
-        return [scalar(v) for v in value[:16]]
-    if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else None
-    if type(value).__module__.startswith("numpy"):
-        try:
-            return operator.index(value)
-        except TypeError:
-            return None
-    return value if isinstance(value, int) else None
-
-def integers(value):  # smallest and largest value, read while the device is still healthy
-    import torch
-    if not isinstance(value, torch.Tensor) or value.layout != torch.strided or not value.numel():
-        return None
-    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
-        return None
-    try:
-        flat = value.detach().reshape(-1).to(torch.int64)
-        return {"low": int(flat.min()), "high": int(flat.max()), "low_at": int(flat.argmin()),
-                "high_at": int(flat.argmax()), "shape": list(value.shape)}
-    except Exception:
-        return None
-
-def seen(frame):
-    kernel = value_of(launched, frame) if launched else MISSING
-    found = {"args": [], "params": [], "integers": [],
-             "kernel": None if kernel is MISSING else kernel_name(kernel)}
-    library = None if kernel is MISSING else type(kernel).__module__.split(".")[0]
-    launch = {"args": [], "keywords": [], "grid": None, "library": library}
-    for source in sources:
-        value = value_of(source, frame)
-        value = None if value is MISSING else value
-        found["args"].append(spec(value))
-        launch["args"].append(scalar(value))
-        counted = integers(value)
-        if counted is not None:
-            found["integers"].append([source, counted])
-    for name, source in extra["keywords"]:
-        value = value_of(source, frame)
-        launch["keywords"].append([name, None if value is MISSING else scalar(value)])
-    if extra["grid"]:
-        grid = value_of(extra["grid"], frame)
-        launch["grid"] = None if grid is MISSING or callable(grid) else scalar(grid)
-    found["launch"], found["values"] = launch, []
-    code = frame.f_code
-    for name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
-        value = frame.f_locals.get(name)
-        described = spec(value)
-        if described is not None:
-            found["params"].append([name, described])
-            counted = integers(value)
-            if counted is not None:
-                found["integers"].append([name, counted])
-        elif plain(value):
-            found["values"].append([name, value])
-    return found
-
-def plain(value):
-    if isinstance(value, tuple):
-        return all(plain(v) for v in value)
-    if isinstance(value, float):
-        return value == value and abs(value) != float("inf")
-    return value is None or isinstance(value, (bool, int, str))
 
 def report(found):
     if found is not None:
@@ -140,7 +49,7 @@ def report(found):
 def at_line(frame, event, arg):
     global latest
     if event == "line" and frame.f_lineno == first:
-        latest = seen(frame)
+        latest = read_frame(frame, call, evaluate=evaluate_any, integers=integer_range)
     elif event == "exception" and first <= frame.f_lineno <= last:
         report(latest)  # this call raised: these are the tensors that made it fail
     return at_line
@@ -188,15 +97,13 @@ def probe_launch(
     """
     from reprocut.check.childenv import child_environment
 
-    sources = call_argument_sources(focus)
+    call = LaunchCall.from_focus(focus)
     span = statement_span(Path(file), line)
     first, last = (line, line) if span is None else span[1:]
     with tempfile.TemporaryDirectory(prefix="reprocut-probe-") as tmp:
         result = Path(tmp) / "specs.json"
-        extra = {"keywords": call_keyword_sources(focus), "grid": launch_grid_source(focus)}
         command = [sys.executable, "-c", _PROBE, str(result), str(script_path), str(file),
-                   str(first), str(last), json.dumps(sources), launched_source(focus) or "",
-                   json.dumps(extra), *argv]  # fmt: skip
+                   str(first), str(last), json.dumps(call.to_json()), *argv]  # fmt: skip
         returncode = lifeline.run(
             command,
             cwd=cwd,
@@ -213,7 +120,8 @@ def probe_launch(
             return LaunchSpecs()
     if keep is not None:
         kept = {"script": str(Path(script_path).resolve()), "argv": list(argv),
-                "file": str(Path(file).resolve()), "line": line, "focus": focus, "found": found}  # fmt: skip
+                "file": str(Path(file).resolve()), "line": line, "focus": focus, "found": found,
+                "read_by": "probe"}  # fmt: skip
         with contextlib.suppress(OSError):  # a cache: shrink probes again without it
             keep.write_text(json.dumps(kept))
     return launch_specs_from_json(found)

@@ -10,6 +10,9 @@ candidate before it is run and reject one that breaks a rule the current best ke
 - tensors stay on their device: no `.cpu()`, `.to("cpu")` or `device="cpu"` the best lacks;
 - a launch keeps its grid and block (Triton `k[grid](...)`, CuPy `k(grid, block, args)`) unless
   the pass that made the candidate shrinks them deliberately (`RESHAPING_PASSES`);
+- every launch stays a valid configuration: grid and block dims of 1 or more, at most 1024
+  threads a block, as far as the script fixes them (a block of 0 threads is refused by CUDA,
+  and read as a typo in a repro);
 - a failing custom op (`ns::op`) is still registered and still called;
 - random tensors stay seeded: a top-level `torch.manual_seed` the best has stays while torch's
   random generators are called (else each run draws other values: another bug, or none).
@@ -37,6 +40,7 @@ from reprocut.source.passes import (
     sibling_file,
     sibling_imports,
 )
+from reprocut.source.passes.launches import bindings, invalid_configurations, launches
 
 # passes allowed to change a launch's grid or block (none of today's passes is one)
 RESHAPING_PASSES: frozenset[str] = frozenset()
@@ -78,74 +82,9 @@ def builds_on_cpu(value: cst.BaseExpression) -> bool:
     return False
 
 
-def _bindings(module: cst.Module) -> dict[str, list[cst.BaseExpression]]:
-    """Every value each plain name is assigned, anywhere in the module."""
-    bound: dict[str, list[cst.BaseExpression]] = {}
-    for node in walk(module):
-        if isinstance(node, cst.Assign):
-            for target in node.targets:
-                if isinstance(target.target, cst.Name):
-                    bound.setdefault(target.target.value, []).append(node.value)
-    return bound
-
-
-@dataclass(frozen=True, slots=True)
-class Launch:
-    """A kernel launch as written: the kernel, its grid/block text, its arguments."""
-
-    kernel: str
-    config: str
-    args: tuple[cst.BaseExpression, ...]
-
-
-def launches(module: cst.Module) -> list[Launch]:
-    """Triton `kernel[grid](args)` and CuPy `kernel(grid, block, args)` calls (`args` a tuple,
-    or a name bound to one)."""
-    bound = _bindings(module)
-    found = []
-    for node in walk(module):
-        if not isinstance(node, cst.Call):
-            continue
-        if isinstance(node.func, cst.Subscript):
-            kernel = _code(node.func.value)
-            config = _code(node.func.slice[0]) if node.func.slice else ""
-            found.append(Launch(kernel, config, tuple(a.value for a in node.args)))
-            continue
-        items = _cupy_arguments(node, bound)
-        if items is not None:
-            config = f"{_code(node.args[0].value)}, {_code(node.args[1].value)}"
-            found.append(Launch(_code(node.func), config, items))
-    return found
-
-
-def _cupy_arguments(
-    node: cst.Call, bound: dict[str, list[cst.BaseExpression]]
-) -> tuple[cst.BaseExpression, ...] | None:
-    """A CuPy launch's kernel arguments: `k((blocks,), (threads,), (a, b, n))`."""
-    if len(node.args) < 3 or any(a.keyword for a in node.args[:3]):
-        return None
-    if not all(isinstance(a.value, (cst.Tuple, cst.Name)) for a in node.args[:2]):
-        return None
-    args = node.args[2].value
-    if isinstance(args, cst.Name) and len(bound.get(args.value, [])) == 1:
-        args = bound[args.value][0]
-    if not isinstance(args, cst.Tuple):
-        return None
-    return tuple(_unwrapped(e.value) for e in args.elements)
-
-
-def _unwrapped(value: cst.BaseExpression) -> cst.BaseExpression:
-    """`cupy.asarray(x)` (or `cp.asarray`, `from_dlpack`) -> `x`: the tensor it views."""
-    if isinstance(value, cst.Call) and value.args:
-        name = _code(value.func).rsplit(".", 1)[-1]
-        if name in ("asarray", "from_dlpack", "fromDlpack"):
-            return value.args[0].value
-    return value
-
-
 def pointer_problems(module: cst.Module) -> list[str]:
     """Pointers and tensors handed to kernels that cannot be the recorded ones."""
-    bound = _bindings(module)
+    bound = bindings(module)
     problems = []
 
     def on_cpu(name: str) -> bool:
@@ -224,6 +163,7 @@ class Rules:
                     for la in launches(module)
                     if not re.search(r"[A-Za-z_]", la.config)
                 )
+        found.update(invalid_configurations(module))
         if self.custom_op:
             text = f"{code}\n{extra}"
             if not registers(text, self.custom_op):

@@ -42,7 +42,6 @@ def main(config_path: str) -> None:
 
     from reprocut.check.attribution import settle_cuda
     from reprocut.record.inside.compile_use import CompileUse, inductor_settings
-    from reprocut.record.inside.line_sync import LineSync
     from reprocut.record.inside.nonfinite import NonfiniteStop
     from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
@@ -69,7 +68,7 @@ def main(config_path: str) -> None:
     stopped = False  # --nan: reprocut ended the run (NonfiniteStop)
     memory = _memory_watch(config, recorder, run_dir)  # below the recorder's own modes
     recorder.__enter__()
-    line_sync = LineSync(step=lambda: recorder.state.step) if config.get("sync_lines") else None
+    line_sync = _line_sync(config, recorder, script) if config.get("sync_lines") else None
     try:
         try:
             with line_sync or contextlib.nullcontext():
@@ -119,6 +118,9 @@ def main(config_path: str) -> None:
         else:  # pytest printed its own report
             outcome["test"] = test
         recorder.early.write(outcome)  # before closing and teardown, which may crash
+        culprit = recorder.state.culprit
+        if line_sync is not None and not (culprit and culprit.op and culprit.synchronized):
+            line_sync.read_launch(exc)  # no op raised: what reached the custom kernel's launch
         if memory is not None:
             memory.at_failure(exc, f"{error['type']}: {error['message']}")
     finally:
@@ -149,6 +151,19 @@ def main(config_path: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)
+
+
+def _line_sync(config: dict[str, Any], recorder: Any, script: str) -> Any:
+    """The blocking rerun's tracer: it waits for the GPU in the steps being localized and reads
+    what reaches the launch that faults (see line_sync)."""
+    from reprocut.model.recording import LAUNCH_PROBE_FILE
+    from reprocut.record.inside.launch_read import LaunchReader
+    from reprocut.record.inside.line_sync import LineSync
+
+    reader = LaunchReader(Path(config["run_dir"]) / LAUNCH_PROBE_FILE, script,
+                          list(config.get("argv", [])))  # fmt: skip
+    window = (config.get("localize_from"), config.get("localize_to"))
+    return LineSync(step=lambda: recorder.state.step, window=window, reader=reader)
 
 
 def _memory_watch(config: dict[str, Any], recorder: Any, run_dir: Path) -> Any:

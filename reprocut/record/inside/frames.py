@@ -9,6 +9,7 @@ the HF Trainer the user's line is `trainer.train()`, the call site transformers'
 from __future__ import annotations
 
 import os
+import re
 import sys
 import sysconfig
 from dataclasses import dataclass, field
@@ -184,6 +185,37 @@ class UserFrames:
                 found = SourceLocation(code.co_filename, tb.tb_lineno, function=code.co_name)
             tb = tb.tb_next
         return found
+
+
+_TRACEBACK_FRAME = re.compile(
+    r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$'
+)
+
+
+def user_frames_in(traceback_text: str) -> list[SourceLocation]:
+    """The user's frames of a traceback as `traceback.format_list` wrote it (an outcome's
+    `traceback`), outermost first, each with its line's text; the last traceback of a chain."""
+    found: list[SourceLocation] = []
+    lines = traceback_text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last)"):
+            found = []
+        match = _TRACEBACK_FRAME.match(line)
+        if match and is_user_file(match["file"]):
+            follows = lines[i + 1] if i + 1 < len(lines) else ""
+            text = follows.strip() if follows.startswith("    ") else ""
+            found.append(SourceLocation(match["file"], int(match["line"]), text, match["function"]))
+    return found
+
+
+def deepest_below(frames: list[SourceLocation], caller: SourceLocation) -> SourceLocation | None:
+    """The deepest of `frames` (outermost first) below the last one at `caller`'s line: the
+    user's code that ran inside the call made there (a custom op's implementation in a sibling
+    module, the launch of its kernel); None when the call ran no user code, or is not there."""
+    at = [i for i, f in enumerate(frames) if (f.file, f.line) == (caller.file, caller.line)]
+    if not at or at[-1] == len(frames) - 1:
+        return None
+    return frames[-1]
 
 
 def _kind_of(filename: str) -> int:

@@ -109,6 +109,23 @@ def facts_text(failure: Failure) -> Text:
     return Text("\n").join(lines)
 
 
+def op_launch_lines(failure: Failure) -> list[RenderableType]:
+    """The deepest line of the user's code inside a custom op (its kernel's launch), with the
+    line that called the op beside it."""
+    assert failure.launch is not None
+    where = where_text(failure.launch, failure.cwd)
+    inside = f" (inside {failure.op})" if failure.op else ""
+    lines: list[RenderableType] = [Text(f"\nyour code: {where}{inside}", style="bold"),
+                                   source_context(failure.launch)]  # fmt: skip
+    if failure.source is not None:
+        called = Text("called from ", style="bold")
+        called.append(where_text(failure.source, failure.cwd), style="cyan")
+        if failure.source.text:
+            called.append(f"  {failure.source.text}", style="dim")
+        lines.append(called)
+    return lines
+
+
 def failure_panel(failure: Failure, run_dir: Path) -> Panel:
     parts: list[RenderableType] = []
     head = Text()
@@ -144,7 +161,9 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
         failure.error.message.strip().splitlines()[0] if failure.error.message.strip() else ""
     )
     parts.append(head)
-    if failure.source is not None:
+    if failure.launch is not None:  # a custom op: its implementation's line, then the call
+        parts += op_launch_lines(failure)
+    elif failure.source is not None:
         label = (
             "your code (forward line of this backward op)"
             if failure.phase == "backward"
@@ -177,7 +196,11 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
             assertion.append(f"Assertion `{item['condition']}` failed", style="red")
             assertion.append(f" (block {item['block']}, thread {item['thread']})", style="dim")
         parts.append(assertion)
-    if failure.surfaced_at is not None and failure.surfaced_at != failure.source:
+    if (
+        failure.surfaced_at is not None
+        and failure.surfaced_at != failure.source
+        and not same_line(failure.surfaced_at, failure.launch)  # raised there, not later
+    ):
         surfaced = Text("\nwithout blocking, the error surfaced at ", style="bold")
         surfaced.append(
             where_text(failure.surfaced_at, failure.cwd, missing="unknown"), style="magenta"
@@ -244,6 +267,7 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
         "source": location(failure.source),
         "forward_source": location(failure.forward_source),
         "call_site": location(failure.call_site),
+        "launch": location(failure.launch),
         "loop": dict(failure.loop),
         "frameworks": dict(failure.frameworks),
         "error": failure.error.to_json(),

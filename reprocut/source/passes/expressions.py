@@ -8,6 +8,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from reprocut.source.passes.launches import configuration_integers
 from reprocut.source.passes.tree import (
     Options,
     PassContext,
@@ -72,7 +73,9 @@ def smaller_integers(value: int, low: int = -1) -> list[int]:
 
 
 def shrink_integers(code: str, context: PassContext) -> Generator[Any, Any, None]:
-    """Make integer constants (epochs, batch and hidden sizes) small: 0, 1, then by bisection."""
+    """Make integer constants (epochs, batch and hidden sizes) small: 0, 1, then by bisection;
+    those a kernel launch's grid or block is made of no smaller than 1 (a launch of 0 blocks or
+    threads is an invalid configuration, not a smaller repro)."""
     module = parse(code)
     if module is None:
         return
@@ -93,8 +96,9 @@ def _smaller_integers_from(
     if module is None:
         return
     found = integers_of(module)
+    configuring = configuration_integers(module)
     for i in range(min(last, len(found) - 1), -1, -1):
-        low = lows.get(i, -1)
+        low = max(lows.get(i, -1), 0 if id(found[i]) in configuring else -1)
         for value in smaller_integers(integer_value(found[i]), low):
             yield (i, low), transform(code, _SetInteger(found[i], value), module)
             low = value  # offered after this one only if this one was rejected

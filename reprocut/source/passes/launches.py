@@ -1,0 +1,221 @@
+"""Kernel launches as a script writes them, and what their grid and block come to.
+
+A Triton launch is `kernel[grid](args)`; a CuPy one `kernel(grid, block, args)`, `args` a tuple
+or a name bound to one. The validity rules read the launches (what reaches a kernel, whether its
+configuration changed or became invalid) and `shrink_integers` keeps the integers a grid or block
+is made of at 1 or more: a launch of 0 threads per block is an invalid configuration, not a
+smaller repro (a shrunk CuPy launch read `ROWSUM((rows,), (0,), ...)`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import libcst as cst
+
+MAX_THREADS = 1024  # threads per block on every CUDA GPU since compute capability 2.0
+_EMPTY = cst.Module([])
+
+
+def code_of(node: cst.CSTNode) -> str:
+    return _EMPTY.code_for_node(node)
+
+
+def nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """`node` and every node below it, depth first."""
+    yield node
+    for child in node.children:
+        yield from nodes(child)
+
+
+def bindings(module: cst.Module) -> dict[str, list[cst.BaseExpression]]:
+    """Every value each plain name is assigned, anywhere in the module (`a, b = x, 256` binds
+    each name to its own value)."""
+    bound: dict[str, list[cst.BaseExpression]] = {}
+    for node in nodes(module):
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                for name, value in _pairs(target.target, node.value):
+                    bound.setdefault(name, []).append(value)
+    return bound
+
+
+def _pairs(
+    target: cst.BaseAssignTargetExpression, value: cst.BaseExpression
+) -> list[tuple[str, cst.BaseExpression]]:
+    if isinstance(target, cst.Name):
+        return [(target.value, value)]
+    if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple):
+        names, values = target.elements, value.elements
+        if len(names) == len(values) and not any(
+            isinstance(e, cst.StarredElement) for e in (*names, *values)
+        ):
+            return [pair for n, v in zip(names, values, strict=True) for pair in _pairs(n.value, v.value)]  # fmt: skip
+    return []
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """A kernel launch as written: the kernel, its grid/block text, its arguments, and the
+    grid and block expressions themselves (no block for Triton: its kernel sets its own)."""
+
+    kernel: str
+    config: str
+    args: tuple[cst.BaseExpression, ...]
+    grid: cst.BaseExpression | None = None
+    block: cst.BaseExpression | None = None
+
+
+def launches(module: cst.Module) -> list[Launch]:
+    """Triton `kernel[grid](args)` and CuPy `kernel(grid, block, args)` calls."""
+    bound = bindings(module)
+    found = []
+    for node in nodes(module):
+        if not isinstance(node, cst.Call):
+            continue
+        if isinstance(node.func, cst.Subscript):
+            kernel = code_of(node.func.value)
+            index = node.func.slice[0].slice if len(node.func.slice) == 1 else None
+            grid = index.value if isinstance(index, cst.Index) else None
+            config = code_of(node.func.slice[0]) if node.func.slice else ""
+            found.append(Launch(kernel, config, tuple(a.value for a in node.args), grid))
+            continue
+        items = _cupy_arguments(node, bound)
+        if items is not None:
+            grid, block = node.args[0].value, node.args[1].value
+            config = f"{code_of(grid)}, {code_of(block)}"
+            found.append(Launch(code_of(node.func), config, items, grid, block))
+    return found
+
+
+def _cupy_arguments(
+    node: cst.Call, bound: dict[str, list[cst.BaseExpression]]
+) -> tuple[cst.BaseExpression, ...] | None:
+    """A CuPy launch's kernel arguments: `k((blocks,), (threads,), (a, b, n))`."""
+    if len(node.args) < 3 or any(a.keyword for a in node.args[:3]):
+        return None
+    if not all(isinstance(a.value, (cst.Tuple, cst.Name)) for a in node.args[:2]):
+        return None
+    args = node.args[2].value
+    if isinstance(args, cst.Name) and len(bound.get(args.value, [])) == 1:
+        args = bound[args.value][0]
+    if not isinstance(args, cst.Tuple):
+        return None
+    return tuple(_unwrapped(e.value) for e in args.elements)
+
+
+def _unwrapped(value: cst.BaseExpression) -> cst.BaseExpression:
+    """`cupy.asarray(x)` (or `cp.asarray`, `from_dlpack`) -> `x`: the tensor it views."""
+    if isinstance(value, cst.Call) and value.args:
+        name = code_of(value.func).rsplit(".", 1)[-1]
+        if name in ("asarray", "from_dlpack", "fromDlpack"):
+            return value.args[0].value
+    return value
+
+
+# --- what a grid or block comes to ------------------------------------------------------------
+
+
+def dimensions(
+    value: cst.BaseExpression | None, bound: dict[str, list[cst.BaseExpression]]
+) -> tuple[int | None, ...]:
+    """A grid's or block's dims as far as the script fixes them: `(rows, 0)` -> (None, 0);
+    a name assigned once is followed (`threads = 256`); a single value is one dim."""
+    value = _followed(value, bound, set())
+    if isinstance(value, cst.Tuple | cst.List):
+        return tuple(
+            integer(element.value, bound)
+            for element in value.elements
+            if not isinstance(element, cst.StarredElement)
+        )
+    return () if value is None else (integer(value, bound),)
+
+
+def integer(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression]]) -> int | None:
+    """The int an expression of integer literals, names assigned once to one and + - * // %
+    comes to; None when the script does not fix it."""
+    return _integer(value, bound, set())
+
+
+def _integer(
+    value: cst.BaseExpression | None, bound: dict[str, list[cst.BaseExpression]], seen: set[str]
+) -> int | None:
+    value = _followed(value, bound, seen)
+    if isinstance(value, cst.Integer):
+        return int(value.value.replace("_", ""), 0)
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+        inner = _integer(value.expression, bound, seen)
+        return None if inner is None else -inner
+    if isinstance(value, cst.BinaryOperation):
+        left, right = _integer(value.left, bound, seen), _integer(value.right, bound, seen)
+        if left is None or right is None:
+            return None
+        if isinstance(value.operator, cst.Add):
+            return left + right
+        if isinstance(value.operator, cst.Subtract):
+            return left - right
+        if isinstance(value.operator, cst.Multiply):
+            return left * right
+        if isinstance(value.operator, cst.FloorDivide | cst.Modulo) and right:
+            return left // right if isinstance(value.operator, cst.FloorDivide) else left % right
+    return None
+
+
+def _followed(
+    value: cst.BaseExpression | None, bound: dict[str, list[cst.BaseExpression]], seen: set[str]
+) -> cst.BaseExpression | None:
+    """A name assigned exactly once stands for its value (a cycle or a rebinding: unknown)."""
+    while isinstance(value, cst.Name) and value.value not in seen:
+        values = bound.get(value.value, [])
+        if len(values) != 1:
+            return value
+        seen.add(value.value)
+        value = values[0]
+    return value
+
+
+def invalid_configurations(module: cst.Module) -> list[str]:
+    """Launches whose grid or block the script fixes to something CUDA refuses: a dim below 1,
+    a block of more than MAX_THREADS threads."""
+    bound = bindings(module)
+    problems = []
+    for launch in launches(module):
+        for what, value in (("grid", launch.grid), ("block", launch.block)):
+            dims = dimensions(value, bound)
+            shown = f"{launch.kernel} {what} {code_of(value)}" if value is not None else ""
+            if any(d is not None and d < 1 for d in dims):
+                problems.append(f"invalid launch: {shown} has a dim below 1")
+            elif what == "block" and dims and None not in dims:
+                threads = 1
+                for d in dims:
+                    threads *= d or 1
+                if threads > MAX_THREADS:
+                    problems.append(f"invalid launch: {shown} is {threads} threads, over 1024")
+    return problems
+
+
+def configuration_integers(module: cst.Module) -> set[int]:
+    """The `id`s of the integer literals a launch's grid or block is made of (directly, or
+    through the names assigned once that it uses): a pass must keep each at 1 or more."""
+    bound = bindings(module)
+    found: set[int] = set()
+    for launch in launches(module):
+        for value in (launch.grid, launch.block):
+            if value is not None:
+                _collect(value, bound, found, set())
+    return found
+
+
+def _collect(
+    value: cst.CSTNode, bound: dict[str, list[cst.BaseExpression]], found: set[int],
+    seen: set[str],
+) -> None:  # fmt: skip
+    for node in nodes(value):
+        if isinstance(node, cst.Integer):
+            found.add(id(node))
+        elif isinstance(node, cst.Name) and node.value not in seen:
+            values = bound.get(node.value, [])
+            if len(values) == 1:
+                seen.add(node.value)
+                _collect(values[0], bound, found, seen)
