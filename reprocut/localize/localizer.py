@@ -62,7 +62,7 @@ def localize(options: LocalizeOptions, first: RunResult, progress: Progress) -> 
             ) from None
         raise
     if is_oom_failure(failure) and failure.memory is None and options.rerun:
-        failure = with_memory(options, failure, progress)
+        failure = with_memory(options, failure, progress, first.seconds)
     if wants_origin(failure):
         progress("NaN/inf in what failed; finding the op that made it")
         origin_step = failure.step if failure.step is not None else first.outcome["step"]
