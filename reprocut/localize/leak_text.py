@@ -63,7 +63,7 @@ def leak_evidence(steps: tuple[StepMemory, ...], device_bytes: int | None) -> Le
     """Whether memory carried from step to step (made after the first step, still alive) grew
     like a leak: up at most of the steps where it changed, not a slope fitted to noise, and by
     an amount that matters (model/memory.py's thresholds). None with no step after the first."""
-    points = [s.carried for s in steps if s.step >= 1]
+    points = [s.carried for s in steps if s.step >= 1 and s.carried is not None]
     if len(points) < 2:
         return None
     changes = [b - a for a, b in itertools.pairwise(points)]
@@ -76,6 +76,12 @@ def leak_evidence(steps: tuple[StepMemory, ...], device_bytes: int | None) -> Le
         return replace(evidence, reason=f"too few steps to judge a leak ({n + 1} after the first)")
     projected = per_step * LEAK_HORIZON_STEPS
     share = projected / device_bytes if device_bytes else None
+    if not rising and not falling:
+        return replace(
+            evidence,
+            reason=f"memory was flat: memory carried from step to step did not change "
+            f"over {n} steps",
+        )
     if rising < 2 or rising < LEAK_MIN_RISING_SHARE * (rising + falling):
         return replace(
             evidence,
@@ -83,15 +89,23 @@ def leak_evidence(steps: tuple[StepMemory, ...], device_bytes: int | None) -> Le
             f"at {falling} of {n} steps (a leak rises at {LEAK_MIN_RISING_SHARE:.0%} of the "
             "steps where it changes)",
         )
-    if per_step < LEAK_MIN_BYTES_PER_STEP or (share is not None and share < LEAK_MIN_DEVICE_SHARE):
-        device = "" if share is None else f", {share:.1%} of {format_bytes(device_bytes)}"
+    needs = (
+        f"a leak needs at least {format_bytes(LEAK_MIN_BYTES_PER_STEP)} per step and "
+        f"{LEAK_MIN_DEVICE_SHARE:.0%} of the device over {LEAK_HORIZON_STEPS} steps"
+    )
+    device = "" if share is None else f", {share:.1%} of {format_bytes(device_bytes)}"
+    over = f"{format_bytes(max(projected, 0))} over {LEAK_HORIZON_STEPS} steps{device}"
+    if per_step < LEAK_MIN_BYTES_PER_STEP:
         return replace(
             evidence,
             reason=f"memory was flat: memory carried from step to step grew "
-            f"{format_bytes(per_step)} per step ({format_bytes(max(projected, 0))} over "
-            f"{LEAK_HORIZON_STEPS} steps{device}); a leak needs at least "
-            f"{format_bytes(LEAK_MIN_BYTES_PER_STEP)} per step and "
-            f"{LEAK_MIN_DEVICE_SHARE:.0%} of the device over {LEAK_HORIZON_STEPS} steps",
+            f"{format_bytes(per_step)} per step ({over}); {needs}",
+        )
+    if share is not None and share < LEAK_MIN_DEVICE_SHARE:
+        return replace(
+            evidence,
+            reason=f"no leak claimed: memory carried from step to step grew "
+            f"{format_bytes(per_step)} per step, {over}; {needs}",
         )
     device = "" if share is None else f", {share:.0%} of {format_bytes(device_bytes)}"
     return replace(

@@ -99,7 +99,8 @@ def _localize_error(options: LocalizeOptions, first: RunResult, progress: Progre
     cuda = is_cuda_failure(error["type"], error["message"], error.get("code"))
     if names_op(culprit):
         return from_culprit(options, first, outcome, culprit, first, "in-process")
-    if is_oom_outcome(outcome) and outcome.get("light_step") and options.rerun:
+    if is_oom_outcome(outcome) and (outcome.get("light_step") or cuda) and options.rerun:
+        # an allocation failure is its op's own, even one reading as a CUDA error (cuBLAS's)
         return oom_in_light_step(options, first, outcome, progress)
     if not cuda and outcome.get("light_step") and options.rerun:
         return rerun_for_op(options, first, outcome, progress)

@@ -116,7 +116,8 @@ def read_memory(run_dir: RunDir) -> dict[str, Any]:
 def oom_in_light_step(
     options: LocalizeOptions, first: RunResult, outcome: dict[str, Any], progress: Progress
 ) -> Failure:
-    """No op was watched when the allocation failed: one rerun names it and the holders."""
+    """No op owned the allocation failure in the first run (it failed in a step not watched,
+    or reads as a CUDA error, as cuBLAS's does): one rerun names it and the holders."""
     second, skipped, seconds = memory_rerun(
         options,
         progress,
@@ -171,6 +172,9 @@ def with_watch_facts(failure: Failure, at_failure: dict[str, Any]) -> Failure:
         return failure
     if failure.op not in (None, op):
         return failure
+    if failure.status == "script-error":  # the watch saw the op raise: it is localized
+        notes = tuple(n for n in failure.notes if "not inside a torch op" not in n)
+        failure = replace(failure, status="localized", localization="memory watch", notes=notes)
     phase = "backward" if at_failure.get("phase") == "recompute" else at_failure.get("phase")
     source, forward = (
         _location(at_failure.get("source")),
@@ -252,7 +256,7 @@ def build_report(
                 at_failure["step"],
                 at_failure["allocated"],
                 at_failure["reserved"],
-                at_failure.get("carried", steps[-1].carried if steps else 0),
+                at_failure.get("carried"),  # None from a watch that did not measure it
             )
             report = replace(report, steps=(*steps, point))
     plot = None

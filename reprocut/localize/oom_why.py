@@ -108,9 +108,15 @@ def explain_request(op: str | None, case: ReproCase | None, requested: int | Non
         contracted = min((s.shape[-1] for s in inputs if len(s.shape) >= 2), default=0)
         operands = " @ ".join(shape_text(s.shape) for s in inputs if len(s.shape) >= 2)
         size = largest.shape[-1]
+        batched = largest.dim() >= 3  # (batch * heads, T, T): attention
+        what, length = (
+            ("attention scores", "the sequence length")
+            if batched
+            else ("pairwise scores", "the number of rows")
+        )
         sentences.append(
-            f"{operands} makes {shape_text(largest.shape)} {dtype} attention scores: "
-            f"{format_bytes(out_bytes)}, quadratic in the sequence length {size}"
+            f"{operands} makes {shape_text(largest.shape)} {dtype} {what}: "
+            f"{format_bytes(out_bytes)}, quadratic in {length} {size}"
             + (f" (the contracted dimension is only {contracted})" if contracted else "")
         )
     elif expanded:

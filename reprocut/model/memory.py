@@ -59,21 +59,21 @@ class Holder:
 
 @dataclass(frozen=True, slots=True)
 class StepMemory:
-    """Memory held at the end of one step: allocated (live tensors) and reserved (the
-    allocator's cache included; equal on CPU), and of the allocated what was kept from earlier
-    steps (allocated after the first step and still alive)."""
+    """Memory held at the end of one step (or at the failure): allocated (live tensors) and
+    reserved (the allocator's cache included; equal on CPU), and of the allocated what was kept
+    from earlier steps (allocated after the first step and still alive; None: not measured)."""
 
     step: int
     allocated: int
     reserved: int
-    carried: int = 0
+    carried: int | None = 0
 
-    def to_json(self) -> list[int]:
+    def to_json(self) -> list[int | None]:
         return [self.step, self.allocated, self.reserved, self.carried]
 
     @classmethod
-    def from_json(cls, data: list[int]) -> StepMemory:
-        return cls(*data)
+    def from_json(cls, data: list[int | None]) -> StepMemory:
+        return cls(*data)  # type: ignore[arg-type]
 
 
 # A leak is claimed only with evidence (LeakEvidence): memory carried from step to step rose
