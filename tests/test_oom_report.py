@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,9 @@ def test_leak_evidence_needs_most_steps_up_and_an_amount_that_matters():
     every_other = [0, 64 * MIB, 64 * MIB, 128 * MIB, 128 * MIB, 192 * MIB, 192 * MIB]
     validation = leak_evidence(steps(every_other), 24 * GIB)  # a validation pass each 2 steps
     assert validation is not None and validation.claimed and validation.rising == 3
+    cache = [0, 4, 8, 12, 100 * MIB + 16, 100 * MIB + 20, 100 * MIB + 24]  # made once, kept
+    once = leak_evidence(steps(cache), 24 * GIB)
+    assert once is not None and not once.claimed and once.bytes_per_step == 4
     few = leak_evidence(steps([0, 8 * MIB, 16 * MIB]), 24 * GIB)
     assert few is not None and not few.claimed and few.reason.startswith("too few steps")
 
@@ -266,6 +270,16 @@ def _held_failure(script: Path) -> Failure:
         memory=memory,
         script=str(script),
     )
+
+
+def test_the_memory_report_with_its_evidence_and_skips_survives_json():
+    from reprocut.model.memory import LeakEvidence
+
+    memory = _held_failure(Path("/x/train.py")).memory
+    assert memory is not None
+    evidence = LeakEvidence(False, "memory was flat", 4, 6, 6, 0, 24 * GIB)
+    memory = replace(memory, evidence=evidence, seconds=(("memory rerun", 12.5),))
+    assert MemoryReport.from_json(json.loads(json.dumps(memory.to_json()))) == memory
 
 
 def test_a_held_memory_oom_writes_report_md_and_exits_9(tmp_path: Path):

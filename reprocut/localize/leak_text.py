@@ -70,7 +70,10 @@ def leak_evidence(steps: tuple[StepMemory, ...], device_bytes: int | None) -> Le
     n = len(changes)
     rising = sum(1 for c in changes if c > 0)
     falling = sum(1 for c in changes if c < 0)
-    per_step = int((points[-1] - points[0]) / n)
+    # the net growth without its largest single change, per step: one allocation that stays
+    # (a cache made at step 5) is not a rate, and must not make 4 B a step look like a leak
+    largest = max(changes)
+    per_step = int((points[-1] - points[0] - max(largest, 0)) / max(n - 1, 1))
     evidence = LeakEvidence(False, "", per_step, n, rising, falling, device_bytes)
     if n < LEAK_MIN_INTERVALS:
         return replace(evidence, reason=f"too few steps to judge a leak ({n + 1} after the first)")

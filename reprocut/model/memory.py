@@ -93,7 +93,7 @@ class LeakEvidence:
 
     claimed: bool
     reason: str
-    bytes_per_step: int  # the carried memory's net change over the steps seen, per step
+    bytes_per_step: int  # carried memory's net change per step, its largest single step left out
     intervals: int  # step-to-step changes seen
     rising: int  # of them, rises
     falling: int

@@ -86,7 +86,10 @@ def _holders(report: MemoryReport, folder: str) -> list[str]:
             said = f"{format_bytes(allocated)} allocated, {said}"
         rows = [(role, format_bytes(size), f"{size / figure:.0%}" if figure else "")
                 for role, size in report.held]  # fmt: skip
-        lines += ["", f"### Who held the memory ({said}, the allocator's figures at the failure)"]
+        source = (
+            "live at the failure" if report.device == "cpu" else "the allocator's, at the failure"
+        )
+        lines += ["", f"### Who held the memory ({said}, {source})"]
         lines += ["", *_table(("held by", "bytes", "share"), rows)]
     if report.top:
         rows = [(where(h.line, folder), h.op or "", h.module or "", format_bytes(h.bytes))
