@@ -104,6 +104,57 @@ def test_an_oom_in_a_checkpoints_recompute_names_the_block(tmp_path: Path):
     )
 
 
+FULL_MATRIX_ADAGRAD = """\
+import torch
+from torch import nn
+
+
+class FullMatrixAdagrad(torch.optim.Optimizer):
+    def __init__(self, params, lr=0.01):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                g = p.grad.reshape(-1, 1)
+                outer = g @ g.T  # reprocut: culprit
+                state = self.state.setdefault(p, {})
+                state["sum"] = state.get("sum", 0) + outer
+                p -= group["lr"] * (state["sum"].diagonal().rsqrt() * g.squeeze(1)).view_as(p)
+
+
+def main():
+    torch.manual_seed(0)
+    model = nn.Embedding(250_000, 1)
+    optimizer = FullMatrixAdagrad(model.parameters())
+    for step in range(3):
+        loss = model(torch.randint(0, 250_000, (64,))).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+main()
+"""
+
+
+def test_an_oom_in_the_optimizer_step_says_so(tmp_path: Path):
+    """Full-matrix AdaGrad forms an (n, n) preconditioner for an embedding of n = 250,000
+    rows: the optimizer step asks 232.83 GiB."""
+    script = tmp_path / "train.py"
+    script.write_text(FULL_MATRIX_ADAGRAD)
+    report, _ = _record(script, cwd=tmp_path)
+    assert (report["op"], report["step"], report["phase"]) == ("aten::mm", 0, "optimizer")
+    assert report["source"]["line"] == _marked(script)
+    memory = report["memory"]
+    assert memory["phase"] == "optimizer step" and memory["requested_bytes"] == 250_000**2 * 4
+    assert memory["why"][0] == (
+        "(250000, 1) @ (1, 250000) is an outer product: (250000, 250000) float32, 232.83 GiB, "
+        "quadratic in the number of rows 250000"
+    )
+    assert memory["skipped"] == []
+
+
 # --- no leak without evidence ----------------------------------------------------------------
 
 TINY_GROWTH = """\

@@ -114,11 +114,17 @@ def explain_request(op: str | None, case: ReproCase | None, requested: int | Non
             if batched
             else ("pairwise scores", "the number of rows")
         )
-        sentences.append(
-            f"{operands} makes {shape_text(largest.shape)} {dtype} {what}: "
-            f"{format_bytes(out_bytes)}, quadratic in {length} {size}"
-            + (f" (the contracted dimension is only {contracted})" if contracted else "")
-        )
+        if contracted == 1:  # a column times a row: every entry with every other
+            sentences.append(
+                f"{operands} is an outer product: {shape_text(largest.shape)} {dtype}, "
+                f"{format_bytes(out_bytes)}, quadratic in {length} {size}"
+            )
+        else:
+            sentences.append(
+                f"{operands} makes {shape_text(largest.shape)} {dtype} {what}: "
+                f"{format_bytes(out_bytes)}, quadratic in {length} {size}"
+                + (f" (the contracted dimension is only {contracted})" if contracted else "")
+            )
     elif expanded:
         spec = expanded[0]
         real = spec.storage_numel
