@@ -442,3 +442,32 @@ def test_the_picture_draws_the_request_against_the_device_and_no_unmeasured_poin
                                    device_total_bytes=int(139.8 * GIB), allocated_bytes=GIB,
                                    steps=(StepMemory(0, GIB, GIB, 0),), failing_step=1))  # fmt: skip
     assert "232.00 GiB asked (off the chart)" in huge and ">160 GiB</text>" in huge
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_oom_is_taken_with_the_allocators_own_figures(tmp_path: Path):
+    """Taken inside the op that raised: allocated is what the error itself says PyTorch had
+    allocated, and the snapshot is of that moment."""
+    import re
+
+    from reprocut.record.inside.frames import UserFrames
+    from reprocut.record.inside.memory import SNAPSHOT_FILE, MemoryWatch
+    from reprocut.record.inside.state import RunState
+
+    held = torch.empty(3 << 30, dtype=torch.uint8, device="cuda")
+    watch = MemoryWatch(RunState(), UserFrames(), tmp_path, cuda_history=True).start()
+    try:
+        with pytest.raises(torch.OutOfMemoryError) as raised:
+            torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # 1 PiB
+    finally:
+        watch.stop()
+        torch.cuda.memory._record_memory_history(enabled=None)
+    failure = watch.failure
+    assert failure is not None and failure["taken"] == "where the allocation failed"
+    assert failure["op"] == "aten::empty" and failure["phase"] == "forward"
+    said = re.search(r"Of the allocated memory ([\d.]+) GiB is allocated", str(raised.value))
+    assert said is not None and abs(float(said.group(1)) * GIB - failure["allocated"]) < 0.01 * GIB
+    assert failure["allocated"] >= held.numel() and failure["device_total"] > failure["device_free"]
+    assert failure["snapshot"] == SNAPSHOT_FILE and (tmp_path / SNAPSHOT_FILE).exists()
+    assert failure["skipped"] == []
