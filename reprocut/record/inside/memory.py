@@ -39,7 +39,12 @@ from reprocut.model.oom import is_out_of_memory
 from reprocut.model.publicapi import aten_name
 from reprocut.model.recording import atomic_write
 from reprocut.record.inside.frames import UserFrames
-from reprocut.record.inside.memory_failure import SNAPSHOT_FILE, capture_failure, stack_from
+from reprocut.record.inside.memory_failure import (
+    SNAPSHOT_FILE,
+    capture_failure,
+    in_checkpoint,
+    stack_from,
+)
 from reprocut.record.inside.state import RunState
 from reprocut.record.inside.where import autograd_tag
 
@@ -107,12 +112,13 @@ class MemoryWatch(TorchDispatchMode):
         return result
 
     def _phase(self) -> str:
-        """The state's phase; in backward with grad mode on, activation checkpointing's
-        recompute. A plain backward op first tags what a recompute made (see the docstring)."""
+        """The state's phase; in backward with grad mode on and torch.utils.checkpoint on the
+        stack, its recompute (grad mode on alone is also a `create_graph` backward). A plain
+        backward op first tags what a recompute made (see the docstring)."""
         phase = self.state.phase()
         if phase == "backward":
             if torch.is_grad_enabled():
-                return "recompute"
+                return "recompute" if in_checkpoint(sys._getframe(2)) else phase
             if self._recomputed:
                 self._tag_recomputed()
         return phase

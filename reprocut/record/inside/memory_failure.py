@@ -78,6 +78,15 @@ def traceback_frames(tb: TracebackType | None) -> list[FrameType]:
     return frames[::-1]
 
 
+def in_checkpoint(frame: FrameType | None) -> bool:
+    """Whether torch.utils.checkpoint is running on this thread's stack (its recompute)."""
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_CHECKPOINT_FILE):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def checkpoint_block(frames: UserFrames, stack: list[FrameType]) -> dict[str, Any] | None:
     """The checkpointed function a recompute is running: the outermost user frame inside
     torch.utils.checkpoint's own (its `recompute_fn`, or CheckpointFunction.backward)."""
