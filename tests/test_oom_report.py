@@ -471,3 +471,17 @@ def test_a_cuda_oom_is_taken_with_the_allocators_own_figures(tmp_path: Path):
     assert failure["allocated"] >= held.numel() and failure["device_total"] > failure["device_free"]
     assert failure["snapshot"] == SNAPSHOT_FILE and (tmp_path / SNAPSHOT_FILE).exists()
     assert failure["skipped"] == []
+
+
+def test_a_repro_of_a_recompute_oom_says_which_block_and_line():
+    from reprocut.pipeline.request_repro import header_notes
+
+    failure = _held_failure(Path("/x/train.py"))
+    assert failure.memory is not None
+    phase = "recompute of the checkpointed block `ScheduledNegatives.forward` at train.py:21"
+    source = SourceLocation("/x/train.py", 27, "return q @ docs.T  # reprocut: culprit")
+    failure = replace(failure, phase="backward", source=source,
+                      memory=replace(failure.memory, phase=f"{phase}, in backward"))  # fmt: skip
+    assert header_notes(failure)[1] == (
+        f"Phase: {phase}, in backward; the line: `return q @ docs.T` (train.py:27)"
+    )
