@@ -39,9 +39,9 @@
 #            allocator and agreeing with the error, leak only where there is one, the variable
 #            holding the memory, picture, snapshot, fragmentation) and each one's report.md
 #            (op-level repros on torch.empty inputs verified; held ones exit 9 with report.md);
-#            no case starts after MEMORY_BUDGET (300) s, all in MEMORY_LIMIT (400) s;
+#            no case starts after MEMORY_BUDGET (330) s, all in MEMORY_LIMIT (420) s;
 #            MEMORY_CASES: some cases only; MEMORY_OVERHEAD=1 adds record's overhead; about
-#            6.5 minutes, at most 7.7: STAGES=memory
+#            7 minutes (9 cases of 25-75 s each), at most 8: STAGES=memory
 # Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
 # (*_LIMIT, seconds). Result files go to $OUT (default benchmarks/results) under their current
 # names (faults-cuda.md, corpus-cuda.md, ...: the date is inside), overwriting the last run's;
@@ -197,12 +197,12 @@ stage_speed() {
 
 stage_memory() {
     # the allocator-snapshot cuda tests first (seconds), then the OOM cases one at a time: no
-    # case starts after MEMORY_BUDGET s, so the stage ends in about 6.5 minutes (at most 7.7)
+    # case starts after MEMORY_BUDGET s: about 7 minutes in all, at most 8
     timeout -k 10 60 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_memory.py \
         tests/test_oom_report.py >"$LOGS/memory-cuda-tests.log" 2>&1
     echo "pytest exit $?" >>"$LOGS/memory-cuda-tests.log"
-    timeout -k 10 "${MEMORY_LIMIT:-400}" python3 benchmarks/bench_memory.py --device cuda \
-        --budget "${MEMORY_BUDGET:-300}" --timeout 150 --out "$OUT" \
+    timeout -k 10 "${MEMORY_LIMIT:-420}" python3 benchmarks/bench_memory.py --device cuda \
+        --budget "${MEMORY_BUDGET:-330}" --timeout 150 --out "$OUT" \
         ${MEMORY_CASES:+--cases $MEMORY_CASES} ${MEMORY_OVERHEAD:+--overhead} \
         >"$LOGS/bench_memory.log" 2>&1
     echo "bench_memory exit $?" >>"$LOGS/bench_memory.log"
