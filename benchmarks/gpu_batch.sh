@@ -32,12 +32,16 @@
 #   profile  issue #14: benchmarks/profile_record.py --device cuda (plain, record, record --nan on
 #            the launch-bound loop, 3 rounds, then one profiled run of each; ~2 min, at most
 #            PROFILE_LIMIT); not in the default list: STAGES=profile
-#   memory   issue #24: benchmarks/bench_memory.py --device cuda: the corpus/memory OOM cases
-#            recorded one at a time (request, why, holders vs the allocator, leak and retainer,
-#            picture and snapshot, fragmentation filled; op-level repros made on torch.empty
-#            inputs in seconds and verified (path empty-inputs), held ones refused with exit 9)
-#            and record's overhead on the gpu_bound loop, then tests/test_memory.py -m cuda (the
-#            allocator snapshot read); ~4 min, at most MEMORY_LIMIT + 60 s: STAGES=memory
+#   memory   issues #24, #31: the memory cuda tests (allocator snapshot, cuBLAS workspace;
+#            ~20 s), then benchmarks/bench_memory.py --device cuda: the 9 corpus/memory OOM
+#            cases recorded one at a time (report within the first run + rerun + 30 s and the
+#            case's bound_s, op, step, phase, line, request, why, holders within 5 % of the
+#            allocator and agreeing with the error, leak only where there is one, the variable
+#            holding the memory, picture, snapshot, fragmentation) and each one's report.md
+#            (op-level repros on torch.empty inputs verified; held ones exit 9 with report.md);
+#            no case starts after MEMORY_BUDGET (330) s, all in MEMORY_LIMIT (420) s;
+#            MEMORY_CASES: some cases only; MEMORY_OVERHEAD=1 adds record's overhead; about
+#            7 minutes (9 cases of 25-75 s each), at most 8: STAGES=memory
 #   docs     issue #32: the docs' GPU examples (the bash blocks marked "# needs a GPU": a device
 #            assert on CUDA, the Triton memory fault with shrink and sanitize, the triton_op
 #            custom op), run as the docs show them, side by side (tests/test_docs.py -m cuda);
@@ -204,13 +208,18 @@ stage_speed() {
 }
 
 stage_memory() {
-    timeout -k 10 "${MEMORY_LIMIT:-420}" python3 benchmarks/bench_memory.py --device cuda \
-        --repeats "${MEMORY_REPEATS:-2}" --out "$OUT" >"$LOGS/bench_memory.log" 2>&1
-    echo "bench_memory exit $?" >>"$LOGS/bench_memory.log"
+    # the allocator-snapshot cuda tests first (seconds), then the OOM cases one at a time: no
+    # case starts after MEMORY_BUDGET s: about 7 minutes in all, at most 8
     timeout -k 10 60 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_memory.py \
-        >"$LOGS/memory-cuda-tests.log" 2>&1
+        tests/test_oom_report.py >"$LOGS/memory-cuda-tests.log" 2>&1
+    echo "pytest exit $?" >>"$LOGS/memory-cuda-tests.log"
+    timeout -k 10 "${MEMORY_LIMIT:-420}" python3 benchmarks/bench_memory.py --device cuda \
+        --budget "${MEMORY_BUDGET:-330}" --timeout 150 --out "$OUT" \
+        ${MEMORY_CASES:+--cases $MEMORY_CASES} ${MEMORY_OVERHEAD:+--overhead} \
+        >"$LOGS/bench_memory.log" 2>&1
+    echo "bench_memory exit $?" >>"$LOGS/bench_memory.log"
     tail -n 3 "$LOGS/memory-cuda-tests.log"
-    grep -hE "^\| |ratio|exit" "$LOGS/bench_memory.log"
+    grep -hE "^\| |ok=|exit" "$LOGS/bench_memory.log"
 }
 
 stage_faults() {

@@ -28,6 +28,7 @@ from reprocut.pipeline.run import Shrunk, shrink_recording
 from reprocut.pipeline.settings import ShrinkSettings
 from reprocut.report.display.console import print_line
 from reprocut.report.display.shrink import print_result
+from reprocut.report.held_report import write_held_report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(options: argparse.Namespace, console: Console) -> ExitCode:
     run_dir = pick_recording(options.run_dir, options.root, console)
     run_dir = RunDir.open(culprit_path(run_dir.path))  # a torchrun job: its culprit rank's
-    refuse_held_memory(run_dir.read_failure(), run_dir)
+    refuse_held_memory(run_dir.read_failure(), run_dir, options.out)
     settings = ShrinkSettings(
         out=options.out,
         max_checks=options.max_checks,
@@ -107,18 +108,21 @@ def shrink_recorded(
     return shrunk.exit_code, shrunk.result
 
 
-def refuse_held_memory(failure: Failure, run_dir: RunDir) -> None:
+def refuse_held_memory(failure: Failure, run_dir: RunDir, out: Path | None = None) -> None:
     """An OOM whose request fits the device failed because of what was held, not because of the
-    op: a repro of that op alone cannot fail the same way."""
+    op: a repro of that op alone cannot fail the same way. report.md, the memory account, is
+    written all the same (into `out`, else the recording's folder): it is the deliverable."""
     memory = failure.memory
     if memory is None or memory.cause != CAUSE_HELD:
         return
+    report = write_held_report(failure, out or run_dir.path, run_dir.path)
     held = format_bytes(memory.reserved_bytes)
     raise MemoryHeldError(
         f"out of memory in {failure.op or 'the script'} only because {held} was already held; "
-        f"the request ({format_bytes(memory.requested_bytes)}) alone fits the device",
-        hint=f"see the memory report (`reprocut record` output, {run_dir.failure_path} 'memory'"
-        + (f", {run_dir.path / memory.plot}" if memory.plot else "")
+        f"the request ({format_bytes(memory.requested_bytes)}) alone fits the device, so no "
+        f"repro.py was made. What held the memory: {report}",
+        hint="report.md is the memory report to attach (with "
+        + (f"{run_dir.path / memory.plot}" if memory.plot else "the recording's memory.json")
         + "): free what holds it, then rerun",
     )
 

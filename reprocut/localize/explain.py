@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from reprocut.model.case import ArgList, TensorSpec, arg_from_json
+from reprocut.model.case import ArgList, Generated, TensorSpec, arg_from_json
 from reprocut.model.recording import TensorReport
 from reprocut.model.tensors import materialize_arg
 from reprocut.report.diagnosis import DIAGNOSES, explain
@@ -34,6 +34,8 @@ def explain_inputs(
         return (), DIAGNOSES["layout"] if culprit.get("op") is None else ""
     raw_args = [arg_from_json(a) for a in call["args"]]
     raw_kwargs = {k: arg_from_json(v) for k, v in call["kwargs"] if plain(v)}
+    if any(_too_big_to_make(a) for a in (*raw_args, *raw_kwargs.values())):
+        return _table(raw_args, raw_kwargs, {}, call.get("names", ())), ""
     try:
         values = [materialize_arg(on_cpu(a), inputs) for a in raw_args]
         kw_values = {k: materialize_arg(on_cpu(v), inputs) for k, v in raw_kwargs.items()}
@@ -52,6 +54,22 @@ def explain_inputs(
     return _table(
         raw_args, raw_kwargs, explanation.facts, call.get("names", ())
     ), explanation.diagnosis
+
+
+_MADE_LIMIT = 1 << 24  # elements of a tensor with no recorded values, generated to be explained
+
+
+def _too_big_to_make(arg: Any) -> bool:
+    """A tensor recorded without values would be generated here only to be looked at: past
+    _MADE_LIMIT elements that says nothing and can take minutes (an OOM's culprit on the H200
+    had two 36 GiB arguments)."""
+    if isinstance(arg, ArgList):
+        return any(_too_big_to_make(item) for item in arg.items)
+    return (
+        isinstance(arg, TensorSpec)
+        and isinstance(arg.values, Generated)
+        and arg.storage_numel > _MADE_LIMIT
+    )
 
 
 def on_cpu(arg: Any) -> Any:

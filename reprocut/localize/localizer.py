@@ -62,7 +62,7 @@ def localize(options: LocalizeOptions, first: RunResult, progress: Progress) -> 
             ) from None
         raise
     if is_oom_failure(failure) and failure.memory is None and options.rerun:
-        failure = with_memory(options, failure, progress)
+        failure = with_memory(options, failure, progress, first.seconds)
     if wants_origin(failure):
         progress("NaN/inf in what failed; finding the op that made it")
         origin_step = failure.step if failure.step is not None else first.outcome["step"]
@@ -99,7 +99,8 @@ def _localize_error(options: LocalizeOptions, first: RunResult, progress: Progre
     cuda = is_cuda_failure(error["type"], error["message"], error.get("code"))
     if names_op(culprit):
         return from_culprit(options, first, outcome, culprit, first, "in-process")
-    if is_oom_outcome(outcome) and outcome.get("light_step") and options.rerun:
+    if is_oom_outcome(outcome) and (outcome.get("light_step") or cuda) and options.rerun:
+        # an allocation failure is its op's own, even one reading as a CUDA error (cuBLAS's)
         return oom_in_light_step(options, first, outcome, progress)
     if not cuda and outcome.get("light_step") and options.rerun:
         return rerun_for_op(options, first, outcome, progress)

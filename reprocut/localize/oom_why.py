@@ -9,6 +9,7 @@ dtype promotion, an expanded view made whole.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -107,11 +108,23 @@ def explain_request(op: str | None, case: ReproCase | None, requested: int | Non
         contracted = min((s.shape[-1] for s in inputs if len(s.shape) >= 2), default=0)
         operands = " @ ".join(shape_text(s.shape) for s in inputs if len(s.shape) >= 2)
         size = largest.shape[-1]
-        sentences.append(
-            f"{operands} makes {shape_text(largest.shape)} {dtype} attention scores: "
-            f"{format_bytes(out_bytes)}, quadratic in the sequence length {size}"
-            + (f" (the contracted dimension is only {contracted})" if contracted else "")
+        batched = largest.dim() >= 3  # (batch * heads, T, T): attention
+        what, length = (
+            ("attention scores", "the sequence length")
+            if batched
+            else ("pairwise scores", "the number of rows")
         )
+        if contracted == 1:  # a column times a row: every entry with every other
+            sentences.append(
+                f"{operands} is an outer product: {shape_text(largest.shape)} {dtype}, "
+                f"{format_bytes(out_bytes)}, quadratic in {length} {size}"
+            )
+        else:
+            sentences.append(
+                f"{operands} makes {shape_text(largest.shape)} {dtype} {what}: "
+                f"{format_bytes(out_bytes)}, quadratic in {length} {size}"
+                + (f" (the contracted dimension is only {contracted})" if contracted else "")
+            )
     elif expanded:
         spec = expanded[0]
         real = spec.storage_numel
@@ -166,3 +179,28 @@ def request_alone_too_big(
     if device == "cpu":
         return cpu_refused
     return device_total is not None and requested > device_total
+
+
+_LIBRARY_ALLOC = re.compile(r"(CUBLAS|CUDNN)_STATUS_ALLOC_FAILED(?: when calling `([^`]+)`)?")
+_LIBRARIES = {"CUBLAS": "cuBLAS", "CUDNN": "cuDNN"}
+
+
+def library_alloc_why(message: str, free: int | None, held: int | None) -> str | None:
+    """A math library that could not allocate device memory of its own (its handle, its
+    workspace): it asks the driver directly, past PyTorch's caching allocator, so the request's
+    size is in no message; what was free and what PyTorch held say why."""
+    match = _LIBRARY_ALLOC.search(message)
+    if match is None:
+        return None
+    library, call = _LIBRARIES[match.group(1)], match.group(2)
+    where = f" in `{call}`" if call else ""
+    sentence = (
+        f"{library} could not allocate device memory of its own{where}: it allocates from the "
+        "driver, outside PyTorch's caching allocator"
+    )
+    figures = []
+    if free is not None:
+        figures.append(f"the device had {format_bytes(free)} free")
+    if held:
+        figures.append(f"PyTorch held {format_bytes(held)}")
+    return sentence + (f", and {' while '.join(figures)}" if figures else "")

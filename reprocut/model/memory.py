@@ -24,6 +24,8 @@ ROLES = (
     "gradients",
     "optimizer state",
     "saved for backward",
+    "recomputed for backward",  # activation checkpointing's recompute, held for its backward
+    "backward temporaries",  # gradients in flight inside backward (not yet a parameter's .grad)
     "other live tensors",
     "library workspaces",  # cuBLAS/cuDNN workspaces through PyTorch's allocator (CUDA)
     "allocator cache",
@@ -57,21 +59,72 @@ class Holder:
 
 @dataclass(frozen=True, slots=True)
 class StepMemory:
-    """Memory held at the end of one step: allocated (live tensors) and reserved (the
-    allocator's cache included; equal on CPU), and of the allocated what was kept from earlier
-    steps (allocated after the first step and still alive)."""
+    """Memory held at the end of one step (or at the failure): allocated (live tensors) and
+    reserved (the allocator's cache included; equal on CPU), and of the allocated what was kept
+    from earlier steps (allocated after the first step and still alive; None: not measured)."""
 
     step: int
     allocated: int
     reserved: int
-    carried: int = 0
+    carried: int | None = 0
 
-    def to_json(self) -> list[int]:
+    def to_json(self) -> list[int | None]:
         return [self.step, self.allocated, self.reserved, self.carried]
 
     @classmethod
-    def from_json(cls, data: list[int]) -> StepMemory:
-        return cls(*data)
+    def from_json(cls, data: list[int | None]) -> StepMemory:
+        return cls(*data)  # type: ignore[arg-type]
+
+
+# A leak is claimed only with evidence (LeakEvidence): memory carried from step to step rose
+# at most of the steps where it changed, by at least this much per step, and at that rate
+# would fill a visible share of the device over a run of LEAK_HORIZON_STEPS steps.
+LEAK_MIN_BYTES_PER_STEP = 1 << 20
+LEAK_MIN_RISING_SHARE = 0.75  # of the step-to-step changes of carried memory, rises
+LEAK_MIN_INTERVALS = 3  # step-to-step changes needed to judge at all
+LEAK_HORIZON_STEPS = 1000
+LEAK_MIN_DEVICE_SHARE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class LeakEvidence:
+    """Whether memory carried from step to step grew enough, and consistently enough, to call
+    it a leak; the figures and thresholds that decided, and the reason in words."""
+
+    claimed: bool
+    reason: str
+    bytes_per_step: int  # carried memory's net change per step, its largest single step left out
+    intervals: int  # step-to-step changes seen
+    rising: int  # of them, rises
+    falling: int
+    device_bytes: int | None  # the device's (or the machine's) memory the projection is against
+    min_bytes_per_step: int = LEAK_MIN_BYTES_PER_STEP
+    min_rising_share: float = LEAK_MIN_RISING_SHARE
+    horizon_steps: int = LEAK_HORIZON_STEPS
+    min_device_share: float = LEAK_MIN_DEVICE_SHARE
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LeakEvidence:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A stage of the memory analysis that did not finish (over its time budget, or failed):
+    the report goes out without it and says so."""
+
+    stage: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"stage": self.stage, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Skipped:
+        return cls(str(data["stage"]), str(data["reason"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +161,38 @@ class Leak:
             retainer=tuple(data.get("retainer", ())),
             fix=data.get("fix", ""),
             kept_at=location_from_json(data.get("kept_at")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBy:
+    """The user's variable that keeps most of the memory held at the failure alive, when no
+    leak across steps explains it (a loss summed over micro-batches keeps each one's graph):
+    the reference path from it and the class of fix."""
+
+    bytes: int
+    text: str
+    retainer: tuple[str, ...]
+    fix: str
+    kept_at: SourceLocation | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bytes": self.bytes,
+            "text": self.text,
+            "retainer": list(self.retainer),
+            "fix": self.fix,
+            "kept_at": location_json(self.kept_at),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HeldBy:
+        return cls(
+            int(data["bytes"]),
+            data["text"],
+            tuple(data.get("retainer", ())),
+            data.get("fix", ""),
+            location_from_json(data.get("kept_at")),
         )
 
 
@@ -160,6 +245,11 @@ class MemoryReport:
     plot: str | None = None  # file names in the run folder
     snapshot: str | None = None
     notes: tuple[str, ...] = ()
+    phase: str | None = None  # in words: "backward", "recompute of the checkpointed block ..."
+    evidence: LeakEvidence | None = None  # why a leak was claimed, or why memory was flat
+    held_by: HeldBy | None = None
+    skipped: tuple[Skipped, ...] = ()  # stages that did not finish: the report went without
+    seconds: tuple[tuple[str, float], ...] = ()  # what the analysis cost, by stage
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -181,11 +271,17 @@ class MemoryReport:
             "plot": self.plot,
             "snapshot": self.snapshot,
             "notes": list(self.notes),
+            "phase": self.phase,
+            "evidence": None if self.evidence is None else self.evidence.to_json(),
+            "held_by": None if self.held_by is None else self.held_by.to_json(),
+            "skipped": [s.to_json() for s in self.skipped],
+            "seconds": dict(self.seconds),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MemoryReport:
         leak, fragmentation = data.get("leak"), data.get("fragmentation")
+        evidence, held_by = data.get("evidence"), data.get("held_by")
         return cls(
             device=data.get("device", "cpu"),
             requested_bytes=data.get("requested_bytes"),
@@ -205,4 +301,9 @@ class MemoryReport:
             plot=data.get("plot"),
             snapshot=data.get("snapshot"),
             notes=tuple(data.get("notes", ())),
+            phase=data.get("phase"),
+            evidence=None if not evidence else LeakEvidence.from_json(evidence),
+            held_by=None if not held_by else HeldBy.from_json(held_by),
+            skipped=tuple(Skipped.from_json(s) for s in data.get("skipped", ())),
+            seconds=tuple((str(k), float(v)) for k, v in (data.get("seconds") or {}).items()),
         )

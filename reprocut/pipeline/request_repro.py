@@ -91,7 +91,14 @@ def header_notes(failure: Failure) -> tuple[str, ...]:
     if failure.memory is not None and failure.memory.why:
         notes.append(f"Why: {failure.memory.why[0]}")
     forward = failure.forward_source
-    if failure.phase == "backward" and forward is not None:
+    phase = failure.memory.phase if failure.memory is not None else None
+    source = failure.source
+    if phase and phase.startswith("recompute") and source is not None:  # a checkpoint's
+        notes.append(
+            f"Phase: {phase}; the line: `{source.text.split('#')[0].strip()}` "
+            f"({Path(source.file).name}:{source.line})"
+        )
+    elif failure.phase == "backward" and forward is not None:
         notes.append(
             f"Phase: backward; autograd ran {failure.op or 'this op'} for "
             f"`{forward.text.split('#')[0].strip()}` ({Path(forward.file).name}:{forward.line})"

@@ -19,6 +19,7 @@ from reprocut.model.nonfinite import NonfiniteOrigin
 from reprocut.model.notebook import place_of
 from reprocut.model.recording import Failure
 from reprocut.report.compiled import compile_markdown
+from reprocut.report.memory_markdown import memory_markdown
 from reprocut.report.paths import relative_to_folder, shown_path
 from reprocut.shrink.header import Environment
 
@@ -195,6 +196,8 @@ def render(inputs: ReportInputs) -> str:
         parts += ["", *compile_markdown(failure.torch_compile)]
     if failure.diagnosis:
         parts += ["", failure.diagnosis]
+    if failure.memory is not None:  # an out-of-memory failure: the request, holders, leak
+        parts += ["", *memory_markdown(failure.memory, folder)]
     if inputs.same_bug:
         parts += ["", "## Same bug?", "", inputs.same_bug.rstrip()]
     if inputs.sanitizer:

@@ -38,7 +38,7 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     # on an H200, about 8 GiB of validation activations a step (two (131072, 8192) float32
     # ReLU outputs): out of memory at about step 15 of 24
-    features, hidden, val_rows = (1024, 8192, 131072) if cuda else (32, 256, 2048)
+    features, hidden, val_rows = (1024, 8192, 131072) if cuda else (32, 512, 2048)
     steps = args.steps or (24 if cuda else 12)
     model = Regressor(features, hidden).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

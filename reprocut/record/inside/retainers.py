@@ -1,13 +1,16 @@
-"""Who holds the memory, and what keeps a leak alive: walks from the user's variables.
+"""Who holds the memory, and what keeps it alive: walks from the user's variables.
 
 Run at a failure or when memory carried across steps keeps growing (memory.py), never in the
 normal record path: it makes a gc pass over every object. Live storages (memory.py's registry)
 are sorted into roles (parameters and buffers, gradients, optimizer state, tensors saved for
-backward, other live tensors) and by the line that made them. Storages made in an earlier step
-(after the first) that are still alive are the leak; the user variable that reaches most of them
-(a frame's local or the script's global, through lists, dicts, objects, and tensors' autograd
-graphs down to the tensors their nodes saved) is named with the path, the way a heap analyser's
-shortest path from a GC root reads.
+backward, recomputed for backward, backward temporaries, other live tensors) and by the line
+that made them. Storages made in an earlier step (after the first) that are still alive are the
+leak; the user variable that reaches most of them (a frame's local or the script's global,
+through lists, dicts, objects, and tensors' autograd graphs down to the tensors their nodes
+saved: autograd_graph.py) is named with the path, the way a heap analyser's shortest path from
+a GC root reads. At a failure, the variable that reaches most of the step's saved activations
+is named too (a loss summed over micro-batches keeps every one's graph). Every walk stops at
+its Deadline and says so: the report goes out with what was found.
 """
 
 from __future__ import annotations
@@ -18,17 +21,19 @@ import gc
 import linecache
 import types
 import warnings
-from collections.abc import Iterator
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Any
 
 import torch
 
+from reprocut.model.budget import Deadline
+from reprocut.record.inside.autograd_graph import Graphs
 from reprocut.record.inside.frames import UserFrames
 
-_NODE_LIMIT = 200_000  # autograd nodes visited per variable
 _OBJECT_LIMIT = 100_000  # container items visited per variable
 _SKIPPED = (types.ModuleType, types.FunctionType, type, torch.nn.Module, torch.optim.Optimizer)
+_PERSISTENT = frozenset({"parameters", "gradients", "optimizer state"})
+_SAVED = frozenset({"saved for backward", "recomputed for backward"})
 
 
 def _key(tensor: torch.Tensor) -> int | None:
@@ -38,60 +43,17 @@ def _key(tensor: torch.Tensor) -> int | None:
         return None
 
 
-def _saved_names(node: Any, cache: dict[type, tuple[str, ...]]) -> tuple[str, ...]:
-    names = cache.get(type(node))
-    if names is None:
-        names = cache[type(node)] = tuple(
-            n for n in dir(node) if n.startswith("_saved_") and not n.endswith(("sizes", "strides"))
-        )
-    return names
-
-
-class Graphs:
-    """Autograd graphs walked once each: node -> the storages its subgraph saved."""
-
-    def __init__(self) -> None:
-        self.cache: dict[type, tuple[str, ...]] = {}
-        # id -> node, the node kept: Python wrappers of C++ nodes are made on each access, and
-        # an id freed with its wrapper can be reused by the next one, whose node a set of ids
-        # would skip (the likely cause of the H200's short walks: 24 nodes of 16 validation
-        # graphs, 3 of a two-layer attention; not reproduced with real nodes on CPU)
-        self.seen: dict[int, Any] = {}
-        self.unreadable = 0  # saved values that could not be read (freed by a backward pass)
-
-    def saved_tensors(self, node: Any) -> Iterator[torch.Tensor]:
-        """The tensors an autograd node saved for backward (none once its graph was freed)."""
-        for name in _saved_names(node, self.cache):
-            try:
-                value = getattr(node, name)
-            except Exception:
-                self.unreadable += 1
-                continue
-            if isinstance(value, torch.Tensor):
-                yield value
-            elif isinstance(value, (tuple, list)):
-                yield from (v for v in value if isinstance(v, torch.Tensor))
-
-    def walk(self, root: Any) -> Iterator[tuple[Any, torch.Tensor]]:
-        """(node, saved tensor) for each node of `root`'s graph not walked before."""
-        stack = [root]
-        while stack and len(self.seen) < _NODE_LIMIT:
-            node = stack.pop()
-            if node is None or id(node) in self.seen:
-                continue
-            self.seen[id(node)] = node
-            for tensor in self.saved_tensors(node):
-                yield node, tensor
-            stack.extend(n for n, _ in getattr(node, "next_functions", ()))
-
-
-def roles(live: dict[int, Any]) -> tuple[dict[int, str], list[Any], dict[str, int]]:
+def roles(
+    live: dict[int, Any], deadline: Deadline | None = None
+) -> tuple[dict[int, str], list[Any], dict[str, Any]]:
     """Each live storage's role, every tensor the gc sees (for the walks), and what the walk
-    of the autograd graphs saw (roots, nodes, saved values it could not read)."""
+    of the autograd graphs saw (roots, nodes, saved values it could not read or that a hook
+    packed, whether it stopped at the deadline)."""
     role: dict[int, str] = {}
     tensors: list[Any] = []
     optimizers: list[Any] = []
     modules: list[Any] = []
+    nodes: list[Any] = []  # custom Functions' nodes Python holds (a checkpoint's input saver)
     with warnings.catch_warnings():  # isinstance wakes lazy modules' deprecation warnings
         warnings.simplefilter("ignore")
         for obj in gc.get_objects():
@@ -101,6 +63,8 @@ def roles(live: dict[int, Any]) -> tuple[dict[int, str], list[Any], dict[str, in
                 modules.append(obj)
             elif isinstance(obj, torch.optim.Optimizer):
                 optimizers.append(obj)
+            elif isinstance(obj, torch._C._FunctionBase):
+                nodes.append(obj)
     for module in modules:
         for tensor in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
             role.setdefault(_key(tensor) or 0, "parameters")
@@ -116,25 +80,31 @@ def roles(live: dict[int, Any]) -> tuple[dict[int, str], list[Any], dict[str, in
             for value in state.values() if isinstance(state, dict) else ():
                 if isinstance(value, torch.Tensor):
                     role.setdefault(_key(value) or 0, "optimizer state")
-    graphs, roots = Graphs(), 0
-    for tensor in tensors:
-        grad_fn = getattr(tensor, "grad_fn", None)
-        if grad_fn is not None:
+    graphs, roots = Graphs(deadline), 0
+    for root in (*(getattr(t, "grad_fn", None) for t in tensors), *nodes):
+        if root is not None:
             roots += 1
-            for _, saved in graphs.walk(grad_fn):
+            for _, saved in graphs.walk(root):
                 role.setdefault(_key(saved) or 0, "saved for backward")
-    walked = {"roots": roots, "nodes": len(graphs.seen), "unreadable": graphs.unreadable}
+            if graphs.stopped:
+                break
+    walked: dict[str, Any] = {"roots": roots, **graphs.summary(), "stopped": graphs.stopped}
     # A forward output alive with no Python tensor on its storage is held from C++: by an
     # autograd graph. During a failed backward on a GPU the walk above reaches only the few
     # nodes before the failing one (3 of a two-layer attention's on the H200), so that is how
-    # the saved activations are known there.
+    # the saved activations are known there. What backward made and no role claims is in
+    # flight inside the engine (gradients not yet summed into a .grad).
     visible = {_key(tensor) for tensor in tensors}
-    inferred = {
-        k for k, a in live.items() if k not in role and k not in visible and a.phase == "forward"
-    }
-    walked["inferred_saved"] = len(inferred)
-    for key in inferred:
-        role[key] = "saved for backward"
+    inferred = 0
+    for key, made in live.items():
+        found = role.get(key)
+        if made.phase == "recompute" and found in (None, "saved for backward"):
+            role[key] = "recomputed for backward"  # checkpointing made it again, for backward
+        elif found is None and key not in visible and made.phase == "forward":
+            role[key], inferred = "saved for backward", inferred + 1
+        elif found is None and made.phase == "backward":
+            role[key] = "backward temporaries"
+    walked["inferred_saved"] = inferred
     return {k: role.get(k, "other live tensors") for k in live}, tensors, walked
 
 
@@ -152,17 +122,20 @@ def _group(live: dict[int, Any], keys: Any) -> list[dict[str, Any]]:
 def analyse(
     live: dict[int, Any],
     frames: UserFrames,
-    frame: FrameType | None,
-    tb: TracebackType | None,
+    stack: list[FrameType],
     step: int,
+    deadline: Deadline,
+    *,
+    at_failure: bool = False,
 ) -> dict[str, Any]:
-    """Roles and holders of the live storages; the leak's lines and the variable keeping it."""
-    role, _, walked = roles(live)
+    """Roles and holders of the live storages; the leak's lines and the variable keeping it;
+    at a failure, the variable keeping most of the step's saved activations. `stack`: the
+    frames to look for the user's variables in, innermost first."""
+    role, _, walked = roles(live, deadline)
     held: dict[str, int] = collections.Counter()
     for key, name in role.items():
         held[name] += live[key].nbytes
-    persistent = {"parameters", "gradients", "optimizer state"}
-    leaked = {k for k, a in live.items() if 1 <= a.step < step and role[k] not in persistent}
+    leaked = {k for k, a in live.items() if 1 <= a.step < step and role[k] not in _PERSISTENT}
     result: dict[str, Any] = {
         "roles": dict(held),
         "top": _group(live, live)[:10],
@@ -170,66 +143,81 @@ def analyse(
         "leaked_bytes": sum(live[k].nbytes for k in leaked),
         "leaked_steps": len({live[k].step for k in leaked}),
         "graphs": walked,
+        "skipped": [],
     }
+    if walked["stopped"]:
+        result["skipped"].append(_stopped("the walk of the autograd graphs", walked, deadline))
+    user = [f for f in stack if frames.is_user(f.f_code)]
     if leaked:
-        result["retainer"] = _best_retainer(live, leaked, _user_frames(frames, frame, tb))
+        result["retainer"] = _best_retainer(live, leaked, user, deadline)
+    holding = {k for k, a in live.items() if a.step == step and role[k] in _SAVED}
+    if at_failure and holding:
+        result["holder"] = _best_retainer(live, holding, user, deadline)
+    if deadline.expired() and (leaked or (at_failure and holding)):
+        result["skipped"].append(
+            {"stage": "the search for the variable that keeps the memory",
+             "reason": f"stopped at its {deadline.seconds:g} s budget; what it found is kept"}
+        )  # fmt: skip
     return result
 
 
-def _user_frames(
-    frames: UserFrames, frame: FrameType | None, tb: TracebackType | None
-) -> list[FrameType]:
-    found: list[FrameType] = []
-    while tb is not None:
-        found.append(tb.tb_frame)
-        tb = tb.tb_next
-    while frame is not None:
-        found.append(frame)
-        frame = frame.f_back
-    return [f for f in found if frames.is_user(f.f_code)]
+def _stopped(stage: str, walked: dict[str, Any], deadline: Deadline) -> dict[str, str]:
+    return {
+        "stage": stage,
+        "reason": f"stopped at its {deadline.seconds:g} s budget after {walked['nodes']} nodes; "
+        "roles of what it did not reach are inferred",
+    }
 
 
 def _best_retainer(
-    live: dict[int, Any], leaked: set[int], user_frames: list[FrameType]
+    live: dict[int, Any], keys: set[int], user_frames: list[FrameType], deadline: Deadline
 ) -> dict[str, Any] | None:
     best: dict[str, Any] | None = None
     seen_roots: set[int] = set()
     for frame in reversed(user_frames):  # outermost first: the longest-lived variables
         for name, value in list(frame.f_locals.items()):
+            if deadline.expired():
+                break
             if name.startswith("__") or isinstance(value, _SKIPPED) or id(value) in seen_roots:
                 continue
             seen_roots.add(id(value))
-            found = _reach(value, live, leaked)
+            found = _reach(value, live, keys, deadline)
             if found and (best is None or found["bytes"] > best["bytes"]):
-                best = {**found, "name": name, "file": frame.f_code.co_filename}
+                code = frame.f_code
+                best = {**found, "name": name, "file": code.co_filename,
+                        "scope": (code.co_firstlineno, code.co_name)}  # fmt: skip
     if best is None:
         return None
-    best["made_at"] = _assigned_at(best["file"], best["name"])
-    best["kept_at"] = _stored_at(best["file"], best["name"])
+    scope = best.pop("scope")
+    best["made_at"] = _assigned_at(best["file"], best["name"], scope)
+    best["kept_at"] = _stored_at(best["file"], best["name"], scope)
     return best
 
 
-def _reach(value: Any, live: dict[int, Any], leaked: set[int]) -> dict[str, Any] | None:
-    """The leaked storages `value` reaches, and how: through containers, then tensors directly
-    or through their autograd graphs' saved tensors (grouped by the node that saved them)."""
-    graphs = Graphs()
+def _reach(
+    value: Any, live: dict[int, Any], keys: set[int], deadline: Deadline
+) -> dict[str, Any] | None:
+    """The storages of `keys` that `value` reaches, and how: through containers, then tensors
+    directly or through their autograd graphs' saved tensors (grouped by the node that saved
+    them)."""
+    graphs = Graphs(deadline)
     direct: set[int] = set()
     via: dict[int, str] = {}
     roots: collections.Counter[str] = collections.Counter()
     queue, seen, depth_of = collections.deque([(value, 0)]), {id(value)}, 0
-    while queue and len(seen) < _OBJECT_LIMIT:
+    while queue and len(seen) < _OBJECT_LIMIT and not graphs.stopped:
         item, depth = queue.popleft()
         depth_of = max(depth_of, depth)
         if isinstance(item, torch.Tensor):
             key = _key(item)
-            if key in leaked:
+            if key in keys:
                 direct.add(key)
             grad_fn = item.grad_fn
             if grad_fn is not None:
                 roots[type(grad_fn).__name__] += 1
                 for node, saved in graphs.walk(grad_fn):
                     saved_key = _key(saved)
-                    if saved_key in leaked and saved_key not in direct:
+                    if saved_key in keys and saved_key not in direct:
                         via.setdefault(saved_key, type(node).__name__)
             continue
         if depth >= 4 or isinstance(item, (str, bytes, int, float, bool)) or item is None:
@@ -245,18 +233,18 @@ def _reach(value: Any, live: dict[int, Any], leaked: set[int]) -> dict[str, Any]
             if id(child) not in seen:
                 seen.add(id(child))
                 queue.append((child, depth + 1))
-    keys = direct | set(via)
-    if not keys:
+    found = direct | set(via)
+    if not found:
         return None
-    nodes = collections.Counter()
+    nodes: collections.Counter[str] = collections.Counter()
     for key, node in via.items():
         nodes[node] += live[key].nbytes
-    biggest = max(keys, key=lambda k: live[k].nbytes)
+    biggest = max(found, key=lambda k: live[k].nbytes)
     saver = max(nodes, key=nodes.__getitem__) if nodes else None
     saver_keys = [k for k, n in via.items() if n == saver]
     made = max(saver_keys or list(direct), key=lambda k: live[k].nbytes, default=biggest)
     return {
-        "bytes": sum(live[k].nbytes for k in keys),
+        "bytes": sum(live[k].nbytes for k in found),
         "kind": type(value).__name__,
         "items": len(value)
         if hasattr(value, "__len__") and not isinstance(value, torch.Tensor)
@@ -270,16 +258,28 @@ def _reach(value: Any, live: dict[int, Any], leaked: set[int]) -> dict[str, Any]
     }
 
 
-def _tree(filename: str) -> ast.AST | None:
+def _tree(filename: str, scope: tuple[int, str] | None = None) -> ast.AST | None:
+    """The file's syntax tree; with `scope` (a code object's first line and name), the
+    function it is, where the variable lives (the module for `<module>`)."""
     try:
-        return ast.parse("".join(linecache.getlines(filename)))
+        tree = ast.parse("".join(linecache.getlines(filename)))
     except (SyntaxError, ValueError):
         return None
+    if scope is None or scope[1] == "<module>":
+        return tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == scope[1]:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            if first == scope[0]:
+                return node
+    return tree
 
 
-def _assigned_at(filename: str, name: str) -> list[Any] | None:
-    """The first line that binds `name` in the file."""
-    tree = _tree(filename)
+def _assigned_at(
+    filename: str, name: str, scope: tuple[int, str] | None = None
+) -> list[Any] | None:
+    """The first line that binds `name` in its function (in the file, without `scope`)."""
+    tree = _tree(filename, scope)
     for node in ast.walk(tree) if tree is not None else ():
         targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
@@ -289,10 +289,10 @@ def _assigned_at(filename: str, name: str) -> list[Any] | None:
     return None
 
 
-def _stored_at(filename: str, name: str) -> list[Any] | None:
-    """The first line that stores into the container `name`: name.append(...), name[k] = ...,
-    name += ..."""
-    tree = _tree(filename)
+def _stored_at(filename: str, name: str, scope: tuple[int, str] | None = None) -> list[Any] | None:
+    """The first line that stores into the container `name` or adds to it: name.append(...),
+    name[k] = ..., name += ..., name = name + ..."""
+    tree = _tree(filename, scope)
     for node in ast.walk(tree) if tree is not None else ():
         if (
             isinstance(node, ast.Call)
@@ -309,6 +309,13 @@ def _stored_at(filename: str, name: str) -> list[Any] | None:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == name
             for t in node.targets
+        ):
+            return [filename, node.lineno]
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+            and isinstance(node.value, ast.BinOp)
+            and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node.value))
         ):
             return [filename, node.lineno]
     return None

@@ -34,13 +34,15 @@ def memory_section(report: MemoryReport, run_dir: Path, *, limit: int = 5) -> Re
             if report.device_free_bytes is not None:
                 head.append(f", {format_bytes(report.device_free_bytes)} free")
         head.append("\n")
+    if report.phase and report.failing_step is not None:
+        head.append("  phase: ", style="bold")
+        head.append(f"{report.phase}\n")
     for sentence in report.why:
         head.append("  why: ", style="bold")
         head.append(f"{sentence}\n", style="yellow")
-    if report.growth_per_step_bytes is not None and report.steps:
+    if report.evidence is not None:
         head.append("  growth: ", style="bold")
-        head.append(f"{format_bytes(report.growth_per_step_bytes)} per step over ")
-        head.append(f"{len(report.steps)} steps\n")
+        head.append(f"{report.evidence.reason}\n", style="red" if report.evidence.claimed else "")
     parts.append(head)
     if report.leak is not None:
         leak = Text("  leak: ", style="bold")
@@ -50,6 +52,14 @@ def memory_section(report: MemoryReport, run_dir: Path, *, limit: int = 5) -> Re
         leak.append("  fix: ", style="bold")
         leak.append(report.leak.fix + "\n", style="green")
         parts.append(leak)
+    if report.held_by is not None:
+        held_by = Text("  held by: ", style="bold")
+        held_by.append(report.held_by.text + "\n", style="red")
+        for i, step in enumerate(report.held_by.retainer):
+            held_by.append(f"    {'   ' * i}{'-> ' if i else ''}{step}\n")
+        held_by.append("  fix: ", style="bold")
+        held_by.append(report.held_by.fix + "\n", style="green")
+        parts.append(held_by)
     if report.held:
         total = sum(size for _, size in report.held)
         figure = report.reserved_bytes if report.reserved_bytes is not None else total
@@ -85,6 +95,9 @@ def memory_section(report: MemoryReport, run_dir: Path, *, limit: int = 5) -> Re
         files.append("  allocator snapshot: ", style="bold")
         files.append(f"{run_dir / report.snapshot}", style="cyan")
         files.append("  (open at pytorch.org/memory_viz)\n", style="dim")
+    for skipped in report.skipped:
+        files.append("  skipped: ", style="bold")
+        files.append(f"{skipped.stage}: {skipped.reason}\n", style="yellow")
     if report.cause == CAUSE_HELD:
         files.append(
             "  the request failed only because other memory was held: `reprocut shrink` "
