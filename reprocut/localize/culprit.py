@@ -16,6 +16,7 @@ import torch
 
 from reprocut.localize.explain import explain_inputs, plain
 from reprocut.localize.failure import LocalizeOptions, error_info, finish, location, signature_of
+from reprocut.model.after_loop import AfterLoop
 from reprocut.model.case import ReproCase, Signature, arg_from_json
 from reprocut.model.publicapi import composite_op
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
@@ -110,6 +111,13 @@ def from_culprit(
     if outcome.get("compiled"):
         notes.append("torch.compile was used; the script ran eagerly for localization")
     first_error = outcome["error"]
+    # the training loop had ended: read from the run whose traceback is the culprit's own (a
+    # replayed snapshot's error surfaced later, maybe after the loop although its op was in it)
+    after = (
+        None
+        if method == "snapshot-replay"
+        else AfterLoop.from_outcome(error_run, culprit.get("step"))
+    )
     return finish(
         options,
         Failure(
@@ -120,7 +128,8 @@ def from_culprit(
             signature=signature,
             op=named_op,
             public_call=culprit.get("public_call"),
-            step=culprit.get("step"),
+            step=None if after else culprit.get("step"),
+            after_loop=after,
             phase=culprit.get("phase"),
             module=culprit.get("module"),
             source=location(culprit.get("source")),

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from reprocut.model.after_loop import AfterLoop
 from reprocut.model.case import (
     ReproCase,
     Signature,
@@ -142,6 +143,7 @@ class Failure:
     torch_compile: CompileVerdict | None = None  # the script used torch.compile: the verdict
     test: FailingTest | None = None  # under pytest: the test that failed (it has no step)
     memory: MemoryReport | None = None  # an out-of-memory failure: request, holders, leak
+    after_loop: AfterLoop | None = None  # the training loop had ended: no step (step is None)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -179,6 +181,7 @@ class Failure:
             "torch_compile": None if self.torch_compile is None else self.torch_compile.to_json(),
             "test": None if self.test is None else self.test.to_json(),
             "memory": None if self.memory is None else self.memory.to_json(),
+            "after_loop": None if self.after_loop is None else self.after_loop.to_json(),
         }
 
     @classmethod
@@ -224,6 +227,7 @@ class Failure:
             if data.get("torch_compile")
             else None,
             memory=MemoryReport.from_json(data["memory"]) if data.get("memory") else None,
+            after_loop=AfterLoop.from_json(data.get("after_loop")),
         )
 
     def with_notes(self, *notes: str) -> Failure:

@@ -194,6 +194,7 @@ def render(inputs: ReportInputs) -> str:
         ("module", failure.module),
         ("phase", failure.phase),
         ("training step", failure.step if failure.test is None else None),
+        ("when", failure.after_loop.describe() if failure.after_loop else None),
     ]
     parts += [f"- {name}: `{value}`" for name, value in facts if value is not None]
     if failure.loop:

@@ -128,6 +128,12 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
         head.append("test     ", style="bold")
         head.append(failure.test.nodeid, style="bold cyan")
         head.append(f"   line {shown_path(failure.test.file, failure.cwd)}:{failure.test.line}\n")
+    elif failure.after_loop is not None:  # the loop had ended: no step was running
+        head.append("when     ", style="bold")
+        head.append(failure.after_loop.describe())
+        if failure.loop:
+            head.append(f"   your loop: {loop_text(failure.loop)}", style="cyan")
+        head.append("\n")
     elif failure.step is not None:
         head.append("step     ", style="bold")
         head.append(f"{failure.step}" + (f" ({failure.phase})" if failure.phase else ""))
@@ -239,6 +245,7 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
         "kernel": failure.kernel,
         "public_call": failure.public_call,
         "step": failure.step,
+        "after_loop": None if failure.after_loop is None else failure.after_loop.to_json(),
         "phase": failure.phase,
         "module": failure.module,
         "source": location(failure.source),
