@@ -97,21 +97,21 @@ def _same_tensor(a: TensorSpec, b: TensorSpec) -> bool:
     )
 
 
-def original_line(
+def original_lines(
     case: ReproCase, original: tuple[OriginalArg, ...], names: Mapping[tuple[Any, ...], str]
-) -> str:
-    """`Original: weight (100, 256), ids (1, 120): index max 119 ≥ 100 rows at [0, 94]`: the
-    unshrunk sizes by the repro's own variable names, said when the shrink changed a size or
-    a fact explains one (the numbers that explain the bug survive the shrink)."""
+) -> list[str]:
+    """`Original: ids (1, 120), weight (100, 256)` and, below, the facts that explain them
+    (`  ids: index max 119 ≥ 100 rows at [0, 94]`), by the repro's own variable names: said
+    when the shrink changed a size or a fact explains one, so the numbers that explain the bug
+    survive the shrink."""
     shrunk = dict(case.tensors())
-    parts, changed = [], False
-    for arg in original:
-        if arg.path not in names or arg.path not in shrunk:  # dropped by the shrink
-            continue
-        changed |= tuple(shrunk[arg.path].shape) != arg.shape or bool(arg.facts)
-        part = f"{names[arg.path]} {arg.shape}"
-        parts.append(part + (f": {'; '.join(arg.facts)}" if arg.facts else ""))
-    return ORIGINAL + ", ".join(parts) if parts and changed else ""
+    kept = [arg for arg in original if arg.path in names and arg.path in shrunk]
+    changed = any(tuple(shrunk[a.path].shape) != a.shape or a.facts for a in kept)
+    if not kept or not changed:
+        return []
+    lines = [ORIGINAL + ", ".join(f"{names[arg.path]} {arg.shape}" for arg in kept)]
+    lines += [f"  {names[arg.path]}: {'; '.join(arg.facts)}" for arg in kept if arg.facts]
+    return lines
 
 
 def message_lines(message: str, original: str) -> list[str]:
@@ -194,7 +194,7 @@ def header_text(
         lines.append(f"Assertion: {header.assertion}")
     lines.append(f"Call: {case.target}")
     if names is not None and header.original:
-        lines.extend(filter(None, [original_line(case, header.original, names)]))
+        lines.extend(original_lines(case, header.original, names))
     lines.extend(header.notes)
     for name, value in case.env:
         lines.append(f"Environment: {name}={value} (set below: it fails only with it)")
