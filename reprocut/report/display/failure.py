@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +228,13 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
 
 def show_failure(console: Console, failure: Failure, run_dir: Path) -> None:
     console.print(failure_panel(failure, run_dir))
+
+
+def panel_text(failure: Failure, run_dir: Path, width: int = 100) -> str:
+    """The panel as plain text, as a terminal `width` wide shows it (the facts audit reads it)."""
+    console = Console(file=io.StringIO(), width=width, no_color=True, highlight=False)
+    console.print(failure_panel(failure, run_dir))
+    return console.file.getvalue()  # type: ignore[attr-defined]
 
 
 def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
