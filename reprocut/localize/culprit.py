@@ -111,13 +111,9 @@ def from_culprit(
     if outcome.get("compiled"):
         notes.append("torch.compile was used; the script ran eagerly for localization")
     first_error = outcome["error"]
-    # the training loop had ended: read from the run whose traceback is the culprit's own (a
-    # replayed snapshot's error surfaced later, maybe after the loop although its op was in it)
-    after = (
-        None
-        if method == "snapshot-replay"
-        else AfterLoop.from_outcome(error_run, culprit.get("step"))
-    )
+    # the training loop had ended: read by the child where the culprit's op ran (a snapshot's
+    # too: its error surfaced later, maybe after the loop although its op ran in it)
+    after = AfterLoop.from_outcome(culprit, culprit.get("step"))
     return finish(
         options,
         Failure(

@@ -32,9 +32,10 @@ class AfterLoop:
         return cls(int(data["steps"]), data.get("function"))
 
     @classmethod
-    def from_outcome(cls, outcome: dict[str, Any] | None, step: int | None) -> AfterLoop | None:
-        """From a run's outcome (its `after_loop`, at reprocut's step counter `step`)."""
-        found = (outcome or {}).get("after_loop")
+    def from_outcome(cls, recorded: dict[str, Any] | None, step: int | None) -> AfterLoop | None:
+        """From what the child recorded (a culprit's, snapshot's or outcome's `after_loop`), at
+        reprocut's step counter `step`."""
+        found = (recorded or {}).get("after_loop")
         if not isinstance(found, dict) or step is None:
             return None
         return cls(step, found.get("function"))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import linecache
 import numbers
+from collections.abc import Callable
 from types import CodeType, FrameType, TracebackType
 
 from reprocut.record.inside.frames import UserFrames
@@ -146,6 +147,7 @@ class LoopCounters:
 
     def __init__(self, frames: UserFrames) -> None:
         self.frames = frames
+        self.training = TrainingLoop(self)  # whether the training loop had ended
         self._files: dict[str, _FileLoops] = {}
         self._targets: dict[tuple[CodeType, int], tuple[str, ...]] = {}
 
@@ -210,46 +212,75 @@ class TrainingLoop:
 
     At each optimizer step the user's frames are noted (their code and line: no frame is
     kept alive). The training loop is the innermost loop around the step's line in the
-    deepest user frame that has one; a failure none of whose frames runs a line of that loop's
-    body came after it (a `generate()` after the last step), and is in no step."""
+    deepest user frame that has one, from its header on (fetching the next batch is in it); a
+    failure none of whose frames runs a line of that loop came after it (a `generate()` after
+    the last step), and is in no step. Asked where the step is reported: at each snapshot and
+    culprit (a stack view or frame), and at the error (its traceback)."""
 
     def __init__(self, counters: LoopCounters) -> None:
         self.counters = counters
         self.step_sites: tuple[Site, ...] = ()  # the last optimizer step's, outermost first
+        self._found: tuple[tuple[Site, ...], tuple[CodeType, int, int] | None] = ((), None)
 
     def note_step(self, frame: FrameType | None) -> None:
         """An optimizer step ended, called from `frame`'s user code."""
+        self.step_sites = tuple(reversed(self._sites(frame)))
+
+    def after_frame(self, frame: FrameType | None) -> dict[str, str | None] | None:
+        """`{"function": "generate"}` when the code running `frame` came after the training
+        loop (the user's function it ran in, None at the loop's own level); None when it ran
+        inside it, or no step or loop was seen."""
+        return self._after(lambda: list(reversed(self._sites(frame))))
+
+    def after_view(self, user: list[tuple[FrameType, int]]) -> dict[str, str | None] | None:
+        """The same for a StackView's user frames (innermost first)."""
+        return self._after(lambda: [(frame.f_code, line) for frame, line in reversed(user)])
+
+    def after_traceback(self, tb: TracebackType | None) -> dict[str, str | None] | None:
+        """The same for the user frames an error's traceback passed through."""
+
+        def sites() -> list[Site]:
+            found, at = [], tb
+            while at is not None:
+                if self.counters.frames.is_user(at.tb_frame.f_code):
+                    found.append((at.tb_frame.f_code, at.tb_lineno))
+                at = at.tb_next
+            return found
+
+        return self._after(sites)
+
+    def _sites(self, frame: FrameType | None) -> list[Site]:
+        """The user frames from `frame` outward (innermost first)."""
         sites: list[Site] = []
         while frame is not None:
             if self.counters.frames.is_user(frame.f_code):
                 sites.append((frame.f_code, frame.f_lineno))
             frame = frame.f_back
-        self.step_sites = tuple(reversed(sites))
+        return sites
 
-    def after(self, tb: TracebackType | None) -> dict[str, str | None] | None:
-        """`{"function": "generate"}` when the failure whose traceback is `tb` came after the
-        training loop (the user's function it happened in, None at the loop's own level);
-        None when it came inside it, or no step or loop was seen."""
+    def _after(self, read: Callable[[], list[Site]]) -> dict[str, str | None] | None:
         loop = self._loop()
-        if loop is None:
+        if loop is None:  # before the first step, or no loop around it (a framework's)
             return None
-        failed: list[Site] = []
-        while tb is not None:
-            if self.counters.frames.is_user(tb.tb_frame.f_code):
-                failed.append((tb.tb_frame.f_code, tb.tb_lineno))
-            tb = tb.tb_next
-        code, (first, last) = loop  # from its header: a failure fetching the next batch is in it
+        failed = read()  # outermost first
+        code, first, last = loop
         if not failed or any(c is code and first <= line <= last for c, line in failed):
             return None
         return {"function": _function_after(self.step_sites, failed)}
 
-    def _loop(self) -> tuple[CodeType, tuple[int, int]] | None:
-        """The training loop: the code running it and its body's lines."""
+    def _loop(self) -> tuple[CodeType, int, int] | None:
+        """The training loop: the code running it, its header's line and its body's last."""
+        sites, found = self._found
+        if sites is self.step_sites:
+            return found
+        found = None
         for code, line in reversed(self.step_sites):
             around = self.counters.file_loops(code).enclosing(line)
             if around:
-                return code, (around[-1].lineno, _body_span(around[-1])[1])
-        return None
+                found = (code, around[-1].lineno, _body_span(around[-1])[1])
+                break
+        self._found = (self.step_sites, found)
+        return found
 
 
 def _function_after(stepped: tuple[Site, ...], failed: list[Site]) -> str | None:

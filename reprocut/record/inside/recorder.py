@@ -29,7 +29,7 @@ from reprocut.record.inside.capture import ASSERTING_OPS, TensorStore
 from reprocut.record.inside.finite_watch import OpWatch
 from reprocut.record.inside.frames import UserFrames
 from reprocut.record.inside.host_ring import EventPool
-from reprocut.record.inside.loops import LoopCounters, TrainingLoop
+from reprocut.record.inside.loops import LoopCounters
 from reprocut.record.inside.modules import ModuleNames
 from reprocut.record.inside.nonfinite import StepFlags, watch_backward
 from reprocut.record.inside.ops import OpRecorder
@@ -65,7 +65,6 @@ class Recorder:
         state.localizing = self._in_localize_window(0)  # derived at each step boundary
         self.frames = UserFrames()
         self.loops = LoopCounters(self.frames)
-        self.training_loop = TrainingLoop(self.loops)  # a failure after it is in no step
         self.module_names = ModuleNames()
         self.where = Where(
             state, self.frames, self.loops, self.module_names, tag_backward=config.tag_backward
@@ -291,7 +290,7 @@ class Recorder:
         if self.flags is not None and self.state.in_optimizer == 0:
             self.flags.watch_optimizer(optimizer)
         if self.state.in_optimizer == 0:
-            self.training_loop.note_step(sys._getframe(1))  # where the training loop is
+            self.loops.training.note_step(sys._getframe(1))  # where the training loop is
             self._end_step()
 
     def _on_module_enter(self, module: torch.nn.Module, args: Any) -> None:
