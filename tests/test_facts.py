@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from reprocut.cli import main
-from reprocut.model.case import ReproCase, Signature, TensorSpec
+from reprocut.model.case import ArgList, ReproCase, Signature, TensorSpec
 from reprocut.model.errors import ExitCode
 from reprocut.model.publicapi import composite_op
 from reprocut.model.recording import ErrorInfo, Failure, RunDir, TensorReport
@@ -188,6 +188,31 @@ def test_the_originals_tensors_are_matched_to_the_facts_by_shape_and_dtype() -> 
         (("args", 0), (1, 120), table[1].facts),
         (("args", 1), (100, 256), ()),
     ]
+
+
+def test_the_originals_list_items_are_named_as_the_repro_names_them() -> None:
+    """index_put_'s indices are a list: the offending one is stated by its own variable."""
+    matrix, rows, cols = (
+        TensorSpec((6, 6)),
+        TensorSpec((32,), dtype="int64"),
+        TensorSpec((32,), dtype="int64"),
+    )
+    values = TensorSpec((32,))
+    table = (
+        TensorReport("self", matrix, ()),
+        TensorReport("indices[0]", rows, ("index max 6 ≥ 6 (size of dim 0) at [5]",)),
+        TensorReport("indices[1]", cols, ("all 32 index values within [-6, 6)",)),
+        TensorReport("values", values, ()),
+    )
+    original = ReproCase("torch.Tensor.index_put_", (matrix, ArgList((rows, cols)), values))
+    small = ReproCase(
+        "torch.Tensor.index_put_",
+        (TensorSpec((1, 1)), ArgList((TensorSpec((1,), dtype="int64"),) * 2), TensorSpec((1,))),
+    )
+    header = emit(small, Header(original=original_args(original, table))).code.split('"""')[1]
+    assert "Original: x (6, 6), indices0 (32,), indices1 (32,), values (32,)\n" in header
+    assert "\n  indices0: index max 6 ≥ 6 (size of dim 0) at [5]\n" in header
+    assert "indices1:" not in header  # "all within" explains nothing
 
 
 def test_a_shrunk_shape_mismatch_quotes_its_own_message_and_the_originals_sizes(

@@ -76,9 +76,7 @@ def original_args(
     call's while the case is the public call's, in another order)."""
     unmatched = list(tensors)
     found = []
-    for path, spec in case.tensors():
-        if len(path) > 2:  # a list's items and a sparse tensor's parts: the argument suffices
-            continue
+    for path, spec in case.tensors():  # a list's items too (index_put_'s indices)
         row = next((r for r in unmatched if _same_tensor(r.spec, spec)), None)
         facts: tuple[str, ...] = ()
         if row is not None:
