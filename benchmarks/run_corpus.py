@@ -33,8 +33,15 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 
 from benchmarks.corpus_audit import audit
 from benchmarks.corpus_cases import CORPUS, REPO, CorpusCase, load_cases
-from benchmarks.corpus_report import write_results
-from benchmarks.corpus_score import CaseScore, RunOutput, regressions, score_case, with_audit
+from benchmarks.corpus_report import audit_lines, write_results
+from benchmarks.corpus_score import (
+    CaseScore,
+    RunOutput,
+    regressions,
+    score_case,
+    totals,
+    with_audit,
+)
 
 RESULTS = REPO / "benchmarks" / "results"
 ENV_PROBE = (
@@ -340,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     markdown, twin = write_results(scores, meta, options.out)
     print(f"wrote {markdown.relative_to(REPO) if markdown.is_relative_to(REPO) else markdown}")
     print(f"wrote {twin.name}")
+    print(audit_lines(scores, totals(scores))[0])  # facts checked, false facts found
     if options.update_baseline:
         save_baseline(options.update_baseline, options.device, scores)
     if options.baseline:
