@@ -32,10 +32,11 @@ SCRIPTS = Path(__file__).parent / "scripts"
 LINEAR = "torch.nn.functional.linear"
 
 
-def record(tmp_path: Path, capsys: pytest.CaptureFixture[str], script: str) -> dict:
+def record(tmp_path: Path, capsys: pytest.CaptureFixture[str], script: str, *args: str) -> dict:
     code = main(
-        ["record", "--json", "--quiet", "--root", str(tmp_path / "rec"), str(SCRIPTS / script)]
-    )
+        ["record", "--json", "--quiet", "--root", str(tmp_path / "rec"), str(SCRIPTS / script),
+         *args]
+    )  # fmt: skip
     report = json.loads(capsys.readouterr().out)
     assert code == ExitCode.OK, report
     return report
@@ -284,3 +285,18 @@ def test_a_failure_fetching_the_next_batch_is_in_the_loop(
 ) -> None:
     report = record(tmp_path, capsys, "batch_in_loop_header.py")
     assert report["step"] == 3 and report["after_loop"] is None
+
+
+@pytest.mark.cuda
+def test_a_device_assert_after_the_training_loop_names_no_step_on_the_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the GPU the lookup asserts asynchronously: the culprit comes from a snapshot or a
+    rerun, which read where their op ran, not where the error surfaced."""
+    report = record(tmp_path, capsys, "generate_after_loop.py", "cuda")
+    assert report["op"] == "aten::embedding" and report["step"] is None
+    assert report["after_loop"] == {
+        "steps": 30,
+        "function": "generate",
+        "text": "after the training loop (30 steps ran), in generate()",
+    }

@@ -1,5 +1,8 @@
 """A tiny LM trained for 30 steps, then asked to generate past its 16 positions: the failure
-comes after the training loop, in generate(), in no training step."""
+comes after the training loop, in generate(), in no training step (`cuda` as the argument: on
+the GPU, where the position lookup device-asserts)."""
+
+import sys
 
 import torch
 import torch.nn as nn
@@ -14,7 +17,7 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(dim, vocab)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(ids.shape[1])
+        positions = torch.arange(ids.shape[1], device=ids.device)
         return self.head(self.tok(ids) + self.pos(positions))
 
 
@@ -26,11 +29,11 @@ def generate(model: TinyLM, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
     return ids
 
 
-def main() -> None:
+def main(device: str) -> None:
     torch.manual_seed(0)
-    model = TinyLM()
+    model = TinyLM().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    data = torch.randint(0, 50, (8, 16))
+    data = torch.randint(0, 50, (8, 16), device=device)
     for _iteration in range(30):
         logits = model(data[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, 50), data[:, 1:].reshape(-1))
@@ -41,4 +44,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "cpu")
