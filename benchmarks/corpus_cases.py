@@ -20,6 +20,8 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as the `test` extra
 
 import json
 
+from benchmarks.corpus_audit import AuditFormatError, AuditRule, load_rules
+
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "corpus"
 MARKER = "# reprocut: culprit"
@@ -70,6 +72,7 @@ class CorpusCase:
     cell: int | None = None  # notebook: the culprit's cell (index in the cells list)
     test: str | None = None  # pytest: the failing test's node id
     test_line: int | None = None  # pytest: the test's own line the error passed through
+    audit: tuple[AuditRule, ...] = ()  # facts the outputs must and must not state (corpus_audit)
 
     @property
     def script(self) -> Path:
@@ -177,6 +180,10 @@ def load_case(folder: Path) -> CorpusCase:
     expected = data.get("expected", {})
     per_device = {d: _device_truth(expected[d]) for d in DEVICES if d in expected}
     _check_fingerprint(path, expected.get("fingerprint"))
+    try:
+        audit = load_rules(data.get("audit", {}))
+    except AuditFormatError as exc:
+        raise CaseFormatError(f"{path}: {exc}") from exc
     return CorpusCase(
         name=data["name"],
         folder=folder,
@@ -200,6 +207,7 @@ def load_case(folder: Path) -> CorpusCase:
         cell=expected.get("cell"),
         test=expected.get("test"),
         test_line=expected.get("test_line"),
+        audit=audit,
     )
 
 

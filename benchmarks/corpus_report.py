@@ -20,6 +20,7 @@ COLUMNS = (
     "signature",
     "facts",
     "verified",
+    "audit",
     "module",
     "statements",
     "tensor elements",
@@ -36,12 +37,33 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _audit_cell(score: CaseScore) -> str:
+    """✓ and the facts checked; ✗ with how many were false or missing."""
+    if score.audit is None:
+        return MARKS[None]
+    wrong = len(score.false_facts) + len(score.missing_facts)
+    return f"✓ {score.facts_checked}" if score.audit else f"✗ {wrong}/{score.facts_checked}"
+
+
+def audit_lines(scores: list[CaseScore], summary: Totals) -> list[str]:
+    """The facts audit's totals, and each false or missing fact with its case."""
+    lines = [
+        f"Facts audit (case.toml `[audit]`): {summary.facts_checked} facts checked, "
+        f"false facts found: {summary.false_facts}, missing facts: {summary.missing_facts}."
+    ]
+    for score in scores:
+        lines += [f"- {score.case}: {fact}" for fact in (*score.false_facts, *score.missing_facts)]
+    return lines
+
+
 def _row(score: CaseScore) -> list[str]:
     return [
         score.case + (" **pass**" if score.passed else ""),
         score.expect,
         *(_cell(getattr(score, name)) for name in ("outcome", "op", "line", "step")),
-        *(_cell(getattr(score, name)) for name in ("signature", "facts", "verified", "module")),
+        *(_cell(getattr(score, name)) for name in ("signature", "facts", "verified")),
+        _audit_cell(score),
+        _cell(score.module),
         _cell(score.statements),
         _cell(score.tensor_elements),
         _cell(score.checks),
@@ -85,7 +107,11 @@ def render_markdown(scores: list[CaseScore], meta: dict[str, Any]) -> str:
     ]
     table = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     table += ["| " + " | ".join(_row(s)) + " |" for s in scores]
-    return "\n".join([*header, *table, "", "## Totals", "", *_totals_lines(totals(scores)), ""])
+    summary = totals(scores)
+    return "\n".join(
+        [*header, *table, "", "## Totals", "", *_totals_lines(summary), "",
+         *audit_lines(scores, summary), ""]
+    )  # fmt: skip
 
 
 def write_results(

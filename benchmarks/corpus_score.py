@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import PurePath
 from typing import Any
 
+from benchmarks.corpus_audit import AuditResult
 from benchmarks.corpus_cases import CorpusCase
 
 # `reprocut record` exit codes (reprocut.model.errors.ExitCode), repeated here so scoring stays pure.
@@ -21,7 +22,7 @@ RECORD_NOTHING_TO_REPRODUCE = 1
 PASS_STATUSES = frozenset({"passed", "pass", "no-failure", "nothing-to-reproduce", "ok"})
 
 # The checks that decide whether a case counts as passing, in table order.
-CHECKS = ("outcome", "op", "line", "step", "signature", "facts", "verified")
+CHECKS = ("outcome", "op", "line", "step", "signature", "facts", "verified", "audit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,7 @@ class CaseScore:
     signature: bool | None = None
     facts: bool | None = None
     verified: bool | None = None  # shrink produced a repro that reproduces the signature
+    audit: bool | None = None  # the facts audit (corpus_audit): no false fact, none missing
     module: bool | None = None  # informational, not part of `passed`
     phase: bool | None = None  # informational
     statements: int | None = None
@@ -59,6 +61,9 @@ class CaseScore:
     shrink_seconds: float | None = None
     notes: tuple[str, ...] = ()
     got: dict[str, Any] = field(default_factory=dict)
+    facts_checked: int | None = None  # the audit's (rule, output) pairs
+    false_facts: tuple[str, ...] = ()  # must_not rules that matched
+    missing_facts: tuple[str, ...] = ()  # must rules that did not
 
     @property
     def passed(self) -> bool:
@@ -83,7 +88,8 @@ class CaseScore:
     def from_json(cls, data: dict[str, Any]) -> CaseScore:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        values["notes"] = tuple(values.get("notes", ()))
+        for name in ("notes", "false_facts", "missing_facts"):
+            values[name] = tuple(values.get(name, ()))
         return cls(**values)
 
 
@@ -143,7 +149,14 @@ def _step_right(case: CorpusCase, data: dict[str, Any]) -> bool | None:
         test = data.get("test") or {}
         line_right = case.test_line is None or test.get("line") == case.test_line
         return test.get("nodeid") == case.test and line_right
-    return None if case.step is None else data.get("step") == case.step
+    if case.step is None:
+        return None
+    # case.toml's step counts the optimizer steps done before the failure: after the training
+    # loop had ended, record names no step but says how many ran
+    done = data.get("step")
+    if done is None:
+        done = (data.get("after_loop") or {}).get("steps")
+    return done == case.step
 
 
 def _signature_right(case: CorpusCase, device: str, data: dict[str, Any]) -> bool:
@@ -223,6 +236,19 @@ def score_case(
     return _with_shrink(score, shrink)
 
 
+def with_audit(score: CaseScore, result: AuditResult | None) -> CaseScore:
+    """`score` with the facts audit of the case's outputs (None: nothing was printed to read)."""
+    if result is None or not result.checked:
+        return score
+    return replace(
+        score,
+        audit=result.right,
+        facts_checked=result.checked,
+        false_facts=result.false,
+        missing_facts=result.missing,
+    )
+
+
 def _runs_all_reproduced(verified: Any) -> bool:
     """shrink reports `verified` as {"runs": n, "reproduced": k} (or a bool)."""
     if isinstance(verified, dict):
@@ -267,6 +293,9 @@ class Totals:
     shrink_seconds: float
     median_statements: float | None
     median_tensor_elements: float | None
+    facts_checked: int = 0  # the facts audit, over every case
+    false_facts: int = 0
+    missing_facts: int = 0
 
 
 def totals(scores: list[CaseScore]) -> Totals:
@@ -284,6 +313,9 @@ def totals(scores: list[CaseScore]) -> Totals:
         shrink_seconds=round(sum(s.shrink_seconds or 0 for s in scores), 1),
         median_statements=statistics.median(statements) if statements else None,
         median_tensor_elements=statistics.median(elements) if elements else None,
+        facts_checked=sum(s.facts_checked or 0 for s in scores),
+        false_facts=sum(len(s.false_facts) for s in scores),
+        missing_facts=sum(len(s.missing_facts) for s in scores),
     )
 
 

@@ -114,7 +114,7 @@ stage_corpus() {
         --timeout "${CORPUS_TIMEOUT:-200}" --out "$OUT" \
         ${CORPUS_CASES:+--cases $CORPUS_CASES --tag partial} >"$LOGS/corpus.log" 2>&1
     echo "corpus exit $?" >>"$LOGS/corpus.log"
-    tail -3 "$LOGS/corpus.log"
+    tail -4 "$LOGS/corpus.log"  # the last: facts checked, false facts found
 }
 
 stage_shrink() {

@@ -31,9 +31,17 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.corpus_audit import audit
 from benchmarks.corpus_cases import CORPUS, REPO, CorpusCase, load_cases
-from benchmarks.corpus_report import write_results
-from benchmarks.corpus_score import CaseScore, RunOutput, regressions, score_case
+from benchmarks.corpus_report import audit_lines, write_results
+from benchmarks.corpus_score import (
+    CaseScore,
+    RunOutput,
+    regressions,
+    score_case,
+    totals,
+    with_audit,
+)
 
 RESULTS = REPO / "benchmarks" / "results"
 ENV_PROBE = (
@@ -165,7 +173,30 @@ def run_case(
     if shrink and run_dir and recorded:
         run_dir = str((scratch / run_dir).resolve())  # no-op when already absolute
         shrunk = run_json(shrink_command(run_dir, scratch / "repro", timeout), scratch, timeout)
-    return score_case(case, device, record, shrunk)
+    score = score_case(case, device, record, shrunk)
+    if record.data is None:  # nothing printed: no fact to audit
+        return score
+    return with_audit(score, audit(case.audit, device, case_outputs(record, shrunk, scratch)))
+
+
+def case_outputs(record: RunOutput, shrunk: RunOutput | None, scratch: Path) -> dict[str, str]:
+    """What reprocut printed for a case, as the facts audit reads it: the panel (drawn from
+    the recording as a terminal 100 columns wide shows it), `record --json` then `shrink
+    --json`, report.md and repro.py."""
+    data = [run.data for run in (record, shrunk) if run is not None and run.data is not None]
+    outputs = {"json": "\n".join(json.dumps(d, ensure_ascii=False) for d in data)}
+    run_dir = (record.data or {}).get("run_dir")
+    if run_dir and (scratch / run_dir / "failure.json").is_file():
+        from reprocut.model.recording import RunDir  # no torch: this process never imports it
+        from reprocut.report.display.failure import panel_text
+
+        run = RunDir((scratch / run_dir).resolve())
+        outputs["panel"] = panel_text(run.read_failure(), run.path)
+    for name, key in (("report", "report"), ("repro", "repro")):
+        path = (shrunk.data or {}).get(key) if shrunk is not None else None
+        if path and Path(path).is_file():
+            outputs[name] = Path(path).read_text()
+    return outputs
 
 
 def run_cases(
@@ -316,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     markdown, twin = write_results(scores, meta, options.out)
     print(f"wrote {markdown.relative_to(REPO) if markdown.is_relative_to(REPO) else markdown}")
     print(f"wrote {twin.name}")
+    print(audit_lines(scores, totals(scores))[0])  # facts checked, false facts found
     if options.update_baseline:
         save_baseline(options.update_baseline, options.device, scores)
     if options.baseline:

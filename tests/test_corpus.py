@@ -6,6 +6,8 @@
 - reprocut record over the CPU corpus: no check that passes in corpus/baseline.json may regress
   (slow; skipped only while the record command is missing). Shrink is tested on corpus cases
   in tests/test_shrink_cli.py.
+- The facts audit over that run: the panel and `--json` of every CPU case are read against the
+  case's `[audit]` rules (benchmarks/corpus_audit.py); a false fact or a missing one fails.
 """
 
 from __future__ import annotations
@@ -120,6 +122,10 @@ def test_record_and_shrink_do_not_regress_on_the_cpu_corpus(tmp_path: Path) -> N
         for s in scores
     )
     assert not lost, "regressed against corpus/baseline.json:\n" + "\n".join(lost) + "\n" + summary
+    unread = [s.case for s in scores if not s.facts_checked]
+    assert not unread, f"the facts audit read nothing of {unread}\n{summary}"
+    wrong = [f"{s.case}: {fact}" for s in scores for fact in (*s.false_facts, *s.missing_facts)]
+    assert not wrong, "the facts audit:\n" + "\n".join(wrong)
 
 
 EXAMPLES = [  # what examples/README.md promises

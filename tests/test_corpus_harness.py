@@ -11,11 +11,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.corpus_audit import AuditFormatError, audit, load_rules  # noqa: E402
 from benchmarks.corpus_cases import (  # noqa: E402
     CorpusCase,
     DeviceTruth,
     culprit_markers,
     load_case,
+    load_cases,
+    tomllib,
 )
 from benchmarks.corpus_report import render_markdown, write_results  # noqa: E402
 from benchmarks.corpus_score import (  # noqa: E402
@@ -24,6 +27,7 @@ from benchmarks.corpus_score import (  # noqa: E402
     regressions,
     score_case,
     totals,
+    with_audit,
 )
 from benchmarks.run_corpus import parse_json  # noqa: E402
 
@@ -98,7 +102,7 @@ def test_a_fully_right_run_passes_every_check(case: CorpusCase) -> None:
         "signature",
         "facts",
         "verified",
-    ]
+    ]  # the audit is not scored without outputs to read
     assert (score.statements, score.tensor_elements, score.checks) == (3, 2, 24)
     assert score.module is True
 
@@ -326,3 +330,98 @@ def test_truth_comparison_names_each_difference(case: CorpusCase) -> None:
     assert compare(case, "cuda", {**cuda, "kind": "index out of bounds", "error_code": 700}) == [
         "error_code 700 != 710"
     ]
+
+
+# --- the facts audit ----------------------------------------------------------------------------
+
+AUDIT = """
+[audit]
+must = ['index max 512 ≥ 512 rows']
+must_not = ['not contiguous', 'an int32 offset wraps']
+[audit.json]
+must = ['"op": "aten::embedding"']
+[audit.panel]
+must = ['step 9 \\(forward\\)']
+[audit.cpu]
+must_not = ['no aten op raised']
+[audit.cuda.report]
+must = ['CUDA error 710']
+"""
+
+
+def test_audit_rules_are_read_with_their_output_and_device() -> None:
+    rules = load_rules(tomllib.loads(AUDIT)["audit"])
+    assert [(r.pattern, r.must, r.output, r.device) for r in rules] == [
+        ("index max 512 ≥ 512 rows", True, None, None),
+        ("not contiguous", False, None, None),
+        ("an int32 offset wraps", False, None, None),
+        ('"op": "aten::embedding"', True, "json", None),
+        ("step 9 \\(forward\\)", True, "panel", None),
+        ("no aten op raised", False, None, "cpu"),
+        ("CUDA error 710", True, "report", "cuda"),
+    ]
+    with pytest.raises(AuditFormatError, match="unknown key 'musts'"):
+        load_rules({"musts": ["x"]})
+    with pytest.raises(AuditFormatError, match="/\\(/"):
+        load_rules({"must": ["("]})
+
+
+def test_the_audit_counts_each_rule_in_each_output_and_names_false_and_missing_facts() -> None:
+    rules = load_rules(tomllib.loads(AUDIT)["audit"])
+    panel = (
+        "╭─ reprocut ─╮\n│ step     9 (forward) │\n│   indices: index max 512 ≥ 512   │\n"
+        "│   rows at [5, 18] │\n│   weight: not contiguous: stride (1, 784) for shape (8, 4) │"
+    )
+    outputs = {"panel": panel, "json": '{"op": "aten::embedding", "facts": ["index max 512 ≥ '
+               '512 rows"]}', "report": "", "repro": None}  # fmt: skip
+    result = audit(rules, "cpu", outputs)  # type: ignore[arg-type]
+    # panel: must, 2 must_not, step, cpu must_not = 5; json: must, 2 must_not, op, cpu = 5
+    assert result.checked == 10
+    assert result.false == ("panel: false /not contiguous/",)  # read across the wrapped line
+    assert result.missing == ()
+    cuda = audit(rules, "cuda", {"report": "RuntimeError: CUDA error: device-side assert"})
+    assert cuda.missing == (
+        "report: missing /index max 512 ≥ 512 rows/",
+        "report: missing /CUDA error 710/",
+    )
+    assert cuda.checked == 4 and not cuda.right
+
+
+def test_a_false_fact_fails_the_audit_check_and_the_case(case: CorpusCase) -> None:
+    audited = replace(case, audit=load_rules({"must_not": ["not contiguous"]}))
+    score = score_case(audited, "cpu", RunOutput(0, record_json(), 1.0))
+    clean = with_audit(score, audit(audited.audit, "cpu", {"json": "{}"}))
+    assert (clean.audit, clean.facts_checked, clean.passed) == (True, 1, True)
+    false = with_audit(score, audit(audited.audit, "cpu", {"json": '"not contiguous"'}))
+    assert (false.audit, false.false_facts, false.passed) == (
+        False, ("json: false /not contiguous/",), False,
+    )  # fmt: skip
+    assert "audit" in clean.passing_checks() and "audit" not in false.passing_checks()
+    assert type(false).from_json(false.to_json()) == false
+    meta = {"device": "cpu", "date": "2026-01-01", "device_name": "x", "torch": "2.13",
+            "python": "3.11", "platform": "linux", "command": "run"}  # fmt: skip
+    text = render_markdown([clean, replace(false, case="other")], meta)
+    assert "| ✓ 1 |" in text and "| ✗ 1/1 |" in text
+    assert "Facts audit (case.toml `[audit]`): 2 facts checked, false facts found: 1" in text
+    assert "- other: json: false /not contiguous/" in text
+
+
+def test_a_step_after_the_training_loop_is_scored_by_the_steps_that_ran(case: CorpusCase) -> None:
+    after = {"steps": 9, "function": "evaluate", "text": "..."}
+    score = score_case(case, "cpu", RunOutput(0, record_json(step=None, after_loop=after), 1.0))
+    assert score.step is True
+    wrong = {"steps": 8, "function": "evaluate", "text": "..."}
+    assert (
+        score_case(case, "cpu", RunOutput(0, record_json(step=None, after_loop=wrong), 1)).step
+        is False
+    )
+
+
+def test_every_corpus_case_has_audit_rules_for_each_of_its_devices() -> None:
+    for corpus_case in load_cases():
+        assert corpus_case.audit, f"{corpus_case.name}: no [audit]"
+        for device in corpus_case.devices:
+            rules = [r for r in corpus_case.audit if r.device in (None, device)]
+            assert any(not r.must for r in rules), f"{corpus_case.name}: no must_not on {device}"
+            if corpus_case.expects_failure(device) or corpus_case.expect == "pass":
+                assert any(r.must for r in rules), f"{corpus_case.name}: no must on {device}"

@@ -70,11 +70,15 @@ def test_cross_entropy_target_names_step_module_and_value(tmp_path, capsys):
     assert report["signature"]["kind"] == "Target <n> is out of bounds."
 
 
-def test_one_hot_is_reported_as_the_public_call(tmp_path, capsys):
+def test_one_hot_is_reported_as_the_public_call_and_its_composite_aten_op(tmp_path, capsys):
     script = SCRIPTS / "onehot.py"
     code, report = record(tmp_path, capsys, str(script))
     assert code == ExitCode.OK
-    assert report["op"] is None
+    assert report["op"] == "aten::one_hot"  # CompositeImplicitAutograd: no dispatched op raised
+    assert report["notes"] == [
+        "no dispatched op raised: aten::one_hot is CompositeImplicitAutograd (it runs as other "
+        "ops), so torch.nn.functional.one_hot's own check raised"
+    ]
     assert report["public_call"] == "torch.nn.functional.one_hot"
     assert report["signature"]["op"] == "torch.nn.functional.one_hot"
     assert report["step"] == 2

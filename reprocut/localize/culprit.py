@@ -17,7 +17,9 @@ import torch
 from reprocut.localize.explain import explain_inputs, plain
 from reprocut.localize.failure import LocalizeOptions, error_info, finish, location, signature_of
 from reprocut.localize.launch import op_launch
+from reprocut.model.after_loop import AfterLoop
 from reprocut.model.case import ReproCase, Signature, arg_from_json
+from reprocut.model.publicapi import composite_op
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
 from reprocut.model.signature import parse_assertions
 from reprocut.record.parent.runner import RunResult
@@ -98,12 +100,21 @@ def from_culprit(
         )
     if inputs is None:  # snapshot replay has them loaded already
         inputs = load_inputs(options.run_dir)
-    tensors, diagnosis = explain_inputs(culprit, inputs)
+    tensors, diagnosis = explain_inputs(culprit, inputs, str(error.get("message") or ""))
     device = _device_of(cases)
     notes = []
+    named_op = culprit.get("op") or composite_op(culprit.get("public_call"))
+    if named_op and not culprit.get("op"):
+        notes.append(
+            f"no dispatched op raised: {named_op} is CompositeImplicitAutograd (it runs as "
+            f"other ops), so {culprit['public_call']}'s own check raised"
+        )
     if outcome.get("compiled"):
         notes.append("torch.compile was used; the script ran eagerly for localization")
     first_error = outcome["error"]
+    # the training loop had ended: read by the child where the culprit's op ran (a snapshot's
+    # too: its error surfaced later, maybe after the loop although its op ran in it)
+    after = AfterLoop.from_outcome(culprit, culprit.get("step"))
     return finish(
         options,
         Failure(
@@ -112,9 +123,10 @@ def from_culprit(
             if method != "snapshot-replay"
             else _merge_replay(first_error, first.stderr, stderr),
             signature=signature,
-            op=culprit.get("op"),
+            op=named_op,
             public_call=culprit.get("public_call"),
-            step=culprit.get("step"),
+            step=None if after else culprit.get("step"),
+            after_loop=after,
             phase=culprit.get("phase"),
             module=culprit.get("module"),
             source=location(culprit.get("source")),

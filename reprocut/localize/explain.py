@@ -25,9 +25,10 @@ def plain(value: Any) -> bool:
 
 
 def explain_inputs(
-    culprit: dict[str, Any], inputs: dict[str, torch.Tensor]
+    culprit: dict[str, Any], inputs: dict[str, torch.Tensor], message: str = ""
 ) -> tuple[tuple[TensorReport, ...], str]:
-    """Tensor table + diagnosis, from the aten call if known, else the public call."""
+    """Tensor table + diagnosis, from the aten call if known, else the public call (`message`:
+    the error's, which says the failure's class: only facts bearing on it are kept)."""
     use_public = not culprit.get("call")
     call = culprit.get("public") if use_public else culprit.get("call")
     if not call:
@@ -36,24 +37,42 @@ def explain_inputs(
     raw_kwargs = {k: arg_from_json(v) for k, v in call["kwargs"] if plain(v)}
     if any(_too_big_to_make(a) for a in (*raw_args, *raw_kwargs.values())):
         return _table(raw_args, raw_kwargs, {}, call.get("names", ())), ""
+    public = None if use_public else culprit.get("public")
+    if public and any(_too_big_to_make(arg_from_json(a)) for a in public["args"]):
+        public = None  # the public call's arguments would be made only to be looked at
     try:
         values = [materialize_arg(on_cpu(a), inputs) for a in raw_args]
         kw_values = {k: materialize_arg(on_cpu(v), inputs) for k, v in raw_kwargs.items()}
         explanation = explain(
-            None if use_public else culprit.get("op"), culprit.get("public_call"), values, kw_values
+            None if use_public else culprit.get("op"),
+            culprit.get("public_call"),
+            values,
+            kw_values,
+            message,
         )
-        if not any(explanation.facts.values()) and culprit.get("public") and not use_public:
-            public_args = [
-                materialize_arg(on_cpu(arg_from_json(a)), inputs) for a in culprit["public"]["args"]
-            ]
-            explanation = explain(None, culprit.get("public_call"), public_args, {})
+        diagnosis = explanation.diagnosis
+        if public and (explanation.family == "shape" or not any(explanation.facts.values())):
+            # the call the user wrote: F.linear's input, not addmm's reshaped mat1
+            by_public = explain(None, culprit.get("public_call"), *_values(public, inputs), message)
+            if explanation.family == "shape":
+                diagnosis = by_public.diagnosis
+            else:
+                explanation, diagnosis = by_public, by_public.diagnosis
     except Exception as exc:  # explaining is best effort: never lose the recording over it
         return _table(
             raw_args, raw_kwargs, {}, call.get("names", ())
         ), f"(could not analyse the inputs: {exc})"
-    return _table(
-        raw_args, raw_kwargs, explanation.facts, call.get("names", ())
-    ), explanation.diagnosis
+    return _table(raw_args, raw_kwargs, explanation.facts, call.get("names", ())), diagnosis
+
+
+def _values(
+    call: dict[str, Any], inputs: dict[str, torch.Tensor]
+) -> tuple[list[Any], dict[str, Any]]:
+    """A recorded call's arguments as the objects it was called with (on the CPU)."""
+    args = [materialize_arg(on_cpu(arg_from_json(a)), inputs) for a in call["args"]]
+    kwargs = {k: materialize_arg(on_cpu(arg_from_json(v)), inputs) for k, v in call["kwargs"]
+              if plain(v)}  # fmt: skip
+    return args, kwargs
 
 
 _MADE_LIMIT = 1 << 24  # elements of a tensor with no recorded values, generated to be explained

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import torch
 
+from reprocut.model.after_loop import AfterLoop
 from reprocut.model.case import Signature, SourceLocation
 from reprocut.model.failing_test import FailingTest
 from reprocut.model.launch import Launch
@@ -118,13 +119,15 @@ def script_error(
     options: LocalizeOptions, first: RunResult, error: ErrorInfo, outcome: dict[str, Any] | None
 ) -> Failure:
     surfaced = location(outcome.get("surfaced_at")) if outcome else None
+    after = AfterLoop.from_outcome(outcome, outcome.get("step")) if outcome else None
     return finish(
         options,
         Failure(
             status="script-error",
             error=error,
             signature=classify(error.type, error.message),
-            step=outcome.get("step") if outcome else None,
+            step=outcome.get("step") if outcome and after is None else None,
+            after_loop=after,
             phase=outcome.get("phase") if outcome else None,
             source=surfaced,
             surfaced_at=surfaced,

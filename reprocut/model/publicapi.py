@@ -7,6 +7,7 @@ must call them by a public path, so we index the public namespaces once and look
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any
 
 import torch
@@ -72,3 +73,35 @@ def is_inplace(op: Any) -> bool:
     if schema is None:
         return False
     return any(arg.alias_info is not None and arg.alias_info.is_write for arg in schema.arguments)
+
+
+def composite_op(public_call: str | None) -> str | None:
+    """`aten::one_hot` for `torch.nn.functional.one_hot`: the aten op a public call binds, when
+    that op is CompositeImplicitAutograd. Such an op decomposes before any dispatch mode sees
+    it, so its own checks (one_hot's class range) raise with no dispatched op raising: the
+    public call's aten op is then the op to name. None for Python functions (F.linear's wrapper
+    is no binding of one op) and names with no aten op."""
+    func = _resolve(public_call) if public_call else None
+    if not isinstance(func, (types.BuiltinFunctionType, types.MethodDescriptorType)):
+        return None
+    name = f"aten::{func.__name__}"
+    try:
+        composite = torch._C._dispatch_has_kernel_for_dispatch_key(
+            name, "CompositeImplicitAutograd"
+        )
+    except RuntimeError:  # no aten op of that name
+        return None
+    return name if composite else None
+
+
+def _resolve(path: str) -> Any:
+    """The object a dotted `torch....` path names, or None."""
+    head, *rest = path.split(".")
+    if head != "torch":
+        return None
+    found: Any = torch
+    for part in rest:
+        found = getattr(found, part, None)
+        if found is None:
+            return None
+    return found

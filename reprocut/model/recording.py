@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from reprocut.model.after_loop import AfterLoop
 from reprocut.model.case import (
     ReproCase,
     Signature,
@@ -145,6 +146,7 @@ class Failure:
     # a custom op's failure: the deepest line of the user's code below `source` (the op's call),
     # inside the op's implementation (the launch of its kernel, often in a sibling module)
     launch: SourceLocation | None = None
+    after_loop: AfterLoop | None = None  # the training loop had ended: no step (step is None)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -183,6 +185,7 @@ class Failure:
             "test": None if self.test is None else self.test.to_json(),
             "memory": None if self.memory is None else self.memory.to_json(),
             "launch": location_json(self.launch),
+            "after_loop": None if self.after_loop is None else self.after_loop.to_json(),
         }
 
     @classmethod
@@ -229,6 +232,7 @@ class Failure:
             else None,
             memory=MemoryReport.from_json(data["memory"]) if data.get("memory") else None,
             launch=location_from_json(data.get("launch")),
+            after_loop=AfterLoop.from_json(data.get("after_loop")),
         )
 
     def with_notes(self, *notes: str) -> Failure:

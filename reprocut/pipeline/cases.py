@@ -23,7 +23,7 @@ from reprocut.pipeline.cpu_check import CpuBeside, all_on_cpu, cpu_behaviour
 from reprocut.pipeline.first_check import FirstCheck
 from reprocut.pipeline.phases import CPU_CHECK, FIRST_CHECK, SHRINK, Phases
 from reprocut.shrink.emitter import SIDECAR_NAME, Emitted, emit, inline_captured
-from reprocut.shrink.header import Environment, Header
+from reprocut.shrink.header import Environment, Header, original_args
 from reprocut.shrink.passes import PASSES
 from reprocut.shrink.shrinker import Shrinker
 
@@ -126,6 +126,7 @@ def shrink_case(
     if case is None:
         return _unreproduced(failure, inputs, oracle, out, header)
     expected = _expected(case, failure)
+    header = replace(header, original=original_args(case, failure.tensors))  # its sizes, facts
 
     def predicate(candidate: ReproCase) -> bool:
         return isinstance(oracle.check_case(candidate, inputs, expected=expected), Reproduced)

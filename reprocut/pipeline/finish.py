@@ -1,20 +1,51 @@
 """repro.py written ▶ verified by plain runs, report.md written, the result as data.
 
 Verification is the final word: fresh `python repro.py` processes with no reprocut code in
-them (reprocut.check.verify); the result dict is what `--json` prints.
+them (reprocut.check.verify). What they printed is the repro's own message: repro.py's header
+and report.md quote it, with the original's beside it where the shrink changed it (smaller
+shapes print smaller numbers). The result dict is what `--json` prints.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from reprocut.check.verify import Verification
 from reprocut.model.case import Signature
-from reprocut.model.recording import Failure
+from reprocut.model.recording import Failure, atomic_write
+from reprocut.model.signature import last_exception
 from reprocut.pipeline.cases import Outcome
 from reprocut.report.markdown import ReportInputs
-from reprocut.shrink.header import Environment
+from reprocut.shrink.header import Environment, restate_message
+
+
+def repro_message(verification: Verification, expected: Signature) -> str:
+    """The message the repro's plain runs printed: that of the first run that failed as
+    expected ("" when none did)."""
+    for run in verification.outcomes:
+        if run.signature is None or not run.signature.matches(expected, compare_op=False):
+            continue
+        found = last_exception(run.stderr_tail)
+        if found is not None:
+            return found[1]
+    return ""
+
+
+def with_repro_message(
+    repro: Path, outcome: Outcome, failure: Failure, verification: Verification
+) -> Outcome:
+    """repro.py (on disk and in `outcome`) with its header quoting the repro's own message,
+    the original's beside it where they differ."""
+    message = repro_message(verification, failure.signature)
+    if not message or not repro.is_file():
+        return outcome
+    code = repro.read_text()
+    restated = restate_message(code, message, failure.error.message)
+    if restated != code:
+        atomic_write(repro, restated)
+    return replace(outcome, code=restated)
 
 
 def status(outcome: Outcome, verification: Verification) -> str:
@@ -75,4 +106,5 @@ def report_inputs(
         cpu_message=outcome.cpu_message,
         reproduced_from_capture=outcome.reproduced_from_capture,
         sidecar=outcome.sidecar,
+        repro_message=repro_message(verification, failure.signature),
     )

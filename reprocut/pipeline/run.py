@@ -30,7 +30,7 @@ from reprocut.model.errors import ExitCode, ReprocutError
 from reprocut.model.recording import Failure, RunDir, atomic_write
 from reprocut.pipeline.cases import Outcome, shrink_case, with_definitions
 from reprocut.pipeline.compiled import shrink_compile_only
-from reprocut.pipeline.finish import report_inputs, result_json
+from reprocut.pipeline.finish import report_inputs, result_json, with_repro_message
 from reprocut.pipeline.first_check import FirstCheck
 from reprocut.pipeline.inputs import load_inputs
 from reprocut.pipeline.phases import FORK_SERVER, READ, REPORT, SOURCE, VERIFY, Phases
@@ -215,6 +215,7 @@ def _finish(
     repro, report = out / "repro.py", out / "report.md"
     seconds = time.monotonic() - started
     with phases.phase(REPORT):
+        outcome = with_repro_message(repro, outcome, failure, verification)
         written = replace(
             report_inputs(outcome, failure, environment, verification, seconds),
             notes=notes,

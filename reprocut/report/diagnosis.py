@@ -15,8 +15,12 @@ import torch
 
 from reprocut.model.case import TensorSpec
 from reprocut.model.tensors import spec_of, to_dtype
+from reprocut.report.shapes import is_shape_mismatch, shape_diagnosis, shape_facts
 
 INT32_MAX = 2**31 - 1
+# Words of error messages that a tensor's strides, storage offset or alignment can explain
+LAYOUT_WORDS = ("CUDA error", "CUBLAS", "cublas", "CUDNN", "cuDNN", "stride", "contiguous",
+                "misaligned", "alignment", "illegal memory", "memory access", "Triton Error")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,11 +167,24 @@ DIAGNOSES = {
 
 
 def explain(
-    op: str | None, public_call: str | None, args: Sequence[Any], kwargs: dict[str, Any]
+    op: str | None,
+    public_call: str | None,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    message: str = "",
 ) -> Explanation:
-    """Facts per argument and a diagnosis for the op (or public call) that failed."""
+    """Facts per argument and a diagnosis for the op (or public call) that failed with
+    `message`. Only facts that bear on the failure's class: a shape mismatch gets the
+    dimension that disagrees, never the layout (F.linear always sees its weight transposed)."""
     name = (op or "").removeprefix("aten::")
     public = (public_call or "").rsplit(".", 1)[-1]
+    if is_shape_mismatch(message):
+        called = name or public
+        return Explanation(
+            facts=shape_facts(called, args, message),
+            diagnosis=shape_diagnosis(called, args, kwargs),
+            family="shape",
+        )
     facts: dict[int | str, tuple[str, ...]] = {}
     family = "generic"
 
@@ -282,7 +299,7 @@ def explain(
             facts[2] = tuple(found_o) or ("offsets valid",)
         family = "embedding_bag"
     if not facts:
-        facts = _generic_facts(args)
+        facts = _generic_facts(args, layout=layout_bears_on(message))
     if family == "generic" and any(_is_sparse(a) and sparse_facts(a) for a in args):
         family = "sparse"
     diagnosis = DIAGNOSES.get(family, "")
@@ -317,7 +334,16 @@ def layout_facts(spec: TensorSpec) -> tuple[str, ...]:
     return tuple(facts)
 
 
-def _generic_facts(args: Sequence[Any]) -> dict[int | str, tuple[str, ...]]:
+def layout_bears_on(message: str) -> bool:
+    """Whether strides, storage offsets and alignment can explain a failure with `message`:
+    faults of kernels that walk memory (CUDA errors, cuBLAS, misaligned or illegal accesses)
+    and errors about strides or contiguity; not a Python-level check such as a shape's (an
+    unknown message keeps them)."""
+    return not message or any(word in message for word in LAYOUT_WORDS)
+
+
+def _generic_facts(args: Sequence[Any], *, layout: bool = True) -> dict[int | str, tuple[str, ...]]:
+    """NaN/inf counts, integer ranges, and (`layout`) how a non-contiguous input is laid out."""
     facts: dict[int | str, tuple[str, ...]] = {}
     for position, value in enumerate(args):
         if _is_sparse(value):
@@ -333,7 +359,7 @@ def _generic_facts(args: Sequence[Any]) -> dict[int | str, tuple[str, ...]]:
         elif value.dtype != torch.bool:
             data = value.detach().to("cpu", torch.int64)
             facts[position] = (f"values in [{int(data.min())}, {int(data.max())}]",)
-        if not value.is_contiguous():  # a kernel walking it as a flat buffer: how it differs
+        if layout and not value.is_contiguous():  # a kernel walking it as a flat buffer
             facts[position] = (*facts.get(position, ()), *layout_facts(spec_of(value)))
     return facts
 

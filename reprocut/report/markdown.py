@@ -83,6 +83,7 @@ class ReportInputs:
     notes: tuple[str, ...] = ()  # what else the shrink did (a walk-back), one sentence each
     sanitizer: str = ""  # compute-sanitizer's evidence as markdown (reprocut.check.sanitizer)
     same_bug: str = ""  # the fingerprints side by side (reprocut.model.fingerprint.SameBug)
+    repro_message: str = ""  # what the repro's plain runs printed ("": not read)
 
 
 def _fence(text: str, language: str = "") -> str:
@@ -121,6 +122,18 @@ def nonfinite_lines(origin: NonfiniteOrigin) -> list[str]:
     return lines
 
 
+def expected_error(failure: Failure, repro_message: str) -> list[str]:
+    """The error the repro ends in, as its plain runs printed it; the original program's
+    beside it, labelled as the original's, where the shrink changed it."""
+    original = failure.error.message.strip()
+    shown = repro_message.strip() or original
+    lines = ["## Expected error", "", _fence(f"{failure.error.type}: {shown}")]
+    if shown.splitlines()[:1] != original.splitlines()[:1]:
+        lines += ["", "The original program's error (before shrinking):", ""]
+        lines.append(_fence(f"{failure.error.type}: {original}"))
+    return lines
+
+
 def render(inputs: ReportInputs) -> str:
     failure, env = inputs.failure, inputs.environment
     parts = [f"# {summary_line(failure)}", ""]
@@ -143,9 +156,7 @@ def render(inputs: ReportInputs) -> str:
         f"{inputs.verified_reproduced}/{inputs.verified_runs} plain runs failed as expected.",
         "",
         *(f"> {note}\n" for note in inputs.notes),
-        "## Expected error",
-        "",
-        _fence(f"{failure.error.type}: {failure.error.message.strip()}"),
+        *expected_error(failure, inputs.repro_message),
         "",
         f"Signature: {failure.signature.describe()}",
     ]
@@ -184,6 +195,7 @@ def render(inputs: ReportInputs) -> str:
         ("module", failure.module),
         ("phase", failure.phase),
         ("training step", failure.step if failure.test is None else None),
+        ("when", failure.after_loop.describe() if failure.after_loop else None),
     ]
     parts += [f"- {name}: `{value}`" for name, value in facts if value is not None]
     if failure.loop:

@@ -161,7 +161,7 @@ def emit(case: ReproCase, header: Header | None = None) -> Emitted:
     if environment:  # a blank line between the environment and the imports
         top = [*environment, top[0].with_changes(leading_lines=[cst.EmptyLine()]), *top[1:]]
     first = top[0].with_changes(leading_lines=[cst.EmptyLine()])
-    docstring = _docstring(header_text(case, header))
+    docstring = _docstring(header_text(case, header, names))
     module = module.with_changes(body=[docstring, first, *top[1:]])
     return Emitted(
         code=module.code, statements=len(body), sidecar_keys=tuple(dict.fromkeys(sidecar))

@@ -106,6 +106,7 @@ def main(config_path: str) -> None:
             "surfaced_at": _location_json(surfaced),
             "last_op": recorder.state.last_op,
             "loop": recorder.loops.from_traceback(exc.__traceback__),
+            "after_loop": recorder.loops.training.after_traceback(exc.__traceback__),
             "interrupted": isinstance(exc, KeyboardInterrupt),
             "failed_at": time.time(),  # under torchrun: which rank failed first
             # in the early outcome too: a process that crashes at teardown (CuPy's module

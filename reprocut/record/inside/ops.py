@@ -270,6 +270,7 @@ class OpRecorder(TorchDispatchMode):
             public=public,
             call_site=call_site,
             loop=where.loops.from_view(view.user),
+            after_loop=where.loops.training.after_view(view.user),
         )
         state.snapshots.append(snapshot)
         return snapshot
@@ -316,6 +317,7 @@ class OpRecorder(TorchDispatchMode):
                 synchronized=synchronized,
                 call_site=self._call_site(),
                 loop=where.loops.read(sys._getframe(1)),
+                after_loop=where.loops.training.after_frame(sys._getframe(1)),
             )
         )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,6 +290,7 @@ class Recorder:
         if self.flags is not None and self.state.in_optimizer == 0:
             self.flags.watch_optimizer(optimizer)
         if self.state.in_optimizer == 0:
+            self.loops.training.note_step(sys._getframe(1))  # where the training loop is
             self._end_step()
 
     def _on_module_enter(self, module: torch.nn.Module, args: Any) -> None:

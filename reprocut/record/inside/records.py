@@ -34,6 +34,7 @@ class Snapshot:
     public: HeldCall | None  # the enclosing public call's arguments, captured alike
     call_site: SourceLocation | None = None  # the line outside torch that called its API
     loop: dict[str, int] = field(default_factory=dict)  # the user's loop counters (loops.py)
+    after_loop: dict[str, Any] | None = None  # ran after the training loop (loops.py)
 
     def captured_keys(self) -> Iterator[str]:
         """The store keys of its host copies."""
@@ -55,6 +56,7 @@ class Snapshot:
             "public": None if self.public is None else self.public.to_json(),
             "call_site": None if self.call_site is None else self.call_site.to_json(),
             "loop": self.loop,
+            "after_loop": self.after_loop,
         }
 
 
@@ -75,6 +77,7 @@ class Culprit:
     synchronized: bool  # raised with a sync before and after: certainly this op
     call_site: SourceLocation | None = None  # the line outside torch that called its API
     loop: dict[str, int] = field(default_factory=dict)  # the user's loop counters (loops.py)
+    after_loop: dict[str, Any] | None = None  # ran after the training loop (loops.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -93,4 +96,5 @@ class Culprit:
             "synchronized": self.synchronized,
             "call_site": None if self.call_site is None else self.call_site.to_json(),
             "loop": self.loop,
+            "after_loop": self.after_loop,
         }

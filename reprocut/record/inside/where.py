@@ -92,6 +92,7 @@ class Where:
             synchronized=synchronized,
             call_site=self.frames.call_site(sys._getframe(2)),
             loop=self.loops.read(sys._getframe(2)),
+            after_loop=self.loops.training.after_frame(sys._getframe(2)),
         )
 
 

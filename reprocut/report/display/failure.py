@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,12 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
         head.append("test     ", style="bold")
         head.append(failure.test.nodeid, style="bold cyan")
         head.append(f"   line {shown_path(failure.test.file, failure.cwd)}:{failure.test.line}\n")
+    elif failure.after_loop is not None:  # the loop had ended: no step was running
+        head.append("when     ", style="bold")
+        head.append(failure.after_loop.describe())
+        if failure.loop:
+            head.append(f"   your loop: {loop_text(failure.loop)}", style="cyan")
+        head.append("\n")
     elif failure.step is not None:
         head.append("step     ", style="bold")
         head.append(f"{failure.step}" + (f" ({failure.phase})" if failure.phase else ""))
@@ -246,6 +253,13 @@ def show_failure(console: Console, failure: Failure, run_dir: Path) -> None:
     console.print(failure_panel(failure, run_dir))
 
 
+def panel_text(failure: Failure, run_dir: Path, width: int = 100) -> str:
+    """The panel as plain text, as a terminal `width` wide shows it (the facts audit reads it)."""
+    console = Console(file=io.StringIO(), width=width, no_color=True, highlight=False)
+    console.print(failure_panel(failure, run_dir))
+    return console.file.getvalue()  # type: ignore[attr-defined]
+
+
 def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
     def location(loc: SourceLocation | None) -> dict[str, Any] | None:
         if loc is None:
@@ -262,6 +276,7 @@ def failure_json(failure: Failure, run_dir: Path) -> dict[str, Any]:
         "kernel": failure.kernel,
         "public_call": failure.public_call,
         "step": failure.step,
+        "after_loop": None if failure.after_loop is None else failure.after_loop.to_json(),
         "phase": failure.phase,
         "module": failure.module,
         "source": location(failure.source),
