@@ -40,3 +40,34 @@ def test_a_custom_kernel_fault_is_reported_by_the_kernels_name_and_its_inputs_la
     assert "- kernel (not a PyTorch op): `cmvn_vec4`" in text
     assert "- `x`: storage offset 1170 (4680 bytes: not 16-byte aligned)" in text
     assert "- `kernels.py:39`: `_KERNEL((blocks,), (threads,), args)`" in text
+
+
+def test_a_custom_ops_fault_names_the_line_inside_its_implementation_then_its_caller():
+    from dataclasses import replace
+
+    failure = replace(
+        FAILURE,
+        status="culprit",
+        kernel=None,
+        op="seglib::segment_sum",
+        launch=SourceLocation("ops.py", 28, "_segment_kernel[grid](x, ids, out)"),
+        source=SourceLocation("train.py", 51, "pooled = segment_sum(x, ids)"),
+    )
+    text = render(
+        ReportInputs(
+            code="import torch\n",
+            failure=failure,
+            environment=Environment(torch="2.11.0", cuda="13.0", python="3.12", os="Linux"),
+            statements=5,
+            tensor_elements=None,
+            checks=80,
+            seconds=60.0,
+            verified_runs=3,
+            verified_reproduced=3,
+            cpu_reproduces=None,
+        )
+    )
+    inside = "- `ops.py:28`: `_segment_kernel[grid](x, ids, out)` (inside `seglib::segment_sum`)"
+    called = "- called from `train.py:51`: `pooled = segment_sum(x, ids)`"
+    assert inside in text and called in text
+    assert text.index(inside) < text.index(called)

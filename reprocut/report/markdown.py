@@ -180,8 +180,12 @@ def render(inputs: ReportInputs) -> str:
             f"- rank {failure.rank} of {failure.world_size} under torchrun (the first to fail; "
             "the repro above is single-process, with that rank's inputs)"
         )
+    if failure.launch is not None:  # a custom op: its implementation's line, then the call
+        inside = f" (inside `{failure.op}`)" if failure.op else ""
+        parts.append(f"- {_line(failure.launch, folder)}{inside}")
     if failure.source is not None:
-        parts.append(f"- {_line(failure.source, folder)}")
+        called = "called from " if failure.launch is not None else ""
+        parts.append(f"- {called}{_line(failure.source, folder)}")
     if failure.forward_source is not None:
         parts.append(f"- created in forward at {_line(failure.forward_source, folder)}")
     if failure.call_site is not None and (failure.call_site.file, failure.call_site.line) != (
