@@ -100,6 +100,15 @@ def test_cpu_messages_drop_numbers_but_keep_type():
     assert not a.matches(c)
 
 
+def test_a_negative_index_is_another_bug_than_one_past_the_end():
+    """pointcloud_custom_backward's -1 (a missing neighbour) once shrank to an index of 1 into a
+    one-row table: the same words, another bug."""
+    message = "index {} is out of bounds for dimension 0 with size {}"
+    missing = classify("IndexError", message.format(-1, 200))
+    assert missing == classify("IndexError", message.format(-3, 1))
+    assert not missing.matches(classify("IndexError", message.format(1, 1)))
+
+
 def test_op_mismatch_is_another_bug():
     a = Signature("IndexError", None, "aten::embedding", "index out of range in self")
     b = Signature("IndexError", None, "aten::index_select", "index out of range in self")

@@ -174,7 +174,9 @@ def normalize_message(message: str) -> str:
     first = normalize_inductor(first)  # a generated kernel's cache file and temporaries
     first = _ADDRESS.sub("<address>", first)  # differs every run
     first = _SIZES.sub(lambda m: "x".join("<n>" for _ in m.group(0).split("x")), first)
-    return _NUMBER.sub("<n>", first).strip()
+    # a negative number keeps its sign: an index of -1 (a missing neighbour marked -1) is
+    # another bug than an index past the end, though both read "index N is out of bounds"
+    return _NUMBER.sub(lambda m: "-<n>" if m.group(0)[0] == "-" else "<n>", first).strip()
 
 
 def cuda_error_code(message: str) -> tuple[int | None, str | None]:
