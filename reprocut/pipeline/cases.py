@@ -59,17 +59,17 @@ def _expected(case: ReproCase, failure: Failure) -> Signature:
 
 def with_definitions(failure: Failure) -> Failure:
     """Cases calling a custom op (torch.ops.<ns> outside aten) carry the code registering it,
-    from the script or the sibling module that does (reprocut.source.custom_ops)."""
+    from the script or the user's module that does, however many imports away
+    (reprocut.source.custom_ops; the failure's device resolves `torch.cuda.is_available()`
+    guards)."""
     if not failure.script or not Path(failure.script).is_file():
         return failure
-    from reprocut.source.custom_ops import definitions_for
-    from reprocut.source.validity import reducible_files
+    from reprocut.source.custom_ops import definitions_for, user_files
 
-    script = Path(failure.script).resolve()
-    files = [script, *sorted(reducible_files(script, (script.parent,)) - {script})]
+    files = user_files(Path(failure.script).resolve())
     cases = tuple(
-        replace(case, definitions=definitions_for(case.target, files)) if not case.definitions
-        else case
+        replace(case, definitions=definitions_for(case.target, files, device=failure.device))
+        if not case.definitions else case
         for case in failure.cases
     )  # fmt: skip
     return replace(failure, cases=cases)
