@@ -5,8 +5,8 @@ is used instead.
 
 The kernel walks rows of the last dimension with one row stride, `x.stride(-2)`: right for a
 contiguous tensor, where every row starts `n_cols` after the previous one. Handed a transposed
-(B, H, T, D) view of a (B, T, H, D) tensor, that stride is H * D, and the rows past the first
-T * B read H times too far: far past the end of the tensor.
+(B, H, T, D) view of a (B, T, H, D) tensor, that stride is H * D: row r is read at r * H * D
+instead of its place, and the rows run on to H times the tensor's size, far past its end.
 """
 
 from __future__ import annotations

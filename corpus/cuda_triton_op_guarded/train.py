@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from kernels import rms_scale
 
-VOCAB, DIM, HEADS, LAYERS = 4096, 1024, 32, 2
+VOCAB, DIM, HEADS, LAYERS = 4096, 1024, 64, 2
 HEAD_DIM = DIM // HEADS
 CHUNKED_FROM = 256  # sequences longer than this take the chunked attention path
 
