@@ -18,7 +18,9 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -329,16 +331,24 @@ def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
-def record_and_shrink(
-    folder: str, tmp_path: Path, *, keep_project: bool = False
-) -> tuple[dict, Path, str, str]:
-    """Record the layout's script and shrink it at the defaults: shrink's JSON, the repro
-    copied alone into an empty folder (the project deleted unless `keep_project`: a reduced
-    script imports the user's modules from it), shrink's stderr and report.md."""
+@dataclass(frozen=True)
+class Shrunk:
+    recorded: dict[str, Any]  # record's JSON
+    result: dict[str, Any]  # shrink's JSON
+    repro: Path  # alone in an empty folder
+    stderr: str  # shrink's
+    report: str  # report.md
+
+
+def record_and_shrink(folder: str, tmp_path: Path, *, keep_project: bool = False) -> Shrunk:
+    """Record the layout's script and shrink it at the defaults, and copy the repro alone into
+    an empty folder (the project deleted unless `keep_project`: a reduced script imports the
+    user's modules from it)."""
     work = tmp_path / "project"
     shutil.copytree(LAYOUTS / folder, work, ignore=shutil.ignore_patterns("__pycache__"))
     record = _run(["record", "--json", "train.py"], work, 900)
-    assert json.loads(record.stdout)["status"] == "localized", record.stderr[-3000:]
+    recorded = json.loads(record.stdout)
+    assert recorded["status"] == "localized", record.stderr[-3000:]
     shrink = _run(["shrink", "--json"], work, 900)
     assert shrink.returncode == ExitCode.OK, shrink.stderr[-3000:]
     result = json.loads(shrink.stdout)
@@ -348,7 +358,7 @@ def record_and_shrink(
     report = Path(result["report"]).read_text()
     if not keep_project:
         shutil.rmtree(work)
-    return result, empty / "repro.py", shrink.stderr, report
+    return Shrunk(recorded, result, empty / "repro.py", shrink.stderr, report)
 
 
 def definition_lines(repro: str) -> int:
@@ -392,9 +402,14 @@ def test_each_layout_shrinks_at_the_op_level_and_runs_from_an_empty_folder(
 ) -> None:
     error_type, kind, statements = E2E[folder]
     lines = SLICES[folder][3]  # `import torch` once: the repro's definitions are the slice
-    result, repro, _, _ = record_and_shrink(folder, tmp_path)
+    shrunk = record_and_shrink(folder, tmp_path)
+    result, repro = shrunk.result, shrunk.repro
     assert result["status"] == "verified" and result["path"] == "shrink", result
     assert result["declined"] == []
+    if folder == "compiled_model":  # it fails compiled and eagerly: the repro calls it eagerly
+        compiled = shrunk.recorded["torch_compile"]
+        assert compiled["compiled"] == ["Block"] and compiled["fails_eagerly"] is True
+        assert compiled["compiled_run"]["error_type"] == "IndexError"
     code = repro.read_text()
     assert (result["statements"], definition_lines(code)) == (statements, lines), code
     found = run_repro(repro)
@@ -407,16 +422,15 @@ def test_a_captured_call_that_does_not_reproduce_says_why_before_the_script_is_r
 ) -> None:
     """The op reads module state the script sets from its arguments: called alone it raises a
     TypeError, not the user's ZeroDivisionError; the script, reduced, does."""
-    result, repro, stderr, report = record_and_shrink(
-        "state_dependent", tmp_path, keep_project=True
-    )
+    shrunk = record_and_shrink("state_dependent", tmp_path, keep_project=True)
+    result = shrunk.result
     reason = (
         "the captured call of `norm::scaled` did not reproduce: it raised TypeError in "
         "norm::scaled: unsupported operand type(s) for *: 'Tensor' and 'NoneType'"
     )
     assert result["declined"] == [{"way": "captured call", "reason": reason}]
     assert result["status"] == "verified" and result["path"] == "source", result
-    assert f"note: {reason}" in stderr
-    assert f"> {reason} (the script was reduced instead)" in report
-    found = run_repro(repro)
+    assert f"note: {reason}" in shrunk.stderr
+    assert f"> {reason} (the script was reduced instead)" in shrunk.report
+    found = run_repro(shrunk.repro)
     assert found is not None and found.error_type == "ZeroDivisionError"
