@@ -124,7 +124,6 @@ class ScriptReduction:
     def attempt(self, shrinking: Shrinking, before: Sequence[Declined]) -> Outcome | Unmade:
         failure, console = shrinking.failure, shrinking.console
         if before:  # a captured call came first: its candidates get a script's plain runs now
-            print_line(console, f"[yellow]note[/]: {before[-1].reason}")
             print_phase(console, "reducing the script instead")
             if shrinking.agreement is not None:
                 shrinking.agreement.start_scripts()
@@ -163,6 +162,7 @@ def make_repro(
         if isinstance(result, Outcome):
             return result, tuple(declined)
         declined.append(result.declined)
+        print_line(shrinking.console, f"[yellow]note[/]: {result.declined.reason}")
         unmade = result
     if unmade is None:
         raise ValueError("no way to make a repro applies to this failure")

@@ -277,10 +277,9 @@ def _inline_siblings(
     out: list[cst.BaseStatement] = []
     for i in sorted(kept):
         statement = body[i]
-        out_after = (after or {}).get(i, [])
         source = _sibling_source(statement, resolve) if depth < MAX_SIBLING_DEPTH else None
         if source is None:
-            out.extend([statement, *out_after])
+            out.extend([statement, *(after or {}).get(i, [])])
             continue
         path, aliases = source
         inlined = slice_names(
@@ -289,10 +288,14 @@ def _inline_siblings(
             resolve, depth + 1,
         )  # fmt: skip
         out.extend(s for s in inlined if code_of(s) not in {code_of(o) for o in out})
-        out.extend(
-            cst.parse_statement(f"{alias} = {name}\n") for name, alias in aliases if alias != name
-        )
+        out.extend(_bind(alias, name) for name, alias in aliases if alias != name)
     return out
+
+
+def _bind(alias: str, name: str) -> cst.SimpleStatementLine:
+    """`alias = name`: what `from sibling import name as alias` bound."""
+    target = cst.AssignTarget(cst.Name(alias))
+    return cst.SimpleStatementLine([cst.Assign(targets=[target], value=cst.Name(name))])
 
 
 def _sibling_source(
