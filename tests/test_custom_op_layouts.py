@@ -298,6 +298,30 @@ def test_a_sibling_module_is_inlined_for_the_names_imported_from_it(tmp_path: Pa
     assert float(namespace["f"](__import__("torch").ones(1))) == pytest.approx(3.14159, 1e-4)  # type: ignore[operator]
 
 
+def test_an_op_in_a_package_two_imports_away_takes_its_kernel_from_another_module(
+    tmp_path: Path,
+) -> None:
+    """train.py -> models/__init__.py -> models/ops.py, whose kernel is in models/kernels.py,
+    imported by its package path as `python train.py` finds it."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "__init__.py").write_text("from models.ops import double\n")
+    (models / "kernels.py").write_text("def twice(x):\n    return x * 2\n")
+    (models / "ops.py").write_text(
+        "import torch\nfrom models.kernels import twice\n"
+        '@torch.library.custom_op("pkg::double", mutates_args=())\n'
+        "def double(x: torch.Tensor) -> torch.Tensor:\n    return twice(x)\n"
+    )
+    (tmp_path / "train.py").write_text("import models\n")
+    files = user_files(tmp_path / "train.py")
+    assert [p.relative_to(tmp_path).as_posix() for p in files] == [
+        "train.py", "models/__init__.py", "models/ops.py", "models/kernels.py"
+    ]  # fmt: skip
+    code = definitions_for("torch.ops.pkg.double.default", files)
+    assert code.startswith("import torch\n\n\ndef twice(x):\n    return x * 2\n"), code
+    assert "from models" not in code
+
+
 # --- what the captured call did instead -----------------------------------------------------
 
 

@@ -82,15 +82,16 @@ def definitions_for(
     registers it). `device`: the failure's, which decides `torch.cuda.is_available()` guards;
     `importable`: which modules import (by default: those this interpreter finds)."""
     qualified = custom_op_name(target)
-    if qualified is None:
+    files = list(files)
+    path = None if qualified is None else registering_file(qualified, files)
+    if qualified is None or path is None:
         return ""
-    path = registering_file(qualified, files)
-    if path is None:
-        return ""
+    # the user's modules import each other as `python <script>` finds them: from the
+    # script's folder (a package's module: from its own folder too)
+    search_dirs = tuple(dict.fromkeys([files[0].parent, path.parent]))
     return slice_definitions(
-        path.read_text(), qualified, search_dirs=(path.parent,), device=device,
-        importable=importable,
-    )  # fmt: skip
+        path.read_text(), qualified, search_dirs=search_dirs, device=device, importable=importable
+    )
 
 
 def registering_names(qualified: str, files: Iterable[Path]) -> tuple[str, ...]:
