@@ -55,6 +55,8 @@ CASES = (  # the memory faults and the custom ops (the cuBLAS status cases: --ca
     "cuda_cupy_hashed_ids",
     "cuda_cupy_host_pointers",
     "cuda_extension_pad_rows",
+    "cuda_triton_op_guarded",
+    "cuda_extension_exit_guard",
     "gnn_sparse_adjacency",
 )
 DEFAULT_LIMIT = 120.0  # the harness's reckoning of shrink's longest default reduction limit

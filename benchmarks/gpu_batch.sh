@@ -18,7 +18,7 @@
 #            torch-only server vs preloaded imports + candidates side by side); not in the
 #            default list: STAGES=speed, about 7 minutes (SPEED_CONFIGS=parallel: about 4)
 #   faults   issues #11, #23 (~6 min, at most FAULTS_LIMIT): the memcheck and agreement cuda tests
-#            beside benchmarks/bench_faults.py: record + shrink at its default settings of the 9
+#            beside benchmarks/bench_faults.py: record + shrink at its default settings of the 11
 #            memory-fault and custom-op corpus cases (all recorded first, FAULTS_RECORD_JOBS=3 at
 #            once, then shrunk FAULTS_JOBS=3 at once; FAULTS_JOBS=1: each shrink alone): verified, same bug
 #            (memcheck fingerprints), time; FAULTS_GENERIC=1 adds the generic reducer after each
@@ -229,7 +229,7 @@ stage_faults() {
         --timeout 110 tests/test_sanitizer.py tests/test_agreement.py >"$LOGS/faults-cuda-tests.log" 2>&1 &
     local tests=$!
     # shrink at its default settings (FAULTS_MAX_TIME: a limit instead), no generic reducer
-    # unless FAULTS_GENERIC=1: 9 memory-fault and custom-op cases, FAULTS_JOBS at once
+    # unless FAULTS_GENERIC=1: 11 memory-fault and custom-op cases, FAULTS_JOBS at once
     timeout -k 10 "${FAULTS_LIMIT:-400}" python3 benchmarks/bench_faults.py --device cuda \
         --jobs "${FAULTS_JOBS:-3}" --record-jobs "${FAULTS_RECORD_JOBS:-3}" ${FAULTS_MAX_TIME:+--max-time $FAULTS_MAX_TIME} --check-timeout 30 \
         --record-timeout 150 --tail 150 --out "$OUT" ${FAULTS_CASES:+--cases $FAULTS_CASES} \

@@ -30,7 +30,7 @@ def test_every_case_runs_on_cuda_with_the_signature_its_repros_are_checked_again
         assert source is not None and source.argv[-2:] == ("--device", "cuda"), name
         assert source.expected.kind == case.truth("cuda").kind
         assert case.fingerprint, name  # every one is a memory fault: the same bug is checked
-    assert len(CASES) == 9
+    assert len(CASES) == 11
     command = shrink_command("run", Path("out"), None)
     assert "--max-time" not in command and "--timeout" not in command  # shrink's defaults
 

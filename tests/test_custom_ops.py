@@ -162,3 +162,44 @@ def test_an_oracle_check_of_a_custom_op_call_can_read_the_ops_source() -> None:
     with Oracle(timeout=60) as oracle:
         verdict = oracle.check_case(case)
     assert isinstance(verdict, Reproduced), verdict
+
+
+def test_the_ways_are_tried_in_order_and_each_decline_is_said() -> None:
+    """make_repro: the first way that makes an Outcome wins; the ways before it that declined
+    are returned in order and said on the console; ways that do not apply are skipped."""
+    import io
+
+    from rich.console import Console
+
+    from reprocut.pipeline.cases import Outcome
+    from reprocut.pipeline.declined import Declined
+    from reprocut.pipeline.ways import Shrinking, Unmade, make_repro
+
+    def outcome(code: str, reproduced: bool) -> Outcome:
+        return Outcome(code, 1, None, 0, False, reproduced_from_capture=reproduced)
+
+    class Way:
+        def __init__(self, name: str, applies: bool, made: Outcome | None) -> None:
+            self.name, self._applies, self.made, self.before = name, applies, made, None
+
+        def applies(self, shrinking: Shrinking) -> bool:
+            return self._applies
+
+        def attempt(self, shrinking: Shrinking, before: tuple[Declined, ...]) -> Outcome | Unmade:
+            self.before = before
+            if self.made is not None:
+                return self.made
+            return Unmade(Declined(self.name, f"{self.name} did not"), outcome(self.name, False))
+
+    stream = io.StringIO()
+    shrinking = Shrinking(  # only the console is read by make_repro itself
+        None, None, {}, None, None, None, None, print, Console(file=stream, width=200),  # type: ignore[arg-type]
+        out=Path("."), source=False,
+    )  # fmt: skip
+    first, skipped, last = Way("first", True, None), Way("skipped", False, None), Way("last", True, outcome("made", True))  # fmt: skip
+    made, declined = make_repro(shrinking, [first, skipped, last])
+    assert made.code == "made" and declined == (Declined("first", "first did not"),)
+    assert last.before == declined and skipped.before is None
+    assert "note: first did not" in stream.getvalue()
+    unmade, declined = make_repro(shrinking, [Way("a", True, None), Way("b", True, None)])
+    assert unmade.code == "b" and [d.way for d in declined] == ["a", "b"]

@@ -20,6 +20,7 @@ from reprocut.model.case import ReproCase, Signature
 from reprocut.model.errors import ExitCode, ReprocutError
 from reprocut.model.recording import Failure, atomic_write
 from reprocut.pipeline.cpu_check import CpuBeside, all_on_cpu, cpu_behaviour
+from reprocut.pipeline.declined import captured_call_declined
 from reprocut.pipeline.first_check import FirstCheck
 from reprocut.pipeline.phases import CPU_CHECK, FIRST_CHECK, SHRINK, Phases
 from reprocut.shrink.emitter import SIDECAR_NAME, Emitted, emit, inline_captured
@@ -51,6 +52,7 @@ class Outcome:
     from_script: bool = False  # the user's script reduced (not a captured call shrunk)
     stopped: str = ""  # what ended the shrink: "fixed point", or the limit that stopped it
     cpu_checked_beside: bool = False  # the CPU answer came from a check beside the shrink
+    declined: str = ""  # not reproduced from the capture: what the captured call did instead
 
 
 def _expected(case: ReproCase, failure: Failure) -> Signature:
@@ -59,17 +61,17 @@ def _expected(case: ReproCase, failure: Failure) -> Signature:
 
 def with_definitions(failure: Failure) -> Failure:
     """Cases calling a custom op (torch.ops.<ns> outside aten) carry the code registering it,
-    from the script or the sibling module that does (reprocut.source.custom_ops)."""
+    from the script or the user's module that does, however many imports away
+    (reprocut.source.custom_ops; the failure's device resolves `torch.cuda.is_available()`
+    guards)."""
     if not failure.script or not Path(failure.script).is_file():
         return failure
-    from reprocut.source.custom_ops import definitions_for
-    from reprocut.source.validity import reducible_files
+    from reprocut.source.custom_ops import definitions_for, user_files
 
-    script = Path(failure.script).resolve()
-    files = [script, *sorted(reducible_files(script, (script.parent,)) - {script})]
+    files = user_files(Path(failure.script).resolve())
     cases = tuple(
-        replace(case, definitions=definitions_for(case.target, files)) if not case.definitions
-        else case
+        replace(case, definitions=definitions_for(case.target, files, device=failure.device))
+        if not case.definitions else case
         for case in failure.cases
     )  # fmt: skip
     return replace(failure, cases=cases)
@@ -122,9 +124,10 @@ def shrink_case(
     case's check, started while the inputs were read."""
     header = failure_header(failure, environment)
     with phases.phase(FIRST_CHECK):  # waits for the fork server, if it is still starting
-        case, _ = pick_case(failure, inputs, oracle, first)
+        case, verdicts = pick_case(failure, inputs, oracle, first)
     if case is None:
-        return _unreproduced(failure, inputs, oracle, out, header)
+        declined = captured_call_declined(failure.cases, verdicts)
+        return _unreproduced(failure, inputs, oracle, out, header, declined)
     expected = _expected(case, failure)
     header = replace(header, original=original_args(case, failure.tensors))  # its sizes, facts
 
@@ -157,7 +160,7 @@ def shrink_case(
     try:
         with phases.phase(SHRINK):
             best = shrinker.run()
-            refused = agreement is not None and agreement.settle() is not None
+            refused = None if agreement is None else agreement.settle()
     except BaseException as exc:
         if beside is not None:
             beside.close()
@@ -166,10 +169,11 @@ def shrink_case(
                 f"interrupted: the best case so far is in {out / 'repro.py'} (not verified)"
             ) from None
         raise
-    if refused:  # the recorded call failed in a fork alone: nothing shrunk from it counts
+    if refused is not None:  # the recorded call failed in a fork alone: nothing shrunk counts
         if beside is not None:
             beside.close()
-        return _unreproduced(failure, inputs, oracle, out, header)
+        declined = captured_call_declined([case], [refused])
+        return _unreproduced(failure, inputs, oracle, out, header, declined)
     save(best)
     # Before the verification, not beside it: its answer is part of repro.py's header, and the
     # file the plain runs verify is the final one.
@@ -194,9 +198,15 @@ def shrink_case(
 
 
 def _unreproduced(
-    failure: Failure, inputs: dict[str, Any], oracle: Oracle, out: Path, header: Header
+    failure: Failure,
+    inputs: dict[str, Any],
+    oracle: Oracle,
+    out: Path,
+    header: Header,
+    declined: str,
 ) -> Outcome:
-    """No recorded call reproduces: the first, as it was recorded, for the record."""
+    """No recorded call reproduces: the first, as it was recorded, for the record, and what
+    the calls did instead (`declined`)."""
     emitted = write_case(failure.cases[0], inputs, out, header)
     return Outcome(
         code=emitted.code,
@@ -205,6 +215,7 @@ def _unreproduced(
         checks=oracle.checks,
         sidecar=bool(emitted.sidecar_keys),
         reproduced_from_capture=False,
+        declined=declined,
     )
 
 

@@ -21,26 +21,20 @@ from typing import Any
 
 from rich.console import Console
 
-from reprocut.check.agreement import PlainAgreement
 from reprocut.check.oracle import Oracle
 from reprocut.check.plainrun import Standbys
 from reprocut.check.verify import Verification, verify
 from reprocut.model.compiled import COMPILE_ONLY
 from reprocut.model.errors import ExitCode, ReprocutError
 from reprocut.model.recording import Failure, RunDir, atomic_write
-from reprocut.pipeline.cases import Outcome, shrink_case, with_definitions
+from reprocut.pipeline.cases import Outcome, with_definitions
 from reprocut.pipeline.compiled import shrink_compile_only
+from reprocut.pipeline.declined import Declined
 from reprocut.pipeline.finish import report_inputs, result_json, with_repro_message
 from reprocut.pipeline.first_check import FirstCheck
 from reprocut.pipeline.inputs import load_inputs
-from reprocut.pipeline.phases import FORK_SERVER, READ, REPORT, SOURCE, VERIFY, Phases
-from reprocut.pipeline.recover import (
-    agree,
-    memcheck_evidence,
-    start_memcheck,
-    unshrunk_script,
-    walk_back_outcome,
-)
+from reprocut.pipeline.phases import FORK_SERVER, READ, REPORT, VERIFY, Phases
+from reprocut.pipeline.recover import agree, memcheck_evidence, start_memcheck, walk_back_outcome
 from reprocut.pipeline.request_repro import (
     PATH_EMPTY_INPUTS,
     PATH_SHRINK,
@@ -54,13 +48,13 @@ from reprocut.pipeline.same_bug import (
     start_original_memcheck,
     stopped_note,
 )
-from reprocut.pipeline.scripts import shrink_source
 from reprocut.pipeline.settings import PLAIN_SHARE, STANDBY_DEPTH, ShrinkSettings
+from reprocut.pipeline.ways import Shrinking, make_repro
 from reprocut.report.display.console import print_line
 from reprocut.report.display.shrink import print_phase, shrink_display
 from reprocut.report.markdown import collect_environment, render
 from reprocut.shrink.header import Environment, Header
-from reprocut.shrink.walkback import AcceptedLog, renderer
+from reprocut.shrink.walkback import renderer
 
 
 class NothingToShrinkError(ReprocutError):
@@ -100,7 +94,8 @@ def shrink_recording(
         phases = Phases(shown)
         with phases.phase(READ):
             _refuse(failure, settings)
-        fallback, environment = "", None
+        declined_before: tuple[Declined, ...] = ()
+        environment = None
         if applies(failure) and not settings.source:
             fast = _request_repro(run_dir, failure, settings, phases, console)
             if fast is not None and fast.verified:
@@ -112,28 +107,33 @@ def shrink_recording(
                     environment=fast.environment, notes=(fast.note(),), path=PATH_EMPTY_INPUTS,
                 )  # fmt: skip
             if fast is not None:
-                fallback, environment = fast.fallback_note(), fast.environment
-                print_line(console, f"[yellow]note[/]: {fallback}")
+                environment = fast.environment
+                declined_before = (Declined("torch.empty inputs", fast.fallback_note()),)
+                print_line(console, f"[yellow]note[/]: {fast.fallback_note()}")
+        source = _is_source(failure, settings)
         with phases.phase(READ):
             oracle = _fit_oracle(oracle, failure, settings)
             _start_server(oracle, phases, started)  # while the inputs are read
             warm = _warm_verification(failure, settings, cleanup)
-            agreement, log = agree(oracle, failure, _out(run_dir, settings),
-                                   source=_is_source(failure, settings),
+            agreement, log = agree(oracle, failure, _out(run_dir, settings), source=source,
                                    timeout=settings.timeout * 2,
-                                   max_seconds=settings.time_limit(failure, script=_is_source(failure, settings)) * PLAIN_SHARE)  # fmt: skip
+                                   max_seconds=settings.time_limit(failure, script=source) * PLAIN_SHARE)  # fmt: skip
             on_event = log.watch(shown)
             # the cases with the code registering any custom op they call: read once, here
-            defined = None if _is_source(failure, settings) else with_definitions(failure)
+            defined = None if source else with_definitions(failure)
             first = _first_check(oracle, defined, run_dir)
             try:
                 inputs, environment = _read(run_dir, failure, settings, environment)
             except BaseException:
                 oracle.close(wait=False)
                 raise
+        shrinking = Shrinking(
+            run_dir, failure, inputs, environment, oracle, settings, phases, on_event, console,
+            out=_out(run_dir, settings), source=source, log=log,
+            agreement=agreement, first=first, defined=defined,
+        )  # fmt: skip
         try:
-            outcome = _shrink(run_dir, failure, inputs, environment, oracle, settings, phases,
-                              on_event, console, log, agreement, first, defined)  # fmt: skip
+            outcome, declined = make_repro(shrinking)
         finally:
             oracle.close(wait=False)  # its processes end while the plain runs start
             agreement.close()
@@ -172,7 +172,9 @@ def shrink_recording(
                 failure, outcome, verification, evidence, original, log, render_case, inputs,
                 runs=settings.runs, timeout=settings.timeout * 3, out=out, console=console,
             )  # fmt: skip
+        declined = (*declined_before, *declined)
         extra: dict[str, Any] = {"agreement": agreement.to_json()}
+        extra["declined"] = [way.to_json() for way in declined]
         if walked is not None:
             extra["walk_back"] = walked.to_json()
         if evidence is not None:
@@ -183,7 +185,10 @@ def shrink_recording(
         if oracle.server_seconds:  # what the fork_server phase was made of
             extra["fork_server"] = oracle.server_seconds
         extra["limits"] = {"max_time": limit, "max_checks": settings.max_checks}
-        notes = tuple(note for note in (fallback, walked and walked.describe()) if note)
+        notes = tuple(way.reason for way in declined)
+        if outcome.from_script and notes:  # the last way that declined handed over to it
+            notes = (*notes[:-1], f"{notes[-1]} (the script was reduced instead)")
+        notes += (walked.describe(),) if walked is not None else ()
         notes += stopped_note(outcome, limit, settings.max_checks)
         return _finish(
             run_dir, failure, settings, phases, started,
@@ -345,66 +350,6 @@ def _fit_oracle(oracle: Oracle | None, failure: Failure, settings: ShrinkSetting
     # which each waiting context takes some of
     oracle.standby_depth = 1 if failure.memory is not None else STANDBY_DEPTH
     return oracle
-
-
-def _shrink(
-    run_dir: RunDir,
-    failure: Failure,
-    inputs: dict[str, Any],
-    environment: Environment,
-    oracle: Oracle,
-    settings: ShrinkSettings,
-    phases: Phases,
-    on_event: Any,
-    console: Console,
-    log: AcceptedLog | None = None,
-    agreement: PlainAgreement | None = None,
-    first: FirstCheck | None = None,
-    defined: Failure | None = None,
-) -> Outcome:
-    """The captured call, shrunk; or the script, reduced (`log`: the accepted candidates,
-    started afresh from the script when the captured call does not reproduce; `agreement`: the
-    oracle's plain confirmations, told when the script's candidates start; `first`: the first
-    case's check, started while the inputs were read; `defined`: `failure` with its cases'
-    custom-op definitions, when read already)."""
-    script = {
-        "max_checks": settings.max_checks,
-        "max_time": settings.time_limit(failure, script=True),
-    }
-    limits = {
-        "max_checks": settings.max_checks,
-        "max_time": settings.time_limit(failure, script=False),
-    }
-    if _is_source(failure, settings):
-        if not failure.cases and not settings.source and failure.status != "outside-dispatcher":
-            print_phase(console, "no captured call to shrink: reducing the script instead")
-        with phases.phase(SOURCE):
-            kept = run_dir.launch_probe_path
-            return shrink_source(failure, oracle, on_event=on_event, kept=kept, **script)
-    outcome = shrink_case(
-        defined or with_definitions(failure),
-        inputs,
-        oracle,
-        out=_out(run_dir, settings),
-        environment=environment,
-        on_event=on_event,
-        phases=phases,
-        agreement=agreement,
-        first=first,
-        **limits,
-    )
-    if outcome.reproduced_from_capture or not failure.script or not Path(failure.script).is_file():
-        return outcome
-    # the captured call alone does not fail so (a custom op whose code could not be carried,
-    # state the call depends on): the script itself, reduced, may still
-    print_phase(console, "the captured call did not reproduce: reducing the script instead")
-    if agreement is not None:  # the script's candidates get a script's plain runs
-        agreement.start_scripts()
-    if log is not None and not log.entries:
-        log.start_source(unshrunk_script(failure))
-    with phases.phase(SOURCE):
-        return shrink_source(failure, oracle, on_event=on_event, kept=run_dir.launch_probe_path,
-                             **script)  # fmt: skip
 
 
 def _warm_verification(
