@@ -159,6 +159,29 @@ def test_the_budget_stops_the_loop():
     assert reducer.checks == 3
 
 
+def test_the_default_ends_when_a_round_removes_nothing_not_at_a_clock():
+    """No time limit given: the loop ends after a whole round of passes whose candidates were
+    all refused, well inside the safety cap; run again from there, it accepts nothing."""
+    events: list[object] = []
+    reducer = reducer_for(SCRIPT, on_event=events.append)
+    started = time.monotonic()
+    assert reducer.run() == "fixed point"
+    assert time.monotonic() - started < 60  # the cap (600 s) is a net, never reached here
+    last = max(i for i, e in enumerate(events) if isinstance(e, SourceAccepted))
+    refused = [e for e in events[last + 1 :] if isinstance(e, SourceChecked)]
+    assert refused and not any(e.accepted for e in refused)  # the final round: all refused
+    again = reducer_for(reducer.best)
+    assert again.run() == "fixed point" and again.accepted == {}
+
+
+def test_the_safety_cap_and_the_users_limit_each_say_that_they_stopped_it(monkeypatch):
+    from reprocut.model import limits
+
+    assert reducer_for(SCRIPT, max_time=0).run() == "max time"  # --max-time
+    monkeypatch.setattr(limits, "SAFETY_CAP", 0.0)
+    assert reducer_for(SCRIPT).run() == "safety cap"  # none given: the net
+
+
 def test_sort_key_prefers_one_file_then_flat_code(tmp_path: Path):
     (tmp_path / "helpers.py").write_text("X = 1\n")
     dirs = (tmp_path,)

@@ -111,7 +111,7 @@ def shrink_case(
     oracle: Oracle,
     *,
     max_checks: int,
-    max_time: float,
+    max_time: float | None,
     out: Path,
     environment: Environment,
     on_event: Callable[[Any], None],
@@ -121,7 +121,8 @@ def shrink_case(
 ) -> Outcome:
     """`agreement`: the oracle's plain confirmations, whose first may still be running beside
     the shrink (its answer is waited for before the shrunk case counts). `first`: the first
-    case's check, started while the inputs were read."""
+    case's check, started while the inputs were read. `max_time`: the user's limit (None: to
+    the fixed point, under the safety cap)."""
     header = failure_header(failure, environment)
     with phases.phase(FIRST_CHECK):  # waits for the fork server, if it is still starting
         case, verdicts = pick_case(failure, inputs, oracle, first)
@@ -192,7 +193,7 @@ def shrink_case(
         sidecar=bool(emitted.sidecar_keys),
         cpu_reproduces=cpu_reproduces,
         cpu_message=cpu_message,
-        stopped=_stopped(shrinker, max_checks),
+        stopped=shrinker.stopped,
         cpu_checked_beside=answered is not None,
     )
 
@@ -217,12 +218,6 @@ def _unreproduced(
         reproduced_from_capture=False,
         declined=declined,
     )
-
-
-def _stopped(shrinker: Shrinker, max_checks: int) -> str:
-    if not shrinker.exhausted:
-        return "fixed point"
-    return "max checks" if shrinker.checks >= max_checks else "max time"
 
 
 def failure_header(

@@ -25,7 +25,7 @@ def shrink_source(
     oracle: Oracle,
     *,
     max_checks: int,
-    max_time: float,
+    max_time: float | None,
     on_event: Callable[[Any], None],
     kept: Path | None = None,
 ) -> Outcome:

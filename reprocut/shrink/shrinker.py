@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reprocut.model.case import Captured, Generated, Literal, ReproCase, TensorSpec
+from reprocut.model.limits import CHECK_CAP, FIXED_POINT, MAX_CHECKS, TimeLimit
 
 GENERATOR_RANK = {
     "zeros": 0,
@@ -70,9 +71,15 @@ Pass = Callable[["Shrinker"], None]
 class BudgetExhausted(Exception):
     """Raised inside a pass when max_checks or max_time is used up; the loop stops cleanly."""
 
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
 
 class Shrinker:
-    """Greedy fixed-point shrinking of one ReproCase under a predicate."""
+    """Greedy fixed-point shrinking of one ReproCase under a predicate: it ends when a full
+    round of passes changes nothing (`stopped` "fixed point"), or at a limit: `max_checks`,
+    `max_time` (the user's --max-time; None: the safety cap, a net under the fixed point)."""
 
     def __init__(
         self,
@@ -81,8 +88,8 @@ class Shrinker:
         *,
         passes: Sequence[Pass],
         inputs: Mapping[str, Any] | None = None,
-        max_checks: int = 500,
-        max_time: float = 300.0,
+        max_checks: int = CHECK_CAP,
+        max_time: float | None = None,
         on_event: Callable[[ShrinkEvent], None] | None = None,
         on_accept: Callable[[ReproCase], None] | None = None,
         cpu_visible: bool = False,
@@ -92,12 +99,13 @@ class Shrinker:
         self.passes = list(passes)
         self.inputs = dict(inputs or {})
         self.max_checks = max_checks
-        self.max_time = max_time
+        self.limit = TimeLimit.from_option(max_time)
         self.on_event = on_event or (lambda event: None)
         self.on_accept = on_accept or (lambda case: None)
         self.cpu_visible = cpu_visible
         self.checks = 0
         self.exhausted = False
+        self.stopped = ""  # what ended run(): "fixed point" or the limit reached
         self.current_pass = ""
         self.stats: dict[str, list[int]] = {}  # pass name -> [checks, accepted]
         self._seen: set[ReproCase] = set()
@@ -107,9 +115,10 @@ class Shrinker:
         """Accept `candidate` as the new best if it is strictly simpler and still fails the same way."""
         if sort_key(candidate) >= sort_key(self.best) or candidate in self._seen:
             return False
-        if self.checks >= self.max_checks or time.monotonic() - self._started > self.max_time:
-            self.exhausted = True
-            raise BudgetExhausted
+        if self.checks >= self.max_checks:
+            raise BudgetExhausted(MAX_CHECKS)
+        if time.monotonic() - self._started > self.limit.seconds:
+            raise BudgetExhausted(self.limit.reason)
         self._seen.add(candidate)
         self.checks += 1
         stats = self.stats.setdefault(self.current_pass, [0, 0])
@@ -133,9 +142,11 @@ class Shrinker:
                     self._emit("pass")
                     shrink_pass(self)
                 if self.best is before:
+                    self.stopped = FIXED_POINT
                     break
-        except BudgetExhausted:
-            pass
+        except BudgetExhausted as exc:
+            self.exhausted = True
+            self.stopped = exc.reason
         self._emit("done")
         return self.best
 

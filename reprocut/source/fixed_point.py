@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reprocut.model.case import Signature
+from reprocut.model.limits import CHECK_CAP, FIXED_POINT, MAX_CHECKS, TimeLimit
 from reprocut.source.passes import PASSES, PassContext, SourcePass, calls_focus
 from reprocut.source.passes.tree import Options
 from reprocut.source.results import SourceAccepted, SourceChecked, SourceEvent
@@ -58,8 +59,8 @@ class SourceReducer:
     check: Check
     context: PassContext
     passes: Sequence[SourcePass] = PASSES
-    max_checks: int = 500
-    max_time: float = 300.0
+    max_checks: int = CHECK_CAP
+    max_time: float | None = None  # the user's limit; None: the safety cap
     on_event: Callable[[SourceEvent], None] | None = None
     checks: int = 0  # runs paid for so far (the caller may count its initial check)
     started: float = field(default_factory=time.monotonic)
@@ -117,9 +118,10 @@ class SourceReducer:
 
     def out_of_budget(self, in_flight: int = 0) -> str | None:
         if self.checks + in_flight >= self.max_checks:
-            return "max checks"
-        if time.monotonic() - self.started >= self.max_time:
-            return "max time"
+            return MAX_CHECKS
+        limit = TimeLimit.from_option(self.max_time)
+        if time.monotonic() - self.started >= limit.seconds:
+            return limit.reason
         return self.stop() if self.stop is not None else None
 
     def take(self, candidate: str, verdict: Any, pass_name: str) -> bool:
@@ -174,7 +176,7 @@ class SourceReducer:
                 for source_pass in self.passes:
                     self.run_pass(source_pass)
                 if self.best == before:
-                    return "fixed point"
+                    return FIXED_POINT
         except BudgetSpent as exc:
             return exc.reason
         finally:

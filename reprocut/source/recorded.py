@@ -15,6 +15,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from reprocut.model.limits import CHECK_CAP
 from reprocut.source.focus import statement_text
 from reprocut.source.launch_specs import LaunchSpecs, with_value_ranges
 from reprocut.source.probe import KeptLaunch, failing_frames, kept_launch, probe_launch
@@ -27,8 +28,8 @@ def reduce_recorded(
     failure: Any,
     *,
     oracle: Any = None,
-    max_checks: int = 500,
-    max_time: float = 300,
+    max_checks: int = CHECK_CAP,
+    max_time: float | None = None,
     on_event: Callable[[SourceEvent], None] | None = None,
     timeout: float = 60.0,
     kept: Path | None = None,

@@ -24,6 +24,7 @@ from typing import Any
 
 from reprocut.model.case import Signature, TensorSpec
 from reprocut.model.errors import NotReproducedError
+from reprocut.model.limits import CHECK_CAP
 from reprocut.model.signature import is_memory_error
 from reprocut.source.checks import OracleChecks, preload_imports
 from reprocut.source.custom_ops import custom_op_name, registering_names
@@ -44,8 +45,8 @@ def reduce_source(
     expected: Signature,
     check: Check | None = None,
     oracle: Any = None,
-    max_checks: int = 500,
-    max_time: float = 300,
+    max_checks: int = CHECK_CAP,
+    max_time: float | None = None,
     on_event: Callable[[SourceEvent], None] | None = None,
     specs: Sequence[TensorSpec | None] = (),
     named_specs: Sequence[tuple[str, TensorSpec]] = (),
@@ -57,7 +58,9 @@ def reduce_source(
     parallel: int | None = None,
     preload: bool = True,
 ) -> SourceResult:
-    """Cut `script_path` down to a small standalone script failing with `expected`.
+    """Cut `script_path` down to a small standalone script failing with `expected`: to the
+    fixed point (a round of passes that removes nothing), or `max_checks`, or `max_time` (the
+    caller's limit; None: the safety cap, reprocut.model.limits).
 
     `check(code)` runs a candidate; without one, `oracle.check_source` does (an Oracle with its
     fork server is started, and stopped at the end, when none is given), its server having
@@ -134,7 +137,7 @@ def _reduce(
     cwd: Path,
     expected: Signature,
     max_checks: int,
-    max_time: float,
+    max_time: float | None,
     on_event: Callable[[SourceEvent], None] | None,
     specs: Sequence[TensorSpec | None],
     named_specs: Sequence[tuple[str, TensorSpec]],

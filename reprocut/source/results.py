@@ -40,7 +40,7 @@ class SourceResult:
     checks: int
     seconds: float
     accepted: tuple[tuple[str, int], ...]  # (pass name, accepted candidates), passes in order
-    stopped: str  # "fixed point", "max checks", "max time"
+    stopped: str  # "fixed point", or the limit that ended it (reprocut.model.limits)
     original_lines: int = 0
     parallel: int = 1  # candidates checked at once
     discarded: int = 0  # speculative checks whose verdicts were not needed (not in `checks`)
