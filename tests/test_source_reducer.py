@@ -492,3 +492,49 @@ def test_the_wait_and_the_format_cost_one_check_together_and_each_alone_only_if_
     alone = _finished(best, check("synchronize"), sig, reducer)  # the wait spoils it
     assert "synchronize" not in alone and len(seen) >= 1
     assert all("synchronize" in c or c == format_code(best) for c in seen)
+
+
+POOL = code("""
+    def pool(ids, count):
+        out = [0] * count
+        for i in ids:
+            if i >= len(out):
+                raise IndexError(f"index {i} is out of bounds for axis 0 with size {len(out)}")
+            out[i] += 1
+        return out
+
+
+    pool([0, 1, 6], 6)
+""")
+
+
+def verdict_in_process(source: str):
+    """The candidate's failure as the oracle gives it: a Verdict with the message."""
+    from reprocut.check.oracle import OtherFailure, Passed, Reproduced
+    from reprocut.model.signature import classify
+
+    try:
+        exec(compile(source, "<candidate>", "exec"), {"__name__": "__main__"})
+    except Exception as exc:
+        signature = classify(type(exc).__name__, str(exc))
+        kind = Reproduced if signature.matches(OUT_OF_BOUNDS) else OtherFailure
+        return kind(signature, str(exc), "", 0.0)
+    return Passed(0.0)
+
+
+OUT_OF_BOUNDS = Signature("IndexError", None, None, "index <n> is out of bounds for axis <n> with size <n>")  # fmt: skip
+
+
+def test_the_reduction_keeps_the_zeros_of_the_message_and_so_the_bug():
+    """Unguarded, the integers shrink to 0 and the error says "index 0": the same kind,
+    another bug; with the original's message the zeros stay where they were."""
+    from reprocut.model.signature import keeps_zeros
+
+    context = PassContext(focus="pool([0, 1, 6], 6)")
+    message = verdict_in_process(POOL).message
+    loose = SourceReducer(POOL, OUT_OF_BOUNDS, verdict_in_process, context)
+    loose.run()
+    assert not keeps_zeros(message, verdict_in_process(loose.best).message)  # slid
+    guarded = SourceReducer(POOL, OUT_OF_BOUNDS, verdict_in_process, context, message=message)
+    assert guarded.run() == "fixed point"
+    assert keeps_zeros(message, verdict_in_process(guarded.best).message)

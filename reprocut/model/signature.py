@@ -179,6 +179,25 @@ def normalize_message(message: str) -> str:
     return _NUMBER.sub(lambda m: "-<n>" if m.group(0)[0] == "-" else "<n>", first).strip()
 
 
+def zero_places(message: str) -> tuple[bool, ...]:
+    """Which numbers of the message's first line are zero, as `normalize_message` reads them
+    (addresses and "32x32" sizes aside): "index 6 is out of bounds for axis 0 with size 6"
+    gives (False, True, False)."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    first = _SIZES.sub("", _ADDRESS.sub("", normalize_inductor(first)))
+    return tuple(float(m.group(0)) == 0 for m in _NUMBER.finditer(first))
+
+
+def keeps_zeros(original: str, message: str) -> bool:
+    """Does `message` have its zeros where `original` has them? The kind leaves numbers out so
+    that shrinking sizes keeps it equal, but an empty buffer is another bug with the same words:
+    a source reduction of a numpy kernel's "index 6 is out of bounds for axis 0 with size 6" had
+    slid to an `np.zeros(0)` output, "index 0 ... with size 0". Messages whose numbers do not
+    line up (another kind) are left to the kind to compare."""
+    mine, theirs = zero_places(original), zero_places(message)
+    return len(mine) != len(theirs) or mine == theirs
+
+
 def cuda_error_code(message: str) -> tuple[int | None, str | None]:
     """The CUDA error code and name mentioned in an exception message, if any."""
     for pattern in (_TRITON_ERROR, _CUDA_ERROR, _DRIVER_ERROR):

@@ -18,6 +18,7 @@ from typing import Any
 
 from reprocut.model.case import Signature
 from reprocut.model.limits import CHECK_CAP, FIXED_POINT, MAX_CHECKS, TimeLimit
+from reprocut.model.signature import keeps_zeros
 from reprocut.source.passes import PASSES, PassContext, SourcePass, calls_focus
 from reprocut.source.passes.tree import Options
 from reprocut.source.results import SourceAccepted, SourceChecked, SourceEvent
@@ -38,16 +39,20 @@ def signature_of(verdict: Any) -> Signature | None:
     return signature if isinstance(signature, Signature) else None
 
 
-def reproduces(verdict: Any, expected: Signature) -> bool:
+def reproduces(verdict: Any, expected: Signature, message: str = "") -> bool:
     """Same bug? The oracle's Verdict says so itself (Reproduced); a bare Signature from a
-    plain check is compared with `expected`."""
+    plain check is compared with `expected`. `message`: the original failure's, whose zeros a
+    verdict with a message must keep (`keeps_zeros`: "size 0" is an empty buffer, another bug
+    in the same words)."""
     if isinstance(verdict, Signature):
         return verdict.matches(expected)
     if verdict is None:
         return False
     from reprocut.check.oracle import Reproduced
 
-    return isinstance(verdict, Reproduced)
+    if not isinstance(verdict, Reproduced):
+        return False
+    return not message or keeps_zeros(message, verdict.message)
 
 
 @dataclass
@@ -70,6 +75,7 @@ class SourceReducer:
     runner: Checks | None = None  # how candidates run (default: `check`, `parallel` at a time)
     stop: Callable[[], str | None] | None = None  # a reason to stop now, asked with the budget
     rules: Rules | None = None  # static validity rules (reprocut.source.validity)
+    message: str = ""  # the original failure's message: candidates keep its zeros
     rejected: dict[str, int] = field(default_factory=dict)  # by the validity rules, by rule
     current_pass: str = ""
     _keys: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
@@ -89,7 +95,7 @@ class SourceReducer:
         return bool(calls_focus(self.best, focus)) and calls_focus(candidate, focus) is False
 
     def is_same_failure(self, verdict: Any) -> bool:
-        return reproduces(verdict, self.expected)
+        return reproduces(verdict, self.expected, self.message)
 
     def admissible(self, candidate: str) -> bool:
         """Worth a run: not a repeat, strictly smaller, still making the failing call, and

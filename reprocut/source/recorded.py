@@ -64,6 +64,7 @@ def reduce_recorded(
         named_values=launch.values,
         focus=focus,
         timeout=timeout,
+        message=failure.error.message,  # its zeros stay: "size 0" is another bug
     )
 
 
