@@ -525,16 +525,16 @@ def verdict_in_process(source: str):
 OUT_OF_BOUNDS = Signature("IndexError", None, None, "index <n> is out of bounds for axis <n> with size <n>")  # fmt: skip
 
 
-def test_the_reduction_keeps_the_zeros_of_the_message_and_so_the_bug():
+def test_the_reduction_keeps_how_the_numbers_of_the_message_relate_and_so_the_bug():
     """Unguarded, the integers shrink to 0 and the error says "index 0": the same kind,
-    another bug; with the original's message the zeros stay where they were."""
-    from reprocut.model.signature import keeps_zeros
+    another bug; with the original's message its numbers relate as they did."""
+    from reprocut.model.signature import same_numbers
 
     context = PassContext(focus="pool([0, 1, 6], 6)")
     message = verdict_in_process(POOL).message
     loose = SourceReducer(POOL, OUT_OF_BOUNDS, verdict_in_process, context)
     loose.run()
-    assert not keeps_zeros(message, verdict_in_process(loose.best).message)  # slid
+    assert not same_numbers(message, verdict_in_process(loose.best).message)  # slid
     guarded = SourceReducer(POOL, OUT_OF_BOUNDS, verdict_in_process, context, message=message)
     assert guarded.run() == "fixed point"
-    assert keeps_zeros(message, verdict_in_process(guarded.best).message)
+    assert same_numbers(message, verdict_in_process(guarded.best).message)

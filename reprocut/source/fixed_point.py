@@ -18,7 +18,7 @@ from typing import Any
 
 from reprocut.model.case import Signature
 from reprocut.model.limits import CHECK_CAP, FIXED_POINT, MAX_CHECKS, TimeLimit
-from reprocut.model.signature import keeps_zeros
+from reprocut.model.signature import NUMBER, same_numbers
 from reprocut.source.passes import PASSES, PassContext, SourcePass, calls_focus
 from reprocut.source.passes.tree import Options
 from reprocut.source.results import SourceAccepted, SourceChecked, SourceEvent
@@ -41,9 +41,9 @@ def signature_of(verdict: Any) -> Signature | None:
 
 def reproduces(verdict: Any, expected: Signature, message: str = "") -> bool:
     """Same bug? The oracle's Verdict says so itself (Reproduced); a bare Signature from a
-    plain check is compared with `expected`. `message`: the original failure's, whose zeros a
-    verdict with a message must keep (`keeps_zeros`: "size 0" is an empty buffer, another bug
-    in the same words)."""
+    plain check is compared with `expected`. `message`: the original failure's: where the kind
+    is read from the message (its numbers left out), a verdict's numbers must relate as its do
+    (`same_numbers`: "size 0" is an empty buffer, another bug in the same words)."""
     if isinstance(verdict, Signature):
         return verdict.matches(expected)
     if verdict is None:
@@ -52,7 +52,9 @@ def reproduces(verdict: Any, expected: Signature, message: str = "") -> bool:
 
     if not isinstance(verdict, Reproduced):
         return False
-    return not message or keeps_zeros(message, verdict.message)
+    if not message or NUMBER not in expected.kind:  # a kind of its own (an assertion, OOM)
+        return True
+    return same_numbers(message, verdict.message)
 
 
 @dataclass
@@ -75,7 +77,7 @@ class SourceReducer:
     runner: Checks | None = None  # how candidates run (default: `check`, `parallel` at a time)
     stop: Callable[[], str | None] | None = None  # a reason to stop now, asked with the budget
     rules: Rules | None = None  # static validity rules (reprocut.source.validity)
-    message: str = ""  # the original failure's message: candidates keep its zeros
+    message: str = ""  # the original failure's message: candidates keep how its numbers relate
     rejected: dict[str, int] = field(default_factory=dict)  # by the validity rules, by rule
     current_pass: str = ""
     _keys: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)

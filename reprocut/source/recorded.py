@@ -16,9 +16,10 @@ import libcst as cst
 import libcst.matchers as m
 
 from reprocut.model.limits import CHECK_CAP
+from reprocut.source.call_frame import callable_with, outer_call_frame
 from reprocut.source.focus import statement_text
 from reprocut.source.launch_specs import LaunchSpecs, with_value_ranges
-from reprocut.source.probe import KeptLaunch, failing_frames, kept_launch, probe_launch
+from reprocut.source.probe import KeptLaunch, failing_frames, kept_launch, probe_launches
 from reprocut.source.reducer import reduce_source
 from reprocut.source.results import SourceEvent, SourceResult
 from reprocut.source.validity import reducible_files
@@ -64,7 +65,7 @@ def reduce_recorded(
         named_values=launch.values,
         focus=focus,
         timeout=timeout,
-        message=failure.error.message,  # its zeros stay: "size 0" is another bug
+        message=failure.error.message,  # how its numbers relate stays
     )
 
 
@@ -83,7 +84,10 @@ def recorded_launch(
 def _probe_failing_call(
     failure: Any, script_path: Path, cwd: Path, argv: list[str], editable: set[Path]
 ) -> tuple[str | None, LaunchSpecs]:
-    """One fresh run finds the failing frame, one more reads what reaches its call."""
+    """One fresh run finds the failing frame, one more reads what reaches its call, and what
+    reaches the nearest plain function's around it: when the innermost function cannot be
+    called with what reached it (numpy arrays, `ctx`, `self`), that outer call is the one the
+    jump cuts to (reprocut.source.call_frame)."""
     frames = failing_frames(script_path, cwd=cwd, argv=argv)
     inner = [(file, line) for file, line in frames if file.resolve() in editable]
     crashed = failure.source if not frames and failure.signature.error_type == "Crash" else None
@@ -95,7 +99,16 @@ def _probe_failing_call(
     focus = statement_text(file, line)
     if focus is None:
         return None, LaunchSpecs()
-    return focus, probe_launch(script_path, cwd=cwd, argv=argv, file=file, line=line, focus=focus)
+    targets = [(file, line, focus)]
+    outer = outer_call_frame(inner[:-1])
+    outer_focus = None if outer is None else statement_text(*outer)
+    if outer is not None and outer_focus is not None and outer != (file, line):
+        targets.append((*outer, outer_focus))
+    probed = probe_launches(script_path, cwd=cwd, argv=argv, targets=targets)
+    for (at, number, text), launch in zip(targets, probed, strict=True):
+        if callable_with(at, number, launch):
+            return text, launch
+    return focus, probed[0]
 
 
 class _PinScriptDir(m.MatcherDecoratableTransformer):

@@ -72,8 +72,9 @@ def reduce_source(
     line's text) and `named_specs` the tensor parameters of the function making it,
     `named_values` its plain ones (see `probe_launch`): they may replace what computed them,
     strides and storage offsets kept.
-    `message`: the original failure's message, whose zeros every accepted candidate's keeps
-    (default: the message of the script's own check, when it runs before the candidates).
+    `message`: the original failure's message, whose numbers every accepted candidate's relate
+    as they do (default: the message of the script's own check, when it runs before the
+    candidates).
     Raises NotReproducedError when the script does not fail that way to begin with.
     """
     script_path = Path(script_path).resolve()
