@@ -486,10 +486,10 @@ def test_the_wait_and_the_format_cost_one_check_together_and_each_alone_only_if_
     reducer = SourceReducer(
         best=best, expected=sig, check=check("never"), context=PassContext(), passes=()
     )
-    both = _finished(best, check("never"), sig, reducer)
+    both = _finished(best, check("never"), reducer)
     assert both.endswith("torch.cuda.synchronize()\n") and len(seen) == 1
     seen.clear()
-    alone = _finished(best, check("synchronize"), sig, reducer)  # the wait spoils it
+    alone = _finished(best, check("synchronize"), reducer)  # the wait spoils it
     assert "synchronize" not in alone and len(seen) >= 1
     assert all("synchronize" in c or c == format_code(best) for c in seen)
 

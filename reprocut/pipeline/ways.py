@@ -141,6 +141,7 @@ class ScriptReduction:
                 shrinking.oracle,
                 on_event=shrinking.on_event,
                 kept=shrinking.run_dir.launch_probe_path,
+                traceback=shrinking.run_dir.recorded_traceback(),
                 **shrinking.limits(),
             )
 

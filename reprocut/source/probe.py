@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -190,6 +191,40 @@ def kept_launch(path: Path, script_path: Path, argv: Sequence[str]) -> KeptLaunc
 
 
 # --- the failing frames ----------------------------------------------------------------------
+
+_TRACEBACK_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in .+$')
+
+
+def traceback_frames(text: str) -> list[tuple[Path, int]]:
+    """The frames of the last traceback in `text` (as Python prints it), outermost first,
+    each kept only while the line it names still holds the text the traceback shows (a
+    script edited since it was recorded is run again instead: `failing_frames`)."""
+    frames: list[tuple[Path, int]] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last)"):
+            frames = []
+        match = _TRACEBACK_FRAME.match(line)
+        if match is None:
+            continue
+        file, number = Path(match["file"]), int(match["line"])
+        if not file.is_file():  # `<string>`, a frozen module: no line of the user's
+            continue
+        following = lines[i + 1] if i + 1 < len(lines) else ""
+        shown = following.strip() if following.startswith("    ") else ""
+        if shown and _line(file, number) != shown:
+            return []  # the file changed since it failed: read the frames again
+        frames.append((file, number))
+    return frames
+
+
+def _line(file: Path, number: int) -> str:
+    try:
+        lines = file.read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return lines[number - 1].strip() if 0 < number <= len(lines) else ""
+
 
 _FRAMES = r"""
 import json, os, sys, traceback
