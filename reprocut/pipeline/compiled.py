@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from reprocut.check.kernel_caches import with_kernel_caches
 from reprocut.check.plainrun import PlainRunner
 from reprocut.check.verify import RunOutcome, Verification, run_plain, verify
 from reprocut.model.case import Signature, TensorSpec, spec_from_json
@@ -50,8 +51,8 @@ class CompileOnlyCheck:
                  timeout: float) -> None:  # fmt: skip
         self.path = candidate_path(script)
         self.cwd, self.argv, self.expected, self.timeout = cwd, argv, expected, timeout
-        self.compiled = PlainRunner(compile_environment(compiled=True))
-        self.eager = PlainRunner(compile_environment(compiled=False))
+        self.compiled = PlainRunner(_environment(compiled=True))
+        self.eager = PlainRunner(_environment(compiled=False))
         self._lock = threading.Lock()  # one candidate file: one check at a time
 
     def __call__(self, code: str) -> Signature | None:
@@ -112,8 +113,8 @@ def shrink_compile_only(
     code = pin_script_dir(reduced.code, script.parent)
     atomic_write(repro, code)
     verification = verify(repro, failure.signature, runs=runs, timeout=timeout * 2,
-                          env=compile_environment(compiled=True))  # fmt: skip
-    eager = run_plain(repro, timeout=timeout * 2, env=compile_environment(compiled=False))
+                          env=_environment(compiled=True))  # fmt: skip
+    eager = run_plain(repro, timeout=timeout * 2, env=_environment(compiled=False))
     if eager.returncode != 0:  # it fails without the compiler too: not a compile-only repro
         verification = Verification(verification.runs, 0, verification.outcomes)
     outcome = Outcome(
@@ -171,6 +172,12 @@ def _jump(
         if found is not None and found.matches(expected):
             return candidate
     return original
+
+
+def _environment(*, compiled: bool) -> dict[str, str]:
+    """A check's or verification's: torch.compile on or off, the kernel caches of every check
+    shared (each candidate's Inductor kernels and the user's Triton kernels stay compiled)."""
+    return with_kernel_caches(compile_environment(compiled=compiled))
 
 
 def _signature(outcome: RunOutcome) -> Signature | None:
