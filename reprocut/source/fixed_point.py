@@ -82,6 +82,7 @@ class SourceReducer:
     current_pass: str = ""
     _keys: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
     _speculation: Speculation | None = field(default=None, repr=False)
+    _lines: tuple[str, int] | None = field(default=None, repr=False)
 
     def key(self, code: str) -> tuple[int, ...]:
         """`sort_key`, once per text (the best is compared with every candidate)."""
@@ -137,13 +138,20 @@ class SourceReducer:
         self.seen.add(candidate)
         self.checks += 1
         ok = self.is_same_failure(verdict)
-        self._emit(SourceChecked(pass_name, self.checks, ok))
-        if not ok:
-            return False
-        self.best = candidate
-        self.accepted[pass_name] = self.accepted.get(pass_name, 0) + 1
-        self._emit(SourceAccepted(pass_name, candidate, count_lines(candidate), self.checks))
-        return True
+        if ok:
+            self.best = candidate
+            self.accepted[pass_name] = self.accepted.get(pass_name, 0) + 1
+        lines = self.best_lines()
+        self._emit(SourceChecked(pass_name, self.checks, ok, lines))
+        if ok:
+            self._emit(SourceAccepted(pass_name, candidate, lines, self.checks))
+        return ok
+
+    def best_lines(self) -> int:
+        """The best script's lines (counted once per best: every check reports them)."""
+        if self._lines is None or self._lines[0] is not self.best:
+            self._lines = (self.best, count_lines(self.best))
+        return self._lines[1]
 
     @property
     def discarded(self) -> int:

@@ -22,11 +22,12 @@ class SourceAccepted:
 
 @dataclass(frozen=True, slots=True)
 class SourceChecked:
-    """One candidate was run."""
+    """One candidate was run (`lines`: the best script's, after its verdict)."""
 
     pass_name: str
     checks: int
     accepted: bool
+    lines: int = 0
 
 
 SourceEvent = SourceAccepted | SourceChecked
