@@ -145,3 +145,37 @@ def test_with_no_limit_given_a_round_that_removes_nothing_ends_it(monkeypatch) -
 def _stopped(shrinker: Shrinker) -> str:
     shrinker.run()
     return shrinker.stopped
+
+
+class ThreadedChecks:
+    """A runner checking candidates on worker threads, the slower ones later (their verdicts
+    come back out of order): CaseChecks with the predicate as its check."""
+
+    def __init__(self, predicate, slots: int) -> None:
+        self.predicate, self.slots = predicate, slots
+
+    def run(self, case: ReproCase, slot: int, ticket: object) -> bool:
+        time.sleep(0.001 * (hash(case) % 3))
+        return self.predicate(case)
+
+    def settle(self, case: ReproCase, slot: int, verdict: bool) -> bool:
+        return verdict
+
+    def accepts(self, verdict: bool) -> bool:
+        return verdict
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(), st.integers(0, 1000))
+def test_checking_alternatives_side_by_side_gives_the_one_at_a_time_result(case, seed) -> None:
+    holds = predicate_from(seed)
+    trails: list[list[tuple[str, int, int]]] = []
+    results = []
+    for runner in (None, ThreadedChecks(holds, 3)):
+        trail: list[tuple[str, int, int]] = []
+        shrinker = Shrinker(case, holds, passes=PASSES, runner=runner, cpu_visible=True,
+                            on_event=lambda e, t=trail: t.append((e.kind, e.checks, e.size)))  # fmt: skip
+        results.append((shrinker.run(), shrinker.checks, shrinker.stopped))
+        trails.append(trail)
+    assert results[0] == results[1]
+    assert trails[0] == trails[1]  # the same checks, accepted in the same order

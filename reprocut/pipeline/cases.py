@@ -19,6 +19,7 @@ from reprocut.check.precision import float64_behaviour
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.errors import ExitCode, ReprocutError
 from reprocut.model.recording import Failure, atomic_write
+from reprocut.pipeline.case_checks import side_by_side
 from reprocut.pipeline.cpu_check import CpuBeside, all_on_cpu, cpu_behaviour
 from reprocut.pipeline.declined import captured_call_declined
 from reprocut.pipeline.first_check import FirstCheck
@@ -118,8 +119,10 @@ def shrink_case(
     phases: Phases,
     agreement: PlainAgreement | None = None,
     first: FirstCheck | None = None,
+    slots: int | None = None,
 ) -> Outcome:
-    """`agreement`: the oracle's plain confirmations, whose first may still be running beside
+    """`slots`: candidates checked side by side (default: half the cores, at most four;
+    pipeline/case_checks.py). `agreement`: the oracle's plain confirmations, whose first may still be running beside
     the shrink (its answer is waited for before the shrunk case counts). `first`: the first
     case's check, started while the inputs were read. `max_time`: the user's limit (None: to
     the fixed point, under the safety cap)."""
@@ -148,6 +151,7 @@ def shrink_case(
     shrinker = Shrinker(
         case,
         predicate,
+        runner=side_by_side(oracle, failure, inputs, expected, slots),
         passes=PASSES,
         inputs=inputs,
         max_checks=max_checks,
