@@ -38,6 +38,7 @@ from benchmarks import generic_reducer, source_cli  # noqa: E402
 from benchmarks.size_trend import Sized, read_previous, trend_lines  # noqa: E402
 from reprocut.model.case import Signature, TensorSpec  # noqa: E402
 from reprocut.model.signature import classify  # noqa: E402
+from reprocut.source.launch_specs import with_value_ranges  # noqa: E402
 from reprocut.source.passes import parse, sibling_imports  # noqa: E402
 from reprocut.source.probe import probe_launch  # noqa: E402
 from reprocut.source.reducer import reduce_source  # noqa: E402
@@ -75,7 +76,8 @@ def locate(folder: Path, focus: str) -> tuple[Path, int] | None:
 
 def with_probed_specs(case: SourceCase, timeout: float) -> SourceCase:
     """The tensors reaching the failing call, read by `probe_launch` (what a recording of a
-    custom-kernel failure knows after its rerun to the launch line)."""
+    custom-kernel failure knows after its rerun to the launch line), integer tensors generated
+    across the range they had, as `reduce_recorded` hands them over (`with_value_ranges`)."""
     found = locate(case.folder, case.focus) if case.focus else None
     if found is None:
         return case
@@ -88,6 +90,7 @@ def with_probed_specs(case: SourceCase, timeout: float) -> SourceCase:
         focus=case.focus or "",
         timeout=timeout,
     )
+    launch = with_value_ranges(launch, case.focus or "")
     return replace(case, specs=launch.args, named_specs=launch.params, named_values=launch.values)
 
 
@@ -400,6 +403,15 @@ def rows_json(rows: list[tuple[SourceCase, int, Outcome]]) -> list[dict[str, Any
             for case, original, o in rows]  # fmt: skip
 
 
+def _commit() -> str:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    return done.stdout.strip() or "?"
+
+
 def _reprocut_limit(options: argparse.Namespace) -> str:
     if options.reprocut_max_time is None:
         return "at its defaults (to the fixed point, under the 600 s safety cap)"
@@ -413,7 +425,9 @@ def report(
         f"# Source reduction: reprocut vs a generic reducer ({options.device})",
         "",
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
-        f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cores; "
+        f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cores, "
+        f"load average {options.load:.1f} at the start (other work shares the machine), "
+        f"commit {_commit()}; "
         f"reprocut {_reprocut_limit(options)}; shrinkray {options.max_time:.0f} s per case; "
         f"{options.timeout:.0f} s per check. "
         f"Command: `{' '.join(['python benchmarks/bench_source.py', *sys.argv[1:]])}`.",
@@ -477,6 +491,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=None, help="names to run (default: all)")
     parser.add_argument("--out", type=Path, default=None)
     options = parser.parse_args()
+    options.load = os.getloadavg()[0]
 
     cases, skipped = cpu_cases(), []
     if options.device == "cuda":

@@ -95,11 +95,13 @@ stage_profile() {
 }
 
 stage_source() {
-    # one process per GPU case, side by side (each reducer gets SOURCE_MAX_TIME per case)
+    # one process per GPU case, side by side (reprocut's reducer to its fixed point, shrinkray
+    # SOURCE_MAX_TIME per case; SOURCE_CLI=1 adds `reprocut record` + `shrink --source` rows)
     local name
     for name in ${SOURCE_CASES:-cuda_triton_expand_bias cuda_cupy_misaligned_vec4 cuda_cupy_contiguous_pe}; do
         timeout -k 10 "${SOURCE_LIMIT:-560}" python3 benchmarks/bench_source.py --device cuda \
             --max-time "${SOURCE_MAX_TIME:-120}" --timeout 60 --cases "$name" \
+            $([ -z "${SOURCE_CLI:-}" ] && echo --no-cli) \
             --out "$LOGS/source-cuda-$name.md" >"$LOGS/bench_source-$name.log" 2>&1 &
     done
     wait
