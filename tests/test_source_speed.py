@@ -64,6 +64,22 @@ def test_installed_packages_are_preloaded_and_the_users_own_modules_are_not(tmp_
     assert "json" not in why and "torch" not in why  # the standard library, torch: nothing to do
 
 
+def test_torch_dynamo_is_preloaded_for_a_script_whose_first_step_imports_it(tmp_path: Path):
+    """A custom op's registration or an optimizer's step imports torch._dynamo when first used
+    (1.1 s here, in every check): the server imports it once for such a script, unless the
+    script writes the environment before (dynamo reads it at import)."""
+    (tmp_path / "ops.py").write_text("import torch\n\n@torch.library.custom_op('n::f', mutates_args=())\ndef f(x: torch.Tensor) -> torch.Tensor:\n    return x\n")  # fmt: skip
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nimport ops\nx = torch.ones(2)\n")
+    assert choose_preloads(script, (tmp_path,)).modules() == ("torch._dynamo",)
+    script.write_text("import torch\nw = torch.ones(2)\nopt = torch.optim.SGD([w], lr=0.1)\n")
+    assert choose_preloads(script, (tmp_path,)).modules() == ("torch._dynamo",)
+    script.write_text("import os\nos.environ['TORCHDYNAMO_DISABLE'] = '1'\nimport ops\n")
+    assert choose_preloads(script, (tmp_path,)).modules() == ()
+    script.write_text("import torch\nprint(torch.ones(2).sum())\n")
+    assert choose_preloads(script, (tmp_path,)).modules() == ()
+
+
 def test_a_module_that_is_not_installed_is_not_preloaded(tmp_path: Path):
     script = tmp_path / "train.py"
     script.write_text("import no_such_package_here\n")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,9 @@ class SourceReducer:
     stop: Callable[[], str | None] | None = None  # a reason to stop now, asked with the budget
     rules: Rules | None = None  # static validity rules (reprocut.source.validity)
     message: str = ""  # the original failure's message: candidates keep how its numbers relate
+    # the original's check beside the first candidates, when `message` is to come from it: the
+    # first verdict taken waits for it, so the result is the one-at-a-time one
+    message_from: Future[Any] | None = field(default=None, repr=False)
     rejected: dict[str, int] = field(default_factory=dict)  # by the validity rules, by rule
     current_pass: str = ""
     _keys: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
@@ -98,6 +102,10 @@ class SourceReducer:
         return bool(calls_focus(self.best, focus)) and calls_focus(candidate, focus) is False
 
     def is_same_failure(self, verdict: Any) -> bool:
+        if self.message_from is not None:
+            original, self.message_from = self.message_from.result(), None
+            if reproduces(original, self.expected):
+                self.message = getattr(original, "message", "") or ""
         return reproduces(verdict, self.expected, self.message)
 
     def admissible(self, candidate: str) -> bool:

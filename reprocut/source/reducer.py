@@ -73,8 +73,7 @@ def reduce_source(
     `named_values` its plain ones (see `probe_launch`): they may replace what computed them,
     strides and storage offsets kept.
     `message`: the original failure's message, whose numbers every accepted candidate's relate
-    as they do (default: the message of the script's own check, when it runs before the
-    candidates).
+    as they do (default: the message of the script's own check).
     Raises NotReproducedError when the script does not fail that way to begin with.
     """
     script_path = Path(script_path).resolve()
@@ -183,6 +182,7 @@ def _reduce(
             rules=rules,
             stop=None if first is None else partial(_stop_unless_reproduced, first, expected),
             message=message or "",
+            message_from=first if message is None else None,
         )
         stopped = reducer.run()
         if (
