@@ -434,6 +434,20 @@ def test_pin_script_dir_keeps_sibling_imports_working_anywhere():
     )
 
 
+def test_a_user_module_the_reduction_kept_is_found_from_anywhere(tmp_path: Path):
+    """A module whose state the script sets (`ops.SCALE = ...`) stays imported, not inlined:
+    the repro puts the script's folder on sys.path (once), as the script had it as sys.path[0]."""
+    from reprocut.source.recorded import pin_script_dir
+
+    (tmp_path / "ops.py").write_text("SCALE = None\n")
+    pinned = pin_script_dir("import ops\nops.SCALE = 0\n", tmp_path)
+    assert (
+        pinned == f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport ops\nops.SCALE = 0\n"
+    )
+    assert pin_script_dir(pinned, tmp_path) == pinned
+    assert pin_script_dir("import torch\n", tmp_path) == "import torch\n"  # nothing of theirs
+
+
 @pytest.mark.slow
 def test_record_reads_the_kernel_and_the_tensors_reaching_a_launch(tmp_path: Path):
     """What `record` adds to a fault outside the dispatcher (on a GPU, after the blocking rerun

@@ -19,6 +19,7 @@ from reprocut.model.limits import CHECK_CAP
 from reprocut.source.call_frame import callable_with, outer_call_frame
 from reprocut.source.focus import statement_text
 from reprocut.source.launch_specs import LaunchSpecs, with_value_ranges
+from reprocut.source.passes import sibling_imports
 from reprocut.source.probe import (
     KeptLaunch,
     failing_frames,
@@ -175,13 +176,19 @@ class _PinScriptDir(m.MatcherDecoratableTransformer):
 
 
 def pin_script_dir(code: str, directory: Path) -> str:
-    """A reduced script may still import the user's own extension beside the original; pinning
-    its folder keeps `python repro.py` working wherever the repro is written."""
+    """A reduced script may still import the user's own extension beside the original, or one of
+    their modules the reduction could not inline (one whose state the script sets): pinning
+    its folder (and putting it on sys.path for such an import) keeps `python repro.py` working
+    wherever the repro is written."""
     try:
         module = cst.parse_module(code)
     except cst.ParserSyntaxError:
         return code
-    return module.visit(_PinScriptDir(str(directory))).code
+    pinned = module.visit(_PinScriptDir(str(directory)))
+    on_path = f"sys.path.insert(0, {str(directory)!r})"
+    if sibling_imports(pinned, (directory,)) and on_path not in pinned.code:
+        return with_script_dir_on_path(pinned.code, directory)
+    return pinned.code
 
 
 def with_script_dir_on_path(code: str, directory: Path) -> str:
