@@ -46,6 +46,7 @@ from benchmarks.faults_table import FaultRow, Reduced, matches_truth, repros_fol
 from benchmarks.run_corpus import case_outputs, environment, record_command, run_json
 from reprocut.check.verify import run_plain
 from reprocut.model.case import Signature
+from reprocut.model.limits import SAFETY_CAP
 
 CASES = (  # the memory faults and the custom ops (the cuBLAS status cases: --cases)
     "cuda_triton_expand_bias",
@@ -60,7 +61,9 @@ CASES = (  # the memory faults and the custom ops (the cuBLAS status cases: --ca
     "cuda_extension_exit_guard",
     "gnn_sparse_adjacency",
 )
-DEFAULT_LIMIT = 120.0  # the harness's reckoning of shrink's longest default reduction limit
+# shrink's longest reduction at its defaults (to its fixed point, under the safety cap)
+DEFAULT_LIMIT = SAFETY_CAP
+GENERIC_LIMIT = 120.0  # the generic reducer's, without --max-time
 # what shrink wrote -> the suffix of its copy, <case><suffix>, in the repros folder
 COPIED = {"repro.py": ".py", "report.md": ".report.md", "sanitizer.log": ".sanitizer.log",
           "sanitizer-original.log": ".sanitizer-original.log",
@@ -164,7 +167,7 @@ def run_generic(source: SourceCase | None, scratch: Path, options: argparse.Name
         return Reduced(status="shrinkray not installed")
     work = scratch / "generic" / "case"
     shutil.copytree(source.folder, work, ignore=shutil.ignore_patterns("__pycache__", ".reprocut"))
-    outcome = run_shrinkray(source, work, options.max_time or DEFAULT_LIMIT, options.check_timeout)
+    outcome = run_shrinkray(source, work, options.max_time or GENERIC_LIMIT, options.check_timeout)
     verified = None
     if outcome.code:
         reduced = work / source.script

@@ -34,6 +34,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 from benchmarks.corpus_cases import CorpusCase, load_cases
 from benchmarks.corpus_score import RunOutput
 from benchmarks.run_corpus import RESULTS, environment, run_json
+from benchmarks.size_trend import Sized, read_previous, trend_lines
 
 # Single aten ops that device-assert on CUDA (error 710), one per family: embedding, gather,
 # 2-d NLL loss, NLL loss, scatter_add_.
@@ -220,8 +221,9 @@ def medians(rows: list[dict[str, Any]]) -> dict[str, float]:
 
     figures = {
         key: median([row.get(key) for row in done])
-        for key in ("plain_s", "blocking_s", "record_s", "shrink_s", "record_shrink_s")
-    }
+        for key in ("plain_s", "blocking_s", "record_s", "shrink_s", "record_shrink_s",
+                    "shrink_statements")
+    }  # fmt: skip
     figures["record_ratio"] = median(
         [row["record_s"] / row["plain_s"] for row in done if row.get("record_s")]
     )
@@ -251,6 +253,16 @@ def _phases(phases: dict[str, float]) -> str:
     return " / ".join(_s(phases.get(name)) for name in PHASES)
 
 
+def sizes(rows: list[dict[str, Any]]) -> list[Sized]:
+    """Each shrink's repro size (statements) beside its seconds (this file's JSON rows)."""
+    return [
+        Sized(f"{row['case']} / {label.replace('_', ' ')}", row.get(f"{label}_statements"),
+              row.get(f"{label}_s"))
+        for row in rows if not row.get("skipped")
+        for label in ("shrink", "record_shrink")
+    ]  # fmt: skip
+
+
 def render(meta: dict[str, Any], rows: list[dict[str, Any]], figures: dict[str, float]) -> str:
     lines = [
         f"# reprocut pipeline: crash to verified repro ({meta['device_name']}, {meta['device']})",
@@ -268,15 +280,18 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]], figures: dict[str, 
         "- record --shrink: crash to verified repro.py in one command, reusing record's warm "
         "fork server;",
         f"- phases (s): {' / '.join(PHASES)}; they overlap (the fork server starts while the "
-        "recording is read), so they can add up to more than the wall time.",
+        "recording is read), so they can add up to more than the wall time;",
+        "- statements: the repro's (size beside time: a faster shrink that writes a larger "
+        "repro is a regression).",
         "",
-        "| case | op | plain | blocking | record | record x plain | shrink | shrink checks "
-        "| shrink phases | record then shrink | record --shrink | its phases | verified |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| case | op | plain | blocking | record | record x plain | shrink | statements "
+        "| shrink checks | shrink phases | record then shrink | record --shrink | statements "
+        "| its phases | verified |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         if row.get("skipped"):
-            lines.append(f"| {row['case']} | skipped: {row['skipped']} |" + " |" * 11)
+            lines.append(f"| {row['case']} | skipped: {row['skipped']} |" + " |" * 13)
             continue
         ratio = row["record_s"] / row["plain_s"] if row.get("plain_s") else None
         verified = (
@@ -285,8 +300,10 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]], figures: dict[str, 
         lines.append(
             f"| {row['case']} | {row['op']} | {_s(row['plain_s'])} | {_s(row['blocking_s'])} "
             f"| {_s(row['record_s'])} | {_s(ratio)}x | {_s(row.get('shrink_s'))} "
+            f"| {row.get('shrink_statements') or '·'} "
             f"| {row.get('shrink_checks') or '·'} | {_phases(row.get('shrink_phases') or {})} "
             f"| {_s(row.get('record_then_shrink_s'))} | {_s(row.get('record_shrink_s'))} "
+            f"| {row.get('record_shrink_statements') or '·'} "
             f"| {_phases(row.get('record_shrink_phases') or {})} | {verified} |"
         )
     lines += [
@@ -298,6 +315,7 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]], figures: dict[str, 
         f"| plain run s | {_s(figures.get('plain_s'))} | |",
         f"| `CUDA_LAUNCH_BLOCKING=1` rerun s | {_s(figures.get('blocking_s'))} | |",
         f"| `reprocut shrink` s | {_s(figures.get('shrink_s'))} | {GOALS['shrink_s']} |",
+        f"| its repro, statements | {_s(figures.get('shrink_statements'))} | |",
         f"| `reprocut record` x plain | {_s(figures.get('record_ratio'))}x "
         f"| {GOALS['record_ratio']} |",
         f"| crash to verified repro (`record --shrink`) - plain, s "
@@ -337,12 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", help="suffix for the result files")
     options = parser.parse_args(argv)
     options.out.mkdir(parents=True, exist_ok=True)
+    stem = f"pipeline-{options.device}" + (f"-{options.tag}" if options.tag else "")
+    previous = read_previous(options.out / f"{stem}.json") or {}
+    before = sizes(previous.get("cases") or []), str((previous.get("meta") or {}).get("date", ""))
 
     def write(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         figures = medians(rows)
-        stem = f"pipeline-{options.device}"
-        stem += f"-{options.tag}" if options.tag else ""
         text = render(meta, rows, figures)
+        text += "\n".join(trend_lines(before[0], sizes(rows), unit="statements",
+                                       since=before[1])) + "\n"  # fmt: skip
         (options.out / f"{stem}.md").write_text(text)
         data = {"meta": meta, "cases": rows, "medians": figures}
         (options.out / f"{stem}.json").write_text(json.dumps(data, indent=2) + "\n")

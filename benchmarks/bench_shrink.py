@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -32,8 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import generic_reducer  # noqa: E402
+from benchmarks.size_trend import Sized, read_previous, trend_lines  # noqa: E402
 from reprocut.check.oracle import Oracle, OtherFailure, Reproduced  # noqa: E402
 from reprocut.model.case import Captured, Generated, ReproCase, TensorSpec  # noqa: E402
+from reprocut.model.limits import SAFETY_CAP  # noqa: E402
 from reprocut.shrink.emitter import emit, inline_captured  # noqa: E402
 from reprocut.shrink.passes import PASSES  # noqa: E402
 from reprocut.shrink.shrinker import Shrinker  # noqa: E402
@@ -97,7 +99,9 @@ def bench_oracle(device: str, repeats: int, timeout: float) -> list[str]:
     return rows
 
 
-def bench_families(device: str, max_time: float, timeout: float) -> list[str]:
+def bench_families(
+    device: str, max_time: float | None, timeout: float, sized: list[Sized]
+) -> list[str]:
     rows = [
         "| family | signature | shrink (s) | checks | statements | tensor elements | start elements |",
         "|---|---|---|---|---|---|---|",
@@ -127,6 +131,7 @@ def bench_families(device: str, max_time: float, timeout: float) -> list[str]:
             best = shrinker.run()
             seconds = time.perf_counter() - started
             emitted = emit(inline_captured(best, inputs))
+            sized.append(Sized(f"family {name}", emitted.statements, seconds))
             rows.append(
                 f"| {name} | {expected.describe()} | {seconds:.2f} | {shrinker.checks} | "
                 f"{emitted.statements} | {best.total_numel()} | {case.total_numel()} |"
@@ -206,8 +211,9 @@ def runs_on(source: Path, device: str) -> bool:
     return device.split(":")[0] in devices
 
 
-def bench_corpus(time_limit: float, device: str = "cpu") -> list[str]:
-    """record -> shrink -> verify on every failing corpus script (CPU)."""
+def bench_corpus(time_limit: float | None, sized: list[Sized], device: str = "cpu") -> list[str]:
+    """record -> shrink -> verify on every failing corpus script (CPU); `time_limit` None:
+    shrink at its defaults (to the fixed point)."""
     rows = [
         "| case | record status | op | shrink status | statements | tensor elements | checks | shrink s | verified |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -227,15 +233,20 @@ def bench_corpus(time_limit: float, device: str = "cpu") -> list[str]:
                     cwd=work, capture_output=True, text=True, timeout=600, env=env,
                 )  # fmt: skip
                 recorded = json.loads(record.stdout) if record.stdout.strip() else {}
+                limit = [] if time_limit is None else ["--max-time", str(time_limit)]
                 shrink = subprocess.run(
-                    [sys.executable, "-m", "reprocut", "shrink", "--json", "--max-time", str(time_limit)],
-                    cwd=work, capture_output=True, text=True, timeout=time_limit + 300, env=env,
+                    [sys.executable, "-m", "reprocut", "shrink", "--json", *limit],
+                    cwd=work, capture_output=True, text=True, env=env,
+                    timeout=(time_limit or SAFETY_CAP) + 300,
                 )  # fmt: skip
                 result = json.loads(shrink.stdout) if shrink.stdout.strip() else {}
             except (subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
                 rows.append(f"| {source.name} | {type(exc).__name__} | | | | | | | |")
                 continue
         verified = result.get("verified", {})
+        sized.append(
+            Sized(f"corpus {source.name}", result.get("statements"), result.get("seconds"))
+        )
         rows.append(
             f"| {source.name} | {recorded.get('status')} | {recorded.get('op')} | "
             f"{result.get('status', 'failed')} | {result.get('statements', '')} | "
@@ -245,7 +256,7 @@ def bench_corpus(time_limit: float, device: str = "cpu") -> list[str]:
     return rows
 
 
-def bench_generic(time_limit: float) -> list[str]:
+def bench_generic(time_limit: float, sized: list[Sized]) -> list[str]:
     rows = [
         f"Time limit per script: {time_limit:.0f} s each (reprocut: record + shrink + verify).",
         "",
@@ -264,6 +275,7 @@ def bench_generic(time_limit: float) -> list[str]:
                 except subprocess.TimeoutExpired:
                     seconds, text, status = time_limit, "", "timed out"
             lines, size = code_size(text) if text else (0, 0)
+            sized.append(Sized(f"{name} / {reducer}", lines or None, seconds))
             rows.append(
                 f"| {name} | {code_size(original)[0]} | {reducer} | {seconds:.1f} | {lines} | {size} | {status} |"
             )
@@ -276,7 +288,8 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--max-time", type=float, default=60.0, help="shrink time limit per family")
+    parser.add_argument("--max-time", type=float, default=None,
+                        help="shrink time limit per family (default: none, to the fixed point)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=120.0, help="per check")
     parser.add_argument(
         "--generic", type=float, default=0.0, help="seconds per script for the comparison"
@@ -286,6 +299,8 @@ def main() -> None:
     options = parser.parse_args()
     today = datetime.date.today().isoformat()
     out = options.out or ROOT / "benchmarks" / "results" / f"shrink-{options.device}.md"
+    previous = read_previous(out.with_suffix(".json")) or {}
+    sized: list[Sized] = []
     lines = [
         f"# reprocut shrink benchmark ({options.device}, {today})",
         "",
@@ -299,25 +314,31 @@ def main() -> None:
         "",
         "## Shrink per single-op family (captured recording -> minimal case)",
         "",
-        *bench_families(options.device, options.max_time, options.timeout),
+        *bench_families(options.device, options.max_time, options.timeout, sized),
         "",
     ]
     if options.corpus:
         lines += [
             "## record -> shrink on the corpus",
             "",
-            *bench_corpus(options.max_time, options.device),
+            *bench_corpus(options.max_time, sized, options.device),
             "",
         ]
     if options.generic:
         lines += [
             "## Generic reducer on the same failing scripts",
             "",
-            *bench_generic(options.generic),
+            *bench_generic(options.generic, sized),
             "",
         ]
+    before = [Sized(**row) for row in previous.get("sizes") or []]
+    since = str((previous.get("meta") or {}).get("date", ""))
+    lines += [*trend_lines(before, sized, unit="statements or lines", since=since), ""]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))
+    out.with_suffix(".json").write_text(json.dumps(
+        {"meta": {"date": today, "command": sys.argv[1:]}, "sizes": [asdict(s) for s in sized]},
+        indent=1) + "\n")  # fmt: skip
     print(out)
     print("\n".join(lines))
 

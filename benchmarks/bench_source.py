@@ -27,16 +27,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import generic_reducer  # noqa: E402
+from benchmarks import generic_reducer, source_cli  # noqa: E402
+from benchmarks.size_trend import Sized, read_previous, trend_lines  # noqa: E402
 from reprocut.model.case import Signature, TensorSpec  # noqa: E402
 from reprocut.model.signature import classify  # noqa: E402
+from reprocut.source.launch_specs import with_value_ranges  # noqa: E402
 from reprocut.source.passes import parse, sibling_imports  # noqa: E402
 from reprocut.source.probe import probe_launch  # noqa: E402
 from reprocut.source.reducer import reduce_source  # noqa: E402
@@ -60,6 +62,7 @@ class SourceCase:
     named_specs: tuple[tuple[str, TensorSpec], ...] = ()
     named_values: tuple[tuple[str, Any], ...] = ()
     notes: tuple[str, ...] = field(default=())
+    message: str = ""  # the original's message: a reduction keeps how its numbers relate
 
 
 def locate(folder: Path, focus: str) -> tuple[Path, int] | None:
@@ -73,7 +76,8 @@ def locate(folder: Path, focus: str) -> tuple[Path, int] | None:
 
 def with_probed_specs(case: SourceCase, timeout: float) -> SourceCase:
     """The tensors reaching the failing call, read by `probe_launch` (what a recording of a
-    custom-kernel failure knows after its rerun to the launch line)."""
+    custom-kernel failure knows after its rerun to the launch line), integer tensors generated
+    across the range they had, as `reduce_recorded` hands them over (`with_value_ranges`)."""
     found = locate(case.folder, case.focus) if case.focus else None
     if found is None:
         return case
@@ -86,6 +90,7 @@ def with_probed_specs(case: SourceCase, timeout: float) -> SourceCase:
         focus=case.focus or "",
         timeout=timeout,
     )
+    launch = with_value_ranges(launch, case.focus or "")
     return replace(case, specs=launch.args, named_specs=launch.params, named_values=launch.values)
 
 
@@ -114,6 +119,17 @@ def cpu_cases() -> list[SourceCase]:
             CASES / "packed_frames",
             Signature("RuntimeError", None, None, "cmvn_vec4: misaligned address"),
             focus="return cmvn_vec4(x, mean, 1 / std)",
+        ),
+        SourceCase(
+            "segment_pool",
+            CASES / "segment_pool",
+            Signature(
+                "IndexError", None, None, "index <n> is out of bounds for axis <n> with size <n>"
+            ),
+            # the numpy kernel's frame takes arrays: the wrapper calling Function.apply is the
+            # call a reduction cuts to (what `reprocut shrink --source` finds by itself)
+            focus="return SegmentMean.apply(values, segments, count)",
+            message="index 6 is out of bounds for axis 0 with size 6",
         ),
     ]
 
@@ -254,7 +270,8 @@ def verify(case: SourceCase, code: str, timeout: float) -> bool:
     return seen is not None and seen.matches(case.expected)
 
 
-def run_reprocut(case: SourceCase, work: Path, time_limit: float, timeout: float) -> Outcome:
+def run_reprocut(case: SourceCase, work: Path, time_limit: float | None, timeout: float) -> Outcome:
+    """reprocut's reducer on the case (`time_limit` None: its default, to the fixed point)."""
     started = time.perf_counter()
     try:
         result = reduce_source(
@@ -268,6 +285,7 @@ def run_reprocut(case: SourceCase, work: Path, time_limit: float, timeout: float
             focus=case.focus,
             max_time=time_limit,
             timeout=timeout,
+            message=case.message or None,
         )
     except Exception as exc:  # a benchmark row, not a crash of the whole benchmark
         return Outcome("reprocut", time.perf_counter() - started, 0, 0, False, False, repr(exc))
@@ -324,28 +342,80 @@ def run_shrinkray(case: SourceCase, work: Path, time_limit: float, timeout: floa
     )
 
 
+def run_cli(case: SourceCase, work: Path, time_limit: float | None, timeout: float) -> Outcome:
+    """`reprocut record` then `reprocut shrink --source` on the copy (source_cli.py)."""
+    found = source_cli.shrink_source_cli(work, case.script, case.argv, timeout * 10, time_limit)
+    if "error" in found:
+        return Outcome(source_cli.REDUCER, 0.0, 0, 0, False, False, found["error"])
+    status = f"{found['stopped']}, {found['runs']} plain runs, {found['statements']} statements"
+    return Outcome(
+        source_cli.REDUCER,
+        found["seconds"],
+        found["checks"],
+        found["lines"],
+        standalone(found["code"], case.folder),
+        found["verified"],
+        status,
+        found["code"],
+        ", ".join(f"{name} {count}" for name, count in found["passes"].items()),
+    )
+
+
 def bench(
     cases: list[SourceCase],
     time_limit: float,
     timeout: float,
     generic: bool,
     probe_timeout: float = 600.0,
+    reprocut_limit: float | None = None,
+    cli: bool = True,
 ) -> list[tuple[SourceCase, int, Outcome]]:
+    """Each case by reprocut's reducer (`reprocut_limit`, None: to its fixed point), by the
+    commands a user runs (`cli`) and by shrinkray (`generic`, `time_limit` seconds)."""
     rows = []
-    runners = [run_reprocut, run_shrinkray] if generic else [run_reprocut]
+    runners = [(run_reprocut, reprocut_limit)]
+    runners += [(run_cli, reprocut_limit)] if cli else []
+    runners += [(run_shrinkray, time_limit)] if generic else []
     for case in cases:
         case = with_probed_specs(case, probe_timeout)
         original = count_lines((case.folder / case.script).read_text())
-        for runner in runners:
+        for runner, limit in runners:
             with tempfile.TemporaryDirectory(prefix=f"bench-{case.name}-") as tmp:
                 work = Path(tmp) / "case"
                 shutil.copytree(
                     case.folder, work, ignore=shutil.ignore_patterns("__pycache__", ".reprocut")
                 )
-                outcome = runner(case, work, time_limit, timeout)
+                outcome = runner(case, work, limit, timeout)
             print(f"{case.name}: {outcome.reducer} {outcome}", file=sys.stderr, flush=True)
             rows.append((case, original, outcome))
     return rows
+
+
+def sizes(rows: list[dict[str, Any]]) -> list[Sized]:
+    """Each row's repro size (lines) beside its seconds (this benchmark's JSON rows)."""
+    return [Sized(f"{r['case']} / {r['reducer']}", r.get("lines"), r.get("seconds"))
+            for r in rows if r.get("lines")]  # fmt: skip
+
+
+def rows_json(rows: list[tuple[SourceCase, int, Outcome]]) -> list[dict[str, Any]]:
+    return [{"case": case.name, "original_lines": original,
+             **{k: v for k, v in asdict(o).items() if k != "code"}}
+            for case, original, o in rows]  # fmt: skip
+
+
+def _commit() -> str:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    return done.stdout.strip() or "?"
+
+
+def _reprocut_limit(options: argparse.Namespace) -> str:
+    if options.reprocut_max_time is None:
+        return "at its defaults (to the fixed point, under the 600 s safety cap)"
+    return f"limited to {options.reprocut_max_time:.0f} s"
 
 
 def report(
@@ -355,8 +425,11 @@ def report(
         f"# Source reduction: reprocut vs a generic reducer ({options.device})",
         "",
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
-        f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cores; "
-        f"time limit {options.max_time:.0f} s per case and reducer, {options.timeout:.0f} s per check. "
+        f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cores, "
+        f"load average {options.load:.1f} at the start (other work shares the machine), "
+        f"commit {_commit()}; "
+        f"reprocut {_reprocut_limit(options)}; shrinkray {options.max_time:.0f} s per case; "
+        f"{options.timeout:.0f} s per check. "
         f"Command: `{' '.join(['python benchmarks/bench_source.py', *sys.argv[1:]])}`.",
         "",
         "Both reducers accept a candidate only when a run fails with the recorded signature "
@@ -365,7 +438,10 @@ def report(
         "fails the same way. `standalone`: no import of the user's own modules left. "
         "Lines are non-blank lines of the main script. reprocut also gets the tensors reaching "
         "the failing call the time it raised (`probe_launch`: one traced run with blocking "
-        "launches; not counted in its checks or seconds).",
+        "launches; not counted in its checks or seconds). `reprocut shrink --source`: the "
+        "commands a user runs, on a copy of the case: `reprocut record` (not timed), then the "
+        "shrink at its defaults, from its own JSON (its wall seconds with the probe, the "
+        "reduction and 3 plain verification runs; `verified`: all of them failed the same way).",
         "",
         "| case | original lines | reducer | checks | seconds | final lines | standalone | verified | stopped |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -404,12 +480,18 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--max-time", type=float, default=180.0, help="seconds per case, each")
+    parser.add_argument("--max-time", type=float, default=180.0,
+                        help="seconds per case for the generic reducer")  # fmt: skip
+    parser.add_argument("--reprocut-max-time", type=float, default=None,
+                        help="a limit for reprocut (default: none, to its fixed point)")  # fmt: skip
+    parser.add_argument("--no-cli", action="store_true",
+                        help="leave out `reprocut record` + `reprocut shrink --source`")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per check")
     parser.add_argument("--no-generic", action="store_true", help="reprocut only")
     parser.add_argument("--cases", nargs="*", default=None, help="names to run (default: all)")
     parser.add_argument("--out", type=Path, default=None)
     options = parser.parse_args()
+    options.load = os.getloadavg()[0]
 
     cases, skipped = cpu_cases(), []
     if options.device == "cuda":
@@ -421,11 +503,15 @@ def main() -> None:
                 cases.append(found)
     if options.cases:
         cases = [c for c in cases if c.name in options.cases]
-    rows = bench(cases, options.max_time, options.timeout, not options.no_generic)
+    rows = bench(cases, options.max_time, options.timeout, not options.no_generic,
+                 reprocut_limit=options.reprocut_max_time, cli=not options.no_cli)  # fmt: skip
     text = report(rows, skipped, options)
     out = options.out or ROOT / "benchmarks" / "results" / f"source-{options.device}.md"
+    previous = sizes(read_previous(out.with_suffix(".json")) or [])
+    text += "\n".join(trend_lines(previous, sizes(rows_json(rows)), unit="lines")) + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps(rows_json(rows), indent=1) + "\n")
     print(out)
 
 

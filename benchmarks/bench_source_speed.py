@@ -40,7 +40,12 @@ if "REPROCUT_BENCH_TREE" not in os.environ:  # a `tree` run has that checkout fi
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import bench_source  # noqa: E402
+from benchmarks.size_trend import Sized, read_previous, trend_lines  # noqa: E402
 from reprocut.model.case import Signature  # noqa: E402
+
+# reprocut.model.limits.SAFETY_CAP, not imported: a --tree checkout may predate it (and then
+# needs a number for its max_time)
+SAFETY_CAP = 600.0
 
 CONFIGS = ("tree", "sequential", "preload", "parallel")
 GPU_CASES = (*bench_source.GPU_CASES, "cuda_triton_int32_offsets", "cuda_cupy_hashed_ids",
@@ -84,6 +89,7 @@ def run_one(case: bench_source.SourceCase, config: str, options: argparse.Namesp
     if config in ("sequential", "preload", "parallel"):
         kwargs["preload"] = config != "sequential"
         kwargs["parallel"] = options.parallel if config == "parallel" else 1
+        kwargs["message"] = case.message or None  # (a --tree checkout may predate it)
     with tempfile.TemporaryDirectory(prefix=f"speed-{case.name}-") as tmp:
         work = Path(tmp) / "case"
         shutil.copytree(
@@ -93,7 +99,8 @@ def run_one(case: bench_source.SourceCase, config: str, options: argparse.Namesp
         result = reduce_source(
             work / case.script, cwd=work, argv=list(case.argv), expected=case.expected,
             specs=case.specs, named_specs=case.named_specs, named_values=case.named_values,
-            focus=case.focus, max_time=options.max_time, timeout=options.timeout, **kwargs,
+            focus=case.focus, timeout=options.timeout, **kwargs,
+            max_time=options.max_time or (SAFETY_CAP if config == "tree" else None),
         )  # fmt: skip
         seconds = time.perf_counter() - started
     return {
@@ -115,9 +122,9 @@ def run_in_subprocess(name: str, config: str, options: argparse.Namespace, probe
            "REPROCUT_BENCH_TREE": str(tree)}  # fmt: skip
     command = [sys.executable, str(ROOT / "benchmarks" / "bench_source_speed.py"), "--one", name,
                config, "--probed", str(probed), "--device", options.device,
-               "--max-time", str(options.max_time), "--timeout", str(options.timeout),
-               "--parallel", str(options.parallel)]  # fmt: skip
-    limit = options.max_time + 4 * options.timeout + 120
+               "--timeout", str(options.timeout), "--parallel", str(options.parallel),
+               *(["--max-time", str(options.max_time)] if options.max_time else [])]  # fmt: skip
+    limit = (options.max_time or SAFETY_CAP) + 4 * options.timeout + 120
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=limit)
     except subprocess.TimeoutExpired:
@@ -154,7 +161,7 @@ def report(rows: list[dict], skipped: list[str], options: argparse.Namespace, wa
         "",
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"{platform.node() or 'host'}, Python {platform.python_version()}, {platform.machine()}, "
-        f"{os.cpu_count()} cores; limit {options.max_time:.0f} s per run, {options.timeout:.0f} s "
+        f"{os.cpu_count()} cores; {_limit(options)}, {options.timeout:.0f} s "
         f"per check; parallel = {options.parallel} candidates at once; {options.jobs} case(s) "
         f"side by side; wall time {wall:.0f} s. Command: "
         f"`{' '.join(['python benchmarks/bench_source_speed.py', *sys.argv[1:]])}`.",
@@ -186,6 +193,18 @@ def report(rows: list[dict], skipped: list[str], options: argparse.Namespace, wa
     return "\n".join(lines) + "\n"
 
 
+def _limit(options: argparse.Namespace) -> str:
+    if options.max_time is None:
+        return f"each run to its fixed point (no limit; the safety cap {SAFETY_CAP:.0f} s)"
+    return f"limit {options.max_time:.0f} s per run"
+
+
+def sizes(rows: list[dict]) -> list[Sized]:
+    """Each row's repro size (lines) beside its seconds (this file's JSON rows, older ones too)."""
+    return [Sized(f"{r['case']} / {r['config']}", r.get("lines"), r.get("seconds"))
+            for r in rows if "error" not in r]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -194,7 +213,8 @@ def main() -> None:
     parser.add_argument("--configs", nargs="*", default=None, choices=CONFIGS)
     parser.add_argument("--tree", default=None, help="another checkout, for the `tree` config")
     parser.add_argument("--parallel", type=int, default=None, help="default: half the cores")
-    parser.add_argument("--max-time", type=float, default=180.0)
+    parser.add_argument("--max-time", type=float, default=None,
+                        help="a limit per run (default: none, each runs to its fixed point)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--cases", nargs="*", default=None)
@@ -222,6 +242,8 @@ def main() -> None:
     with ThreadPoolExecutor(options.jobs) as pool:
         rows = [row for rows in pool.map(lambda c: bench_case(c, options), cases) for row in rows]
     text = report(rows, skipped, options, time.perf_counter() - started)
+    previous = sizes(read_previous(out.with_suffix(".json")) or [])
+    text += "\n".join(trend_lines(previous, sizes(rows), unit="lines")) + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     (out.with_suffix(".json")).write_text(json.dumps(rows, indent=1))

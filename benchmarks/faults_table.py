@@ -15,6 +15,7 @@ from typing import Any
 
 from benchmarks.corpus_report import audit_lines
 from benchmarks.corpus_score import CaseScore, totals
+from benchmarks.size_trend import Sized, read_previous, trend_lines
 from reprocut.model.fingerprint import location_class
 
 LOCALIZED = ("outcome", "op", "line", "step", "signature")
@@ -166,8 +167,9 @@ def render(rows: list[FaultRow], meta: dict[str, Any]) -> str:
         "brackets); `code`: the same less the header docstring.",
         "",
         "| case | localized | verified | same bug | truth | shrink s | reduce s | stopped | checks "
-        "| lines | code | compute-sanitizer (repro) | generic verified | generic s | notes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| lines | code | compute-sanitizer (repro) | generic verified | generic s | generic lines "
+        "| notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         r, g = row.reprocut, row.generic
@@ -180,12 +182,14 @@ def render(rows: list[FaultRow], meta: dict[str, Any]) -> str:
             f"{same_bug_cell(row)} | {MARK[row.truth]} | {_cell(r.seconds)} | "
             f"{_cell(r.reduce_seconds)} | {r.stopped or MARK[None]} | {_cell(r.checks)} | "
             f"{_cell(r.lines)}{statements} | {_cell(r.code_lines)} | {sanitizer_cell(row)} | "
-            f"{MARK[g.verified]} | {_cell(g.seconds)} | {notes.replace('|', '/')} |"
+            f"{MARK[g.verified]} | {_cell(g.seconds)} | {_cell(g.lines)} | "
+            f"{notes.replace('|', '/')} |"
         )
     lines += [
         "",
         f"**Median shrink time {_seconds(r_median)} (reduction alone "
-        f"{_seconds(_median([r.reprocut.reduce_seconds for r in rows]))}); verified and the "
+        f"{_seconds(_median([r.reprocut.reduce_seconds for r in rows]))}), median repro "
+        f"{_cell(_median([r.reprocut.lines for r in rows]))} lines; verified and the "
         f"same bug: {len(good)}/{len(rows)}** (verified {sum(bool(r.reprocut.verified) for r in rows)}, "
         f"same bug {sum(r.same_bug is True for r in rows)}, fingerprint as case.toml "
         f"{sum(r.truth is True for r in rows)}; localized right {sum(r.localized for r in rows)}).",
@@ -215,12 +219,25 @@ def repros_folder(out: Path, device: str) -> Path:
 
 
 def write(rows: list[FaultRow], meta: dict[str, Any], out: Path) -> Path:
-    """faults-<device>.md and .json in `out`, overwriting the last run's (the date is inside)."""
+    """faults-<device>.md and .json in `out`, overwriting the last run's (the date is inside);
+    the markdown ends with the repro sizes against that last run's (size_trend.py)."""
     out.mkdir(parents=True, exist_ok=True)
     stem = f"faults-{meta['device']}"
-    (out / f"{stem}.json").write_text(
-        json.dumps({"meta": meta, "cases": [row.to_json() for row in rows]}, indent=1) + "\n"
-    )
+    cases = [row.to_json() for row in rows]
+    previous = read_previous(out / f"{stem}.json") or {}
+    since = str((previous.get("meta") or {}).get("date", ""))
+    trend = trend_lines(sizes(previous.get("cases") or []), sizes(cases), unit="lines", since=since)
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "cases": cases}, indent=1) + "\n")
     markdown = out / f"{stem}.md"
-    markdown.write_text(render(rows, meta))
+    markdown.write_text(render(rows, meta) + "\n".join(trend) + "\n")
     return markdown
+
+
+def sizes(cases: list[dict[str, Any]]) -> list[Sized]:
+    """Each reducer's repro size (lines) beside its seconds, from the JSON's cases."""
+    return [
+        Sized(f"{case['case']} / {who}", (case.get(who) or {}).get("lines"),
+              (case.get(who) or {}).get("seconds"))
+        for case in cases for who in ("reprocut", "generic")
+        if (case.get(who) or {}).get("lines")
+    ]  # fmt: skip

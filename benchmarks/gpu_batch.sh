@@ -95,11 +95,13 @@ stage_profile() {
 }
 
 stage_source() {
-    # one process per GPU case, side by side (each reducer gets SOURCE_MAX_TIME per case)
+    # one process per GPU case, side by side (reprocut's reducer to its fixed point, shrinkray
+    # SOURCE_MAX_TIME per case; SOURCE_CLI=1 adds `reprocut record` + `shrink --source` rows)
     local name
     for name in ${SOURCE_CASES:-cuda_triton_expand_bias cuda_cupy_misaligned_vec4 cuda_cupy_contiguous_pe}; do
         timeout -k 10 "${SOURCE_LIMIT:-560}" python3 benchmarks/bench_source.py --device cuda \
             --max-time "${SOURCE_MAX_TIME:-120}" --timeout 60 --cases "$name" \
+            $([ -z "${SOURCE_CLI:-}" ] && echo --no-cli) \
             --out "$LOGS/source-cuda-$name.md" >"$LOGS/bench_source-$name.log" 2>&1 &
     done
     wait
@@ -223,7 +225,8 @@ stage_memory() {
 }
 
 stage_faults() {
-    # not in the default STAGES: run it with STAGES=faults, alone (~6 minutes; at most 7)
+    # not in the default STAGES: run it with STAGES=faults, alone (~6 minutes at the former 30 s
+    # reduction limit; reductions now run to their fixed point: at most FAULTS_LIMIT, 9.5 min)
     install_shrinkray
     timeout -k 10 "${FAULTS_TESTS_LIMIT:-300}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 2 \
         --timeout 240 tests/test_sanitizer.py tests/test_agreement.py tests/test_localize_cuda.py \
@@ -231,7 +234,7 @@ stage_faults() {
     local tests=$!
     # shrink at its default settings (FAULTS_MAX_TIME: a limit instead), no generic reducer
     # unless FAULTS_GENERIC=1: 11 memory-fault and custom-op cases, FAULTS_JOBS at once
-    timeout -k 10 "${FAULTS_LIMIT:-400}" python3 benchmarks/bench_faults.py --device cuda \
+    timeout -k 10 "${FAULTS_LIMIT:-560}" python3 benchmarks/bench_faults.py --device cuda \
         --jobs "${FAULTS_JOBS:-3}" --record-jobs "${FAULTS_RECORD_JOBS:-3}" ${FAULTS_MAX_TIME:+--max-time $FAULTS_MAX_TIME} --check-timeout 30 \
         --record-timeout 150 --tail 150 --out "$OUT" ${FAULTS_CASES:+--cases $FAULTS_CASES} \
         $([ "${FAULTS_GENERIC:-0}" = 1 ] || echo --no-generic) >"$LOGS/bench_faults.log" 2>&1

@@ -4,6 +4,7 @@ on it: its cases exist with a CUDA signature, and its table shows what shrink at
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,8 +80,8 @@ def test_the_table_shows_verified_same_bug_truth_and_the_median_shrink_time():
     assert "| ✓ (3/3) | ✗ (access) | · | 70.0 | 30.2 | max time |" in pe
     assert "at its default settings" in table and '"max_time": 30.0' in table
     assert (
-        "**Median shrink time 55.0 s (reduction alone 19.9 s); verified and the same bug: 1/2**"
-        in table
+        "**Median shrink time 55.0 s (reduction alone 19.9 s), median repro 18.0 lines; "
+        "verified and the same bug: 1/2**" in table
     )
     assert matches_truth(expected, {**original, "relation": "before the start of"}) is True
     assert matches_truth(expected, {**original, "relation": "misaligned inside"}) is False
@@ -97,13 +98,17 @@ def test_code_lines_leave_out_the_header_only():
 def test_results_keep_one_name_per_device_and_a_rerun_overwrites(tmp_path):
     meta = {"device": "cuda", "date": "2026-12-01", "command": "bench", "max_time": 30,
             "check_timeout": 30, "jobs": 4}  # fmt: skip
-    row = FaultRow("gnn_sparse_adjacency", "sparse", score("gnn_sparse_adjacency"))
+    row = FaultRow("gnn_sparse_adjacency", "sparse", score("gnn_sparse_adjacency"),
+                   Reduced(seconds=60.0, lines=9))  # fmt: skip
     first = write([row], meta, tmp_path)
-    second = write([row], {**meta, "date": "2026-12-02"}, tmp_path)
+    faster = replace(row, reprocut=Reduced(seconds=40.0, lines=12))  # faster, but larger
+    second = write([faster], {**meta, "date": "2026-12-02"}, tmp_path)
     assert first == second == tmp_path / "faults-cuda.md"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["faults-cuda.json", "faults-cuda.md"]
     text = second.read_text()
     assert "2026-12-02" in text and "shrinks 4 at once" in text and "`faults-cuda-repros/`" in text
+    assert "1 repro(s) larger" in text
+    assert "| gnn_sparse_adjacency / reprocut | 9 | 12 | 60.0 | 40.0 | **larger** |" in text
     assert repros_folder(tmp_path, "cuda") == tmp_path / "faults-cuda-repros"
 
 

@@ -123,3 +123,19 @@ def test_a_newer_case_supersedes_the_one_waiting_and_cancels_the_one_running(
     assert beside.answer_for(meta_mm(4)) == (False, "runs without error")
     assert beside.answer_for(meta_mm(8)) is None  # cancelled: no answer kept
     assert oracle.asked == [8, 4] and oracle.most == 1 and beside.checks == 2
+
+
+def test_case_checks_side_by_side_reach_the_one_at_a_time_repro(tmp_path: Path) -> None:
+    """Two slots, each checking in a folder of its own by the fork server: the minimal case one
+    check at a time reaches (what the H200's four slots rely on; the same trail is checked
+    against a pure predicate in test_shrinker.py)."""
+    with Oracle(timeout=60) as oracle:
+        outcome = shrink_case(
+            meta_failure(oracle), {}, oracle, max_checks=100, max_time=None, out=tmp_path,
+            slots=2, environment=Environment(), on_event=lambda event: None, phases=Phases(),
+        )  # fmt: skip
+        assert (oracle.workdir / "slots" / "1").is_dir()  # the second slot's folder was used
+    best = ReproCase.loads((tmp_path / BEST_FILE).read_text())
+    assert outcome.stopped == "fixed point"
+    assert [spec.shape for _, spec in best.tensors()] == [(1, 1), (2, 1)]
+    assert {spec.values for _, spec in best.tensors()} == {Generated("zeros")}

@@ -7,6 +7,8 @@ import stat
 import sys
 from pathlib import Path
 
+import pytest
+
 from reprocut.check.fingerprint import UNAVAILABLE, compare, memory_fingerprint
 from reprocut.check.memcheck import TensorRange, parse_report
 from reprocut.check.sanitizer import Evidence
@@ -200,19 +202,25 @@ def test_the_unshrunk_script_runs_from_accepted_with_its_sibling_modules(tmp_pat
     assert seen is not None and seen.matches(ILLEGAL, compare_op=False), seen
 
 
-def test_a_memory_fault_gets_the_short_default_limit_even_for_a_captured_call():
-    """Each check of a memory fault's captured call runs the user's kernel on gigabytes:
-    the 120 s a device assert's call may take made a custom op's shrink 160 s on the H200."""
-    from reprocut.pipeline.settings import CASE_TIME, SCRIPT_TIME, ShrinkSettings
+def test_the_default_runs_to_the_fixed_point_under_the_safety_cap_and_plain_runs_stay_bounded():
+    """No --max-time: every reduction runs to its fixed point, the safety cap only a net; the
+    plain confirmations keep a bound of their own (a memory fault's captured call runs the
+    user's kernel on gigabytes, as a script's candidates do); --max-time stays the user's."""
+    from reprocut.model.limits import SAFETY_CAP, SAFETY_CAP_HIT
+    from reprocut.pipeline.settings import PLAIN_SECONDS_CASE, PLAIN_SECONDS_SCRIPT, ShrinkSettings
 
     fault = Failure("localized", ErrorInfo("RuntimeError", "illegal"), ILLEGAL)
     assert_ = Signature("RuntimeError", 710, "aten::embedding", "index out of bounds")
     device_assert = Failure("localized", ErrorInfo("RuntimeError", "assert"), assert_)
     settings = ShrinkSettings()
-    assert settings.time_limit(fault, script=False) == SCRIPT_TIME
-    assert settings.time_limit(device_assert, script=False) == CASE_TIME
-    assert settings.time_limit(device_assert, script=True) == SCRIPT_TIME
-    assert ShrinkSettings(max_time=7).time_limit(fault, script=False) == 7
+    assert settings.time_limit().seconds == SAFETY_CAP
+    assert settings.time_limit().reason == SAFETY_CAP_HIT
+    assert settings.plain_seconds(fault, script=False) == PLAIN_SECONDS_SCRIPT
+    assert settings.plain_seconds(device_assert, script=False) == PLAIN_SECONDS_CASE
+    assert settings.plain_seconds(device_assert, script=True) == PLAIN_SECONDS_SCRIPT
+    user = ShrinkSettings(max_time=7)
+    assert (user.time_limit().seconds, user.time_limit().reason) == (7, "max time")
+    assert user.plain_seconds(device_assert, script=False) == pytest.approx(7 * 0.2)
 
 
 def test_the_verdict_says_which_parts_agreed_when_only_the_side_of_the_address_differs() -> None:

@@ -135,3 +135,34 @@ def test_narrow_tables_cut_words_with_an_ellipsis_never_fold_them(recorded):
     tokens, table = table_tokens(failure, 50)
     assert any(token.endswith("…") for token in tokens), table
     assert not folded(tokens), table
+
+
+def test_shrink_progress_is_a_bar_on_a_terminal_and_plain_lines_off_it():
+    """On a terminal: a bar of the size cut so far, with the checks and the best's size; off
+    it, no bar, only a line per accepted step (the same lines on a terminal)."""
+    import io
+
+    from reprocut.report.display.shrink import shrink_display
+    from reprocut.source.results import SourceAccepted, SourceChecked
+
+    events = [
+        SourceChecked("jump_to_call", 1, True, 40),
+        SourceAccepted("jump_to_call", "x = 1\n", 40, 1),
+        SourceChecked("delete_statements", 2, False, 40),
+        SourceChecked("delete_statements", 3, True, 10),
+        SourceAccepted("delete_statements", "x\n", 10, 3),
+    ]
+    shown = {}
+    for terminal in (True, False):
+        stream = io.StringIO()
+        console = Console(file=stream, force_terminal=terminal, width=100)
+        with shrink_display(console) as on_event:
+            for event in events:
+                on_event(event)
+        shown[terminal] = stream.getvalue()
+    assert "━" in shown[True] and "3 checks · delete_statements" in shown[True]
+    assert "10 lines" in shown[True]
+    assert "━" not in shown[False] and "checks ·" not in shown[False]
+    assert shown[False].splitlines() == [
+        "✓ jump_to_call → 40 lines (1 check)", "✓ delete_statements → 10 lines (3 checks)"
+    ]  # fmt: skip

@@ -292,9 +292,12 @@ def test_source_reduction_of_a_stride_ignoring_extension_end_to_end(tmp_path, mo
     assert main(["record", "--quiet", "train.py"]) == ExitCode.SCRIPT_ERROR
     out = tmp_path / "out"
     capsys.readouterr()
-    code = main(["shrink", "--source", "--json", "--max-time", "150", "--out", str(out)])
+    code = main(["shrink", "--source", "--json", "--out", str(out)])  # the defaults
     assert code == ExitCode.OK
-    passes = json.loads(capsys.readouterr().out)["passes"]  # which passes cut it, by count
+    result = json.loads(capsys.readouterr().out)
+    assert result["fixed_point"] is True and result["stopped"] == "fixed point"
+    assert result["limits"]["max_time"] is None  # no clock: the safety cap only
+    passes = result["passes"]  # which passes cut it, by count
     assert passes and all(count > 0 for count in passes.values())
     assert passes.get("delete_statements", 0) + passes.get("jump_to_call", 0) > 0
     repro = (out / "repro.py").read_text()
@@ -309,3 +312,16 @@ def test_source_reduction_of_a_stride_ignoring_extension_end_to_end(tmp_path, mo
         timeout=120,
     )
     assert "fused_bias_gelu: illegal memory access" in done.stderr
+
+
+def test_the_note_says_which_limit_stopped_the_shrink_before_its_fixed_point() -> None:
+    from reprocut.model.limits import TimeLimit
+    from reprocut.pipeline.same_bug import stopped_note
+
+    assert stopped_note("fixed point", TimeLimit.from_option(None), 2000) == ()
+    (cap,) = stopped_note("safety cap", TimeLimit.from_option(None), 2000)
+    assert "600 s safety cap (no --max-time was given)" in cap and "a larger --max-time" in cap
+    (user,) = stopped_note("max time", TimeLimit.from_option(45), 2000)
+    assert "45 s limit (--max-time), before its fixed point" in user
+    (checks,) = stopped_note("max checks", TimeLimit.from_option(None), 80)
+    assert "80-check limit (--max-checks)" in checks

@@ -3,6 +3,8 @@ never grows, and stops at a fixed point."""
 
 from __future__ import annotations
 
+import time
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -108,6 +110,7 @@ def test_reaches_a_fixed_point(case: ReproCase) -> None:
     again = Shrinker(best, always, passes=PASSES, max_checks=10_000, max_time=60, cpu_visible=True)
     assert again.run() == best
     assert again.checks == 0  # any strictly smaller candidate would have been accepted
+    assert again.stopped == "fixed point"
     # with an always-true predicate every tensor ends at one element
     assert all(spec.numel == 1 for _, spec in best.tensors())
 
@@ -118,3 +121,61 @@ def test_budget_bounds_the_number_of_checks(case: ReproCase, budget: int) -> Non
     shrinker = Shrinker(case, lambda c: True, max_checks=budget, passes=PASSES)
     shrinker.run()
     assert shrinker.checks <= budget
+
+
+def test_with_no_limit_given_a_round_that_removes_nothing_ends_it(monkeypatch) -> None:
+    """The default (no max_time): the loop ends at its fixed point, the safety cap unreached;
+    the cap and a user's limit each name themselves when they stop it."""
+    from reprocut.model import limits
+
+    case = ReproCase("torch.gather", (TensorSpec((6, 4), values=Generated("randn")),))
+    bounded = Shrinker(case, lambda c: c.total_numel() >= 3, passes=PASSES, cpu_visible=True)
+    best = bounded.run()
+    assert bounded.stopped == "fixed point" and best.total_numel() == 3
+
+    def slow(candidate: ReproCase) -> bool:
+        time.sleep(0.02)
+        return True
+
+    assert _stopped(Shrinker(case, slow, passes=PASSES, max_time=0.01)) == "max time"
+    monkeypatch.setattr(limits, "SAFETY_CAP", 0.01)
+    assert _stopped(Shrinker(case, slow, passes=PASSES)) == "safety cap"
+
+
+def _stopped(shrinker: Shrinker) -> str:
+    shrinker.run()
+    return shrinker.stopped
+
+
+class ThreadedChecks:
+    """A runner checking candidates on worker threads, the slower ones later (their verdicts
+    come back out of order): CaseChecks with the predicate as its check."""
+
+    def __init__(self, predicate, slots: int) -> None:
+        self.predicate, self.slots = predicate, slots
+
+    def run(self, case: ReproCase, slot: int, ticket: object) -> bool:
+        time.sleep(0.001 * (hash(case) % 3))
+        return self.predicate(case)
+
+    def settle(self, case: ReproCase, slot: int, verdict: bool) -> bool:
+        return verdict
+
+    def accepts(self, verdict: bool) -> bool:
+        return verdict
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(), st.integers(0, 1000))
+def test_checking_alternatives_side_by_side_gives_the_one_at_a_time_result(case, seed) -> None:
+    holds = predicate_from(seed)
+    trails: list[list[tuple[str, int, int]]] = []
+    results = []
+    for runner in (None, ThreadedChecks(holds, 3)):
+        trail: list[tuple[str, int, int]] = []
+        shrinker = Shrinker(case, holds, passes=PASSES, runner=runner, cpu_visible=True,
+                            on_event=lambda e, t=trail: t.append((e.kind, e.checks, e.size)))  # fmt: skip
+        results.append((shrinker.run(), shrinker.checks, shrinker.stopped))
+        trails.append(trail)
+    assert results[0] == results[1]
+    assert trails[0] == trails[1]  # the same checks, accepted in the same order

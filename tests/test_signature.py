@@ -11,7 +11,9 @@ from reprocut.model.signature import (
     cuda_error_code,
     is_memory_error,
     normalize_message,
+    number_pattern,
     parse_assertions,
+    same_numbers,
 )
 
 CUDA_MESSAGE = (
@@ -107,6 +109,23 @@ def test_a_negative_index_is_another_bug_than_one_past_the_end():
     missing = classify("IndexError", message.format(-1, 200))
     assert missing == classify("IndexError", message.format(-3, 1))
     assert not missing.matches(classify("IndexError", message.format(1, 1)))
+
+
+def test_numbers_must_relate_as_they_did_an_empty_buffer_is_another_bug():
+    """A numpy kernel's scatter into `np.zeros((count, d))` with an id equal to count had slid,
+    reduced, to an `np.zeros(0)` output and to an id past a one-row buffer: the same kind,
+    the numbers related otherwise."""
+    original = "index 6 is out of bounds for axis 0 with size 6"
+    assert number_pattern(original) == (1, 0, 1)
+    assert same_numbers(original, "index 1 is out of bounds for axis 0 with size 1")
+    assert not same_numbers(original, "index 0 is out of bounds for axis 0 with size 0")
+    assert not same_numbers(original, "index 3 is out of bounds for axis 0 with size 0")
+    assert not same_numbers(original, "index 6 is out of bounds for axis 0 with size 1")
+    empty = "index 0 is out of bounds for axis 0 with size 0"  # the user's bug may be the empty one
+    assert same_numbers(empty, empty) and not same_numbers(empty, original)
+    assert same_numbers(original, "another message with 2 numbers: 0")  # another kind: not ours
+    at = "bad pointer <built-in method x at 0x0> of size 32x0"
+    assert same_numbers(at, at.replace("0x0", "0x7f").replace("32x0", "4x4"))  # not numbers
 
 
 def test_op_mismatch_is_another_bug():

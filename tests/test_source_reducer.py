@@ -159,6 +159,29 @@ def test_the_budget_stops_the_loop():
     assert reducer.checks == 3
 
 
+def test_the_default_ends_when_a_round_removes_nothing_not_at_a_clock():
+    """No time limit given: the loop ends after a whole round of passes whose candidates were
+    all refused, well inside the safety cap; run again from there, it accepts nothing."""
+    events: list[object] = []
+    reducer = reducer_for(SCRIPT, on_event=events.append)
+    started = time.monotonic()
+    assert reducer.run() == "fixed point"
+    assert time.monotonic() - started < 60  # the cap (600 s) is a net, never reached here
+    last = max(i for i, e in enumerate(events) if isinstance(e, SourceAccepted))
+    refused = [e for e in events[last + 1 :] if isinstance(e, SourceChecked)]
+    assert refused and not any(e.accepted for e in refused)  # the final round: all refused
+    again = reducer_for(reducer.best)
+    assert again.run() == "fixed point" and again.accepted == {}
+
+
+def test_the_safety_cap_and_the_users_limit_each_say_that_they_stopped_it(monkeypatch):
+    from reprocut.model import limits
+
+    assert reducer_for(SCRIPT, max_time=0).run() == "max time"  # --max-time
+    monkeypatch.setattr(limits, "SAFETY_CAP", 0.0)
+    assert reducer_for(SCRIPT).run() == "safety cap"  # none given: the net
+
+
 def test_sort_key_prefers_one_file_then_flat_code(tmp_path: Path):
     (tmp_path / "helpers.py").write_text("X = 1\n")
     dirs = (tmp_path,)
@@ -411,6 +434,20 @@ def test_pin_script_dir_keeps_sibling_imports_working_anywhere():
     )
 
 
+def test_a_user_module_the_reduction_kept_is_found_from_anywhere(tmp_path: Path):
+    """A module whose state the script sets (`ops.SCALE = ...`) stays imported, not inlined:
+    the repro puts the script's folder on sys.path (once), as the script had it as sys.path[0]."""
+    from reprocut.source.recorded import pin_script_dir
+
+    (tmp_path / "ops.py").write_text("SCALE = None\n")
+    pinned = pin_script_dir("import ops\nops.SCALE = 0\n", tmp_path)
+    assert (
+        pinned == f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport ops\nops.SCALE = 0\n"
+    )
+    assert pin_script_dir(pinned, tmp_path) == pinned
+    assert pin_script_dir("import torch\n", tmp_path) == "import torch\n"  # nothing of theirs
+
+
 @pytest.mark.slow
 def test_record_reads_the_kernel_and_the_tensors_reaching_a_launch(tmp_path: Path):
     """What `record` adds to a fault outside the dispatcher (on a GPU, after the blocking rerun
@@ -463,9 +500,55 @@ def test_the_wait_and_the_format_cost_one_check_together_and_each_alone_only_if_
     reducer = SourceReducer(
         best=best, expected=sig, check=check("never"), context=PassContext(), passes=()
     )
-    both = _finished(best, check("never"), sig, reducer)
+    both = _finished(best, check("never"), reducer)
     assert both.endswith("torch.cuda.synchronize()\n") and len(seen) == 1
     seen.clear()
-    alone = _finished(best, check("synchronize"), sig, reducer)  # the wait spoils it
+    alone = _finished(best, check("synchronize"), reducer)  # the wait spoils it
     assert "synchronize" not in alone and len(seen) >= 1
     assert all("synchronize" in c or c == format_code(best) for c in seen)
+
+
+POOL = code("""
+    def pool(ids, count):
+        out = [0] * count
+        for i in ids:
+            if i >= len(out):
+                raise IndexError(f"index {i} is out of bounds for axis 0 with size {len(out)}")
+            out[i] += 1
+        return out
+
+
+    pool([0, 1, 6], 6)
+""")
+
+
+def verdict_in_process(source: str):
+    """The candidate's failure as the oracle gives it: a Verdict with the message."""
+    from reprocut.check.oracle import OtherFailure, Passed, Reproduced
+    from reprocut.model.signature import classify
+
+    try:
+        exec(compile(source, "<candidate>", "exec"), {"__name__": "__main__"})
+    except Exception as exc:
+        signature = classify(type(exc).__name__, str(exc))
+        kind = Reproduced if signature.matches(OUT_OF_BOUNDS) else OtherFailure
+        return kind(signature, str(exc), "", 0.0)
+    return Passed(0.0)
+
+
+OUT_OF_BOUNDS = Signature("IndexError", None, None, "index <n> is out of bounds for axis <n> with size <n>")  # fmt: skip
+
+
+def test_the_reduction_keeps_how_the_numbers_of_the_message_relate_and_so_the_bug():
+    """Unguarded, the integers shrink to 0 and the error says "index 0": the same kind,
+    another bug; with the original's message its numbers relate as they did."""
+    from reprocut.model.signature import same_numbers
+
+    context = PassContext(focus="pool([0, 1, 6], 6)")
+    message = verdict_in_process(POOL).message
+    loose = SourceReducer(POOL, OUT_OF_BOUNDS, verdict_in_process, context)
+    loose.run()
+    assert not same_numbers(message, verdict_in_process(loose.best).message)  # slid
+    guarded = SourceReducer(POOL, OUT_OF_BOUNDS, verdict_in_process, context, message=message)
+    assert guarded.run() == "fixed point"
+    assert same_numbers(message, verdict_in_process(guarded.best).message)

@@ -17,6 +17,7 @@ from reprocut.source.fixed_point import SourceReducer
 from reprocut.source.passes import PASSES, PassContext
 from reprocut.source.reducer import reduce_source
 from reprocut.source.results import SourceAccepted, SourceChecked
+from reprocut.source.speculation import CallableChecks, Speculation, default_slots
 
 BAD = Signature("ValueError", None, None, "bad value <n>")
 
@@ -61,6 +62,22 @@ def test_installed_packages_are_preloaded_and_the_users_own_modules_are_not(tmp_
     assert why["pycuda.autoinit"] == "makes a CUDA context when imported"
     assert why["hypothesis"].startswith("imported after the environment is written at train.py:")
     assert "json" not in why and "torch" not in why  # the standard library, torch: nothing to do
+
+
+def test_torch_dynamo_is_preloaded_for_a_script_whose_first_step_imports_it(tmp_path: Path):
+    """A custom op's registration or an optimizer's step imports torch._dynamo when first used
+    (1.1 s here, in every check): the server imports it once for such a script, unless the
+    script writes the environment before (dynamo reads it at import)."""
+    (tmp_path / "ops.py").write_text("import torch\n\n@torch.library.custom_op('n::f', mutates_args=())\ndef f(x: torch.Tensor) -> torch.Tensor:\n    return x\n")  # fmt: skip
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nimport ops\nx = torch.ones(2)\n")
+    assert choose_preloads(script, (tmp_path,)).modules() == ("torch._dynamo",)
+    script.write_text("import torch\nw = torch.ones(2)\nopt = torch.optim.SGD([w], lr=0.1)\n")
+    assert choose_preloads(script, (tmp_path,)).modules() == ("torch._dynamo",)
+    script.write_text("import os\nos.environ['TORCHDYNAMO_DISABLE'] = '1'\nimport ops\n")
+    assert choose_preloads(script, (tmp_path,)).modules() == ()
+    script.write_text("import torch\nprint(torch.ones(2).sum())\n")
+    assert choose_preloads(script, (tmp_path,)).modules() == ()
 
 
 def test_a_module_that_is_not_installed_is_not_preloaded(tmp_path: Path):
@@ -235,3 +252,37 @@ def test_triton_and_cupy_preloaded_leave_the_children_free_to_use_the_gpu(tmp_pa
         assert set(gpu_oracle.preloaded["loaded"]) == {"triton", "triton.language", "cupy"}, (
             gpu_oracle.preloaded
         )
+
+
+def test_the_candidates_in_flight_follow_the_cores():
+    """Half the cores, at most four: a 2-core laptop checks one candidate at a time, the
+    16-core H200 host four; and that many really run at once."""
+    assert [default_slots(n) for n in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 4, 4]
+    running, most, lock = [0], [0], threading.Lock()
+
+    def check(candidate: str) -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+
+    class Refuses:
+        def admissible(self, candidate: str) -> bool:
+            return True
+
+        def out_of_budget(self, in_flight: int) -> str | None:
+            return None
+
+        def take(self, candidate: str, verdict: object, pass_name: str) -> bool:
+            return False
+
+    slots = default_slots(16)
+    speculation = Speculation(CallableChecks(check, slots))
+    try:
+        options = [(k, f"x = {k}\n") for k in range(12)]
+        assert speculation.first_accepted(Refuses(), options, "pass") is None
+    finally:
+        speculation.close()
+    assert most[0] == slots

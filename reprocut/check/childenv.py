@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from reprocut import PACKAGE_DIR
+from reprocut.check.kernel_caches import with_kernel_caches
 
 FORK_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # torch.cuda.is_available() without CUDA
 BLOCKING_ENV = {"CUDA_LAUNCH_BLOCKING": "1", **FORK_ENV}
@@ -20,9 +21,10 @@ def package_root() -> str:
 
 
 def child_environment(*, blocking: bool = True) -> dict[str, str]:
-    """The environment of reprocut's child processes, reprocut importable; with `blocking`
-    (probes and localization), blocking launches, else the user's own environment as it is."""
-    env = dict(os.environ)
+    """The environment of reprocut's child processes, reprocut importable, the kernel caches
+    shared (check/kernel_caches.py); with `blocking` (probes and localization), blocking
+    launches, else the user's own environment as it is."""
+    env = with_kernel_caches(os.environ)
     env.update(BLOCKING_ENV if blocking else FORK_ENV)
     root = package_root()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)

@@ -50,7 +50,7 @@ from reprocut.check.verdicts import (
     verdict_from_reply,
 )
 from reprocut.model.case import ReproCase, Signature
-from reprocut.shrink.emitter import SIDECAR_NAME, emit, inline_captured
+from reprocut.shrink.emitter import SIDECAR_NAME, Emitted, emit, inline_captured
 from reprocut.shrink.header import Header
 
 __all__ = [
@@ -72,6 +72,16 @@ __all__ = [
 ]
 SERVER_GRACE = 30.0  # seconds the server may take beyond a check's own timeout before we give up
 PRELOAD_TIMEOUT = 300.0  # a trial import and the real one of every preloaded package
+
+
+def emitted_case(case: ReproCase, inputs: Mapping[str, Any] | None = None) -> Emitted:
+    """`case` as the script its check runs (captured values inlined where small)."""
+    return emit(inline_captured(case, inputs) if inputs else case, Header(expected=case.expected))
+
+
+def case_filename(case: ReproCase, code: str, folder: Path) -> Path:
+    """The file a check of `case` runs: one per candidate for a custom op's code."""
+    return folder / (f"repro_{abs(hash(code)):x}.py" if case.definitions else "repro.py")
 
 
 class Oracle:
@@ -149,16 +159,16 @@ class Oracle:
         ticket: Ticket | None = None,
         leave_standby: bool = False,
         sidecar_file: Path | None = None,
+        confirm: bool = True,
     ) -> Verdict:
         """Emit `case` as a script and run it (captured values inlined or put in a sidecar).
         `workdir`: a folder of its own for the script and sidecar (the oracle's by default), for
-        a check running beside others; `ticket` and `leave_standby` as for `check_source`.
+        a check running beside others; `ticket`, `leave_standby` and `confirm` as for
+        `check_source` (`emitted_case` and `case_filename` give what `confirm_verdict` takes).
         `sidecar_file`: a file of captured tensors (the recording's) that the script loads as
         its sidecar, linked as it is: no values are read here, so no torch import."""
         folder = workdir or self.workdir
-        if inputs:
-            case = inline_captured(case, inputs)
-        emitted = emit(case, Header(expected=case.expected))
+        emitted = emitted_case(case, inputs)
         if emitted.sidecar_keys and sidecar_file is not None:
             link = folder / SIDECAR_NAME
             link.unlink(missing_ok=True)
@@ -166,9 +176,8 @@ class Oracle:
             self._sidecar_keys.pop(folder, None)
         elif emitted.sidecar_keys:
             self._write_sidecar(emitted.sidecar_keys, inputs or {}, folder)
-        filename = folder / "repro.py"
+        filename = case_filename(case, emitted.code, folder)
         if case.definitions:  # a custom op's code: `@triton.jit` reads its source from the file
-            filename = folder / f"repro_{abs(hash(emitted.code)):x}.py"
             filename.write_text(emitted.code)
         try:
             return self.check_source(
@@ -181,6 +190,7 @@ class Oracle:
                 fresh_child=bool(case.env),  # its env must be set before CUDA starts
                 ticket=ticket,
                 leave_standby=leave_standby,
+                confirm=confirm,
             )
         finally:
             if case.definitions:  # one file per candidate: gone once its check has run
@@ -326,6 +336,14 @@ class Oracle:
         self, keys: tuple[str, ...], inputs: Mapping[str, Any], folder: Path
     ) -> None:
         if self._sidecar_keys.get(folder) == (keys, id(inputs)):
+            return
+        held = list(self._sidecar_keys.items())  # other slots' checks may add theirs meanwhile
+        written = next((f for f, k in held if k == (keys, id(inputs)) and f != folder), None)
+        if written is not None and (written / SIDECAR_NAME).is_file():  # another slot's folder
+            path = folder / SIDECAR_NAME  # has it: a link, not gigabytes written once more
+            path.unlink(missing_ok=True)
+            path.symlink_to((written / SIDECAR_NAME).resolve())
+            self._sidecar_keys[folder] = (keys, id(inputs))
             return
         import torch
 

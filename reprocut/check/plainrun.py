@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from reprocut.check.kernel_caches import with_kernel_caches
 from reprocut.check.oracle import run_with_timeout
 from reprocut.check.verify import RunOutcome, signature_from_stderr
 
@@ -50,7 +51,7 @@ class _Standby:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
-                env=dict(os.environ) if env is None else env,  # as `python repro.py` has it
+                env=with_kernel_caches() if env is None else env,  # as `python repro.py`
                 start_new_session=True,
                 text=True,
             )

@@ -34,6 +34,10 @@ ALREADY = frozenset({"torch", "__future__", "reprocut"})  # the server has them,
 CUDA_AT_IMPORT = frozenset({"pycuda.autoinit"})  # modules that make a CUDA context when imported
 TRIAL_TIMEOUT = 120.0
 ENVIRON_WRITERS = frozenset({"update", "setdefault", "pop", "clear", "putenv", "unsetenv"})
+# torch's parts whose first use imports torch._dynamo (a second on the 2-core CPU machine, paid by
+# every check of a script that registers a custom op or steps an optimizer): the server, which
+# leaves it out at its own start, imports it for such a script's checks
+DYNAMO_USERS = ("torch.library", "torch.optim", "torch.compile", "torch._dynamo", "torch.export")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +49,9 @@ class Preload:
 
     def to_json(self) -> list[Any]:
         return [self.module, list(self.names)]
+
+
+DYNAMO = Preload("torch._dynamo")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +92,8 @@ class _Chooser:
         for node in _in_reading_order(tree):
             if self.environ_written is None and _writes_environ(node):
                 self.environ_written = f"{path.name}:{getattr(node, 'lineno', '?')}"
+            elif self.environ_written is None and _uses_dynamo(node):
+                self.preloads.append(DYNAMO)  # (torch._dynamo reads the environment at import)
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     self.consider(alias.name, ())
@@ -119,6 +128,18 @@ def _in_reading_order(tree: ast.AST) -> Iterator[ast.AST]:
     for node in ast.iter_child_nodes(tree):
         yield node
         yield from _in_reading_order(node)
+
+
+def _uses_dynamo(node: ast.AST) -> bool:
+    """`torch.optim.SGD`, `@torch.library.custom_op(...)`, `torch.compile(...)`: a use of a
+    part of torch that imports torch._dynamo when first used."""
+    if not isinstance(node, ast.Attribute):
+        return False
+    try:
+        dotted = ast.unparse(node)
+    except (ValueError, RecursionError):
+        return False
+    return any(dotted == name or dotted.startswith(name + ".") for name in DYNAMO_USERS)
 
 
 def _writes_environ(node: ast.AST) -> bool:

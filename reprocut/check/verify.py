@@ -7,7 +7,6 @@ not compared (the error type or CUDA code and the normalized message or assertio
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from reprocut.check import lifeline
+from reprocut.check.kernel_caches import with_kernel_caches
 from reprocut.check.oracle import run_with_timeout
 from reprocut.model.case import Signature
 from reprocut.model.errors import ExitCode
@@ -80,7 +80,7 @@ def run_plain(
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env=dict(os.environ) if env is None else env,
+        env=with_kernel_caches() if env is None else env,
         start_new_session=True,
     )
     stderr_bytes = b""

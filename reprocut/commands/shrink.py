@@ -21,6 +21,7 @@ from reprocut.check.oracle import Oracle
 from reprocut.commands.runs import pick_recording
 from reprocut.model.errors import ExitCode, MemoryHeldError
 from reprocut.model.job import culprit_path
+from reprocut.model.limits import CHECK_CAP, SAFETY_CAP
 from reprocut.model.memory import CAUSE_HELD
 from reprocut.model.oom import format_bytes
 from reprocut.model.recording import Failure, RunDir
@@ -47,12 +48,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", type=Path, help="where to write repro.py and report.md")
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    parser.add_argument("--max-checks", type=int, default=500, help="oracle checks (default 500)")
+    parser.add_argument(
+        "--max-checks",
+        type=int,
+        default=CHECK_CAP,
+        help=f"checks a reduction may run (default {CHECK_CAP}, a safety net)",
+    )
     parser.add_argument(
         "--max-time",
         type=float,
         default=None,
-        help="seconds of reduction (default 30 for a script or a memory fault, 120 for another captured call)",
+        help="seconds a reduction may run (default: none; it runs until a round of passes "
+        f"removes nothing, under a {SAFETY_CAP:.0f} s safety cap)",
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per check (60)")
     parser.add_argument("--no-fork", action="store_true", help="a fresh python per check")

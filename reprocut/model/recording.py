@@ -42,6 +42,7 @@ FAILURE_FILE = "failure.json"
 META_FILE = "meta.json"
 TRACE_FILE = "trace.jsonl"
 LAUNCH_PROBE_FILE = "launch_probe.json"  # what reached a custom kernel launch (source.probe)
+RECORD_OUTCOME_FILE = "record.outcome.json"  # how the recorded run ended (record/parent/runner)
 INPUTS_FILE = "inputs.pt"
 GITIGNORE = "# Created by reprocut: recordings hold captured tensors; keep them out of git.\n*\n"
 
@@ -268,6 +269,15 @@ class RunDir:
     @property
     def inputs_path(self) -> Path:
         return self.path / INPUTS_FILE
+
+    def recorded_traceback(self) -> str:
+        """The traceback of the recorded run's failure ("" when none was kept): its frames are
+        the failing stack, which a script reduction would otherwise run the script to read."""
+        try:
+            outcome = json.loads((self.path / RECORD_OUTCOME_FILE).read_text())
+        except (OSError, ValueError):
+            return ""
+        return str(outcome.get("traceback") or "") if isinstance(outcome, dict) else ""
 
     @classmethod
     def create(cls, root: Path = DEFAULT_ROOT, name: str | None = None) -> RunDir:

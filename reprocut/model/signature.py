@@ -60,6 +60,7 @@ _ASSERTION_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     )
 )
 
+NUMBER = "<n>"  # a number, in a kind read from a message
 _NUMBER = re.compile(r"(?<![A-Za-z_\d])-?\d+(\.\d+)?(e[-+]?\d+)?")
 _SIZES = re.compile(r"\b\d+(?:x\d+)+\b")  # "32x32", "4x4x4"
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]+\b")  # "<built-in method ... at 0x7fbe3fb8c850>"
@@ -176,7 +177,33 @@ def normalize_message(message: str) -> str:
     first = _SIZES.sub(lambda m: "x".join("<n>" for _ in m.group(0).split("x")), first)
     # a negative number keeps its sign: an index of -1 (a missing neighbour marked -1) is
     # another bug than an index past the end, though both read "index N is out of bounds"
-    return _NUMBER.sub(lambda m: "-<n>" if m.group(0)[0] == "-" else "<n>", first).strip()
+    return _NUMBER.sub(lambda m: f"-{NUMBER}" if m.group(0)[0] == "-" else NUMBER, first).strip()
+
+
+def number_pattern(message: str) -> tuple[int, ...]:
+    """How the numbers of the message's first line relate, as `normalize_message` reads them
+    (addresses and "32x32" sizes aside): 0 for a zero, else which distinct value it is (1 for
+    the first seen, 2 for the next...). "index 6 is out of bounds for axis 0 with size 6" and
+    "index 1 ... axis 0 with size 1" both give (1, 0, 1): an index equal to the size."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    first = _SIZES.sub("", _ADDRESS.sub("", normalize_inductor(first)))
+    seen: dict[float, int] = {}
+    pattern = []
+    for match in _NUMBER.finditer(first):
+        value = float(match.group(0))
+        pattern.append(0 if value == 0 else seen.setdefault(value, len(seen) + 1))
+    return tuple(pattern)
+
+
+def same_numbers(original: str, message: str) -> bool:
+    """Do `message`'s numbers relate as `original`'s do (zeros where it has zeros, equal where
+    it has equal ones)? The kind leaves numbers out so that shrinking sizes keeps it equal, but
+    the relation is part of the bug: a source reduction of a numpy kernel's "index 6 is out of
+    bounds for axis 0 with size 6" (a segment id equal to the count) had slid to an
+    `np.zeros(0)` output, "index 0 ... with size 0", and to "index 6 ... with size 1". Messages
+    whose numbers do not line up (another kind) are left to the kind to compare."""
+    mine, theirs = number_pattern(original), number_pattern(message)
+    return len(mine) != len(theirs) or mine == theirs
 
 
 def cuda_error_code(message: str) -> tuple[int | None, str | None]:

@@ -19,6 +19,7 @@ from reprocut.check.precision import float64_behaviour
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.errors import ExitCode, ReprocutError
 from reprocut.model.recording import Failure, atomic_write
+from reprocut.pipeline.case_checks import side_by_side
 from reprocut.pipeline.cpu_check import CpuBeside, all_on_cpu, cpu_behaviour
 from reprocut.pipeline.declined import captured_call_declined
 from reprocut.pipeline.first_check import FirstCheck
@@ -111,17 +112,20 @@ def shrink_case(
     oracle: Oracle,
     *,
     max_checks: int,
-    max_time: float,
+    max_time: float | None,
     out: Path,
     environment: Environment,
     on_event: Callable[[Any], None],
     phases: Phases,
     agreement: PlainAgreement | None = None,
     first: FirstCheck | None = None,
+    slots: int | None = None,
 ) -> Outcome:
-    """`agreement`: the oracle's plain confirmations, whose first may still be running beside
+    """`slots`: candidates checked side by side (default: half the cores, at most four;
+    pipeline/case_checks.py). `agreement`: the oracle's plain confirmations, whose first may still be running beside
     the shrink (its answer is waited for before the shrunk case counts). `first`: the first
-    case's check, started while the inputs were read."""
+    case's check, started while the inputs were read. `max_time`: the user's limit (None: to
+    the fixed point, under the safety cap)."""
     header = failure_header(failure, environment)
     with phases.phase(FIRST_CHECK):  # waits for the fork server, if it is still starting
         case, verdicts = pick_case(failure, inputs, oracle, first)
@@ -147,6 +151,7 @@ def shrink_case(
     shrinker = Shrinker(
         case,
         predicate,
+        runner=side_by_side(oracle, failure, inputs, expected, slots),
         passes=PASSES,
         inputs=inputs,
         max_checks=max_checks,
@@ -192,7 +197,7 @@ def shrink_case(
         sidecar=bool(emitted.sidecar_keys),
         cpu_reproduces=cpu_reproduces,
         cpu_message=cpu_message,
-        stopped=_stopped(shrinker, max_checks),
+        stopped=shrinker.stopped,
         cpu_checked_beside=answered is not None,
     )
 
@@ -217,12 +222,6 @@ def _unreproduced(
         reproduced_from_capture=False,
         declined=declined,
     )
-
-
-def _stopped(shrinker: Shrinker, max_checks: int) -> str:
-    if not shrinker.exhausted:
-        return "fixed point"
-    return "max checks" if shrinker.checks >= max_checks else "max time"
 
 
 def failure_header(

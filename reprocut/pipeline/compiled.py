@@ -17,11 +17,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from reprocut.check.kernel_caches import with_kernel_caches
 from reprocut.check.plainrun import PlainRunner
 from reprocut.check.verify import RunOutcome, Verification, run_plain, verify
 from reprocut.model.case import Signature, TensorSpec, spec_from_json
 from reprocut.model.compiled import compile_environment
 from reprocut.model.errors import ExitCode
+from reprocut.model.limits import FIXED_POINT
 from reprocut.model.recording import Failure, RunDir, atomic_write
 from reprocut.model.signature import crash_signature
 from reprocut.pipeline.cases import Outcome
@@ -31,9 +33,6 @@ from reprocut.source.checks import candidate_path
 from reprocut.source.compiled_call import compiled_call_candidates
 
 EAGER_PASSES = "passes with TORCH_COMPILE_DISABLE=1"
-# after a jump to one call of the compiled function, the script is a few lines already and each
-# check compiles (seconds on a CPU): the fine passes get this much time at most
-AFTER_JUMP_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +51,8 @@ class CompileOnlyCheck:
                  timeout: float) -> None:  # fmt: skip
         self.path = candidate_path(script)
         self.cwd, self.argv, self.expected, self.timeout = cwd, argv, expected, timeout
-        self.compiled = PlainRunner(compile_environment(compiled=True))
-        self.eager = PlainRunner(compile_environment(compiled=False))
+        self.compiled = PlainRunner(_environment(compiled=True))
+        self.eager = PlainRunner(_environment(compiled=False))
         self._lock = threading.Lock()  # one candidate file: one check at a time
 
     def __call__(self, code: str) -> Signature | None:
@@ -80,12 +79,14 @@ def shrink_compile_only(
     *,
     out: Path,
     max_checks: int,
-    max_time: float,
+    max_time: float | None,
     timeout: float,
     runs: int,
     on_event: Callable[[Any], None] | None = None,
 ) -> CompiledShrink:
-    """Reduce, write repro.py, verify it compiled (and eagerly: it must pass), write report.md."""
+    """Reduce (first the jump to one call of the compiled function, then the fine passes to
+    their fixed point; `max_time`: the user's limit, None: the safety cap), write repro.py,
+    verify it compiled (and eagerly: it must pass), write report.md."""
     from reprocut.source.recorded import pin_script_dir
     from reprocut.source.reducer import reduce_source
 
@@ -100,9 +101,7 @@ def shrink_compile_only(
         start = _jump(check, original, name, specs, failure.signature)
         reduced = reduce_source(
             script, cwd=cwd, argv=failure.argv, expected=failure.signature, check=check,
-            max_checks=max_checks,
-            max_time=max_time if start == original else min(max_time, AFTER_JUMP_SECONDS),
-            on_event=on_event, timeout=timeout * 2,
+            max_checks=max_checks, max_time=max_time, on_event=on_event, timeout=timeout * 2,
             preload=False, code=start,
             specs=specs if start == original else (),  # the jump bound them already
             focus=failure.call_site.text if failure.call_site and start == original else None,
@@ -114,8 +113,8 @@ def shrink_compile_only(
     code = pin_script_dir(reduced.code, script.parent)
     atomic_write(repro, code)
     verification = verify(repro, failure.signature, runs=runs, timeout=timeout * 2,
-                          env=compile_environment(compiled=True))  # fmt: skip
-    eager = run_plain(repro, timeout=timeout * 2, env=compile_environment(compiled=False))
+                          env=_environment(compiled=True))  # fmt: skip
+    eager = run_plain(repro, timeout=timeout * 2, env=_environment(compiled=False))
     if eager.returncode != 0:  # it fails without the compiler too: not a compile-only repro
         verification = Verification(verification.runs, 0, verification.outcomes)
     outcome = Outcome(
@@ -125,6 +124,8 @@ def shrink_compile_only(
         checks=reduced.checks,
         sidecar=False,
         passes=tuple((name, count) for name, count in reduced.accepted if count),
+        from_script=True,
+        stopped=reduced.stopped,
     )
     seconds = time.monotonic() - started
     report = out / "report.md"
@@ -135,6 +136,8 @@ def shrink_compile_only(
     result["phases"] = {"source": round(reduce_seconds, 3),
                         "verify": round(seconds - reduce_seconds, 3)}  # fmt: skip
     result["compile_only"] = {"eager_passes": eager.returncode == 0, "eager": _said(eager)}
+    result["stopped"] = reduced.stopped
+    result["fixed_point"] = reduced.stopped == FIXED_POINT
     return CompiledShrink(result, verification.exit_code)
 
 
@@ -169,6 +172,12 @@ def _jump(
         if found is not None and found.matches(expected):
             return candidate
     return original
+
+
+def _environment(*, compiled: bool) -> dict[str, str]:
+    """A check's or verification's: torch.compile on or off, the kernel caches of every check
+    shared (each candidate's Inductor kernels and the user's Triton kernels stay compiled)."""
+    return with_kernel_caches(compile_environment(compiled=compiled))
 
 
 def _signature(outcome: RunOutcome) -> Signature | None:

@@ -26,6 +26,7 @@ from reprocut.check.plainrun import Standbys
 from reprocut.check.verify import Verification, verify
 from reprocut.model.compiled import COMPILE_ONLY
 from reprocut.model.errors import ExitCode, ReprocutError
+from reprocut.model.limits import FIXED_POINT
 from reprocut.model.recording import Failure, RunDir, atomic_write
 from reprocut.pipeline.cases import Outcome, with_definitions
 from reprocut.pipeline.compiled import shrink_compile_only
@@ -48,7 +49,7 @@ from reprocut.pipeline.same_bug import (
     start_original_memcheck,
     stopped_note,
 )
-from reprocut.pipeline.settings import PLAIN_SHARE, STANDBY_DEPTH, ShrinkSettings
+from reprocut.pipeline.settings import STANDBY_DEPTH, ShrinkSettings, limits_json
 from reprocut.pipeline.ways import Shrinking, make_repro
 from reprocut.report.display.console import print_line
 from reprocut.report.display.shrink import print_phase, shrink_display
@@ -117,7 +118,7 @@ def shrink_recording(
             warm = _warm_verification(failure, settings, cleanup)
             agreement, log = agree(oracle, failure, _out(run_dir, settings), source=source,
                                    timeout=settings.timeout * 2,
-                                   max_seconds=settings.time_limit(failure, script=source) * PLAIN_SHARE)  # fmt: skip
+                                   max_seconds=settings.plain_seconds(failure, script=source))  # fmt: skip
             on_event = log.watch(shown)
             # the cases with the code registering any custom op they call: read once, here
             defined = None if source else with_definitions(failure)
@@ -137,8 +138,8 @@ def shrink_recording(
         finally:
             oracle.close(wait=False)  # its processes end while the plain runs start
             agreement.close()
-        limit = settings.time_limit(failure, script=outcome.from_script)
-        for note in stopped_note(outcome, limit, settings.max_checks):
+        limit = settings.time_limit()
+        for note in stopped_note(outcome.stopped, limit, settings.max_checks):
             print_line(console, f"[yellow]note[/]: {note}")
         if oracle.fork_disabled:
             print_line(
@@ -181,15 +182,16 @@ def shrink_recording(
             extra["sanitizer"] = evidence.to_json()
         extra["same_bug"] = same.to_json()
         extra["stopped"] = outcome.stopped
+        extra["fixed_point"] = outcome.stopped == FIXED_POINT  # else a limit ended it
         extra["cpu_checked_beside"] = outcome.cpu_checked_beside  # cpu_check then took ~0 s
         if oracle.server_seconds:  # what the fork_server phase was made of
             extra["fork_server"] = oracle.server_seconds
-        extra["limits"] = {"max_time": limit, "max_checks": settings.max_checks}
+        extra["limits"] = limits_json(settings)
         notes = tuple(way.reason for way in declined)
         if outcome.from_script and notes:  # the last way that declined handed over to it
             notes = (*notes[:-1], f"{notes[-1]} (the script was reduced instead)")
         notes += (walked.describe(),) if walked is not None else ()
-        notes += stopped_note(outcome, limit, settings.max_checks)
+        notes += stopped_note(outcome.stopped, limit, settings.max_checks)
         return _finish(
             run_dir, failure, settings, phases, started,
             outcome=outcome, verification=verification, environment=environment,
@@ -248,10 +250,12 @@ def _compile_only(
     print_phase(console, "fails only under torch.compile: reducing the script while it fails "
                 "compiled and passes with TORCH_COMPILE_DISABLE=1 (two runs per candidate)")  # fmt: skip
     shrunk = shrink_compile_only(run_dir, failure, out=_out(run_dir, settings),
-                                 max_checks=settings.max_checks,  # its own default: 300 s
-                                 max_time=settings.max_time or 300.0,
+                                 max_checks=settings.max_checks, max_time=settings.max_time,
                                  timeout=settings.timeout, runs=settings.runs)  # fmt: skip
     shrunk.result["path"] = PATH_SOURCE  # the script, reduced (compiled)
+    shrunk.result["limits"] = limits_json(settings)
+    for note in stopped_note(shrunk.result["stopped"], settings.time_limit(), settings.max_checks):
+        print_line(console, f"[yellow]note[/]: {note}")
     _write_meta(run_dir, shrunk.result)
     reproduced = shrunk.result["verified"]["reproduced"] > 0
     return Shrunk(shrunk.result, failure.signature.describe(), reproduced, shrunk.exit_code)

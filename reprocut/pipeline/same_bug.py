@@ -30,6 +30,7 @@ from reprocut.model.fingerprint import (
     signature_fingerprint,
     signature_parts,
 )
+from reprocut.model.limits import MAX_CHECKS, MAX_TIME, SAFETY_CAP_HIT, TimeLimit
 from reprocut.model.recording import Failure
 from reprocut.pipeline.cases import Outcome
 from reprocut.report.display.shrink import print_phase
@@ -147,15 +148,20 @@ def recheck_after_walk_back(
     return evidence, replace(memcheck_same_bug(failure, original, evidence), note=note)
 
 
-def stopped_note(outcome: Outcome, max_time: float, max_checks: int) -> tuple[str, ...]:
-    """A limit that ended the shrink before its fixed point, in words (nothing otherwise)."""
-    limits = {"max time": f"{max_time:.0f} s limit (--max-time)",
-              "max checks": f"{max_checks}-check limit (--max-checks)"}  # fmt: skip
-    if outcome.stopped not in limits:
+def stopped_note(stopped: str, limit: TimeLimit, max_checks: int) -> tuple[str, ...]:
+    """A limit that ended the shrink before its fixed point, in words (nothing otherwise):
+    the user's --max-time or --max-checks, or the safety cap under a run with neither."""
+    limits = {
+        MAX_TIME: f"{limit.seconds:.0f} s limit (--max-time)",
+        SAFETY_CAP_HIT: f"{limit.seconds:.0f} s safety cap (no --max-time was given)",
+        MAX_CHECKS: f"{max_checks}-check limit (--max-checks)",
+    }
+    if stopped not in limits:
         return ()
+    larger = "a larger --max-time" if stopped == SAFETY_CAP_HIT else "a larger limit"
     return (
-        f"The shrink stopped early, at its {limits[outcome.stopped]}: a larger limit may give "
-        "a smaller repro.",
+        f"The shrink stopped early, at its {limits[stopped]}, before its fixed point: "
+        f"{larger} may give a smaller repro.",
     )
 
 

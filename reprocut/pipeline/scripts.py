@@ -25,9 +25,10 @@ def shrink_source(
     oracle: Oracle,
     *,
     max_checks: int,
-    max_time: float,
+    max_time: float | None,
     on_event: Callable[[Any], None],
     kept: Path | None = None,
+    traceback: str = "",
 ) -> Outcome:
     """Custom kernels and --source: reduce the user's script (reprocut.source.recorded)."""
     try:
@@ -51,6 +52,7 @@ def shrink_source(
         max_time=max_time,
         on_event=on_event,
         kept=kept,  # record's launch probe: two runs of the script fewer
+        traceback=traceback,  # record's traceback: one run fewer
     )
     return Outcome(
         code=pin_script_dir(result.code, Path(failure.script).resolve().parent),

@@ -62,10 +62,10 @@ class Shrinking:
     first: FirstCheck | None = None
     defined: Failure | None = None
 
-    def limits(self, *, script: bool) -> dict[str, Any]:
+    def limits(self) -> dict[str, Any]:
         return {
             "max_checks": self.settings.max_checks,
-            "max_time": self.settings.time_limit(self.failure, script=script),
+            "max_time": self.settings.max_time,  # None: to the fixed point, under the cap
         }
 
 
@@ -104,7 +104,7 @@ class CapturedCall:
             phases=shrinking.phases,
             agreement=shrinking.agreement,
             first=shrinking.first,
-            **shrinking.limits(script=False),
+            **shrinking.limits(),
         )
         if outcome.reproduced_from_capture:
             return outcome
@@ -141,7 +141,8 @@ class ScriptReduction:
                 shrinking.oracle,
                 on_event=shrinking.on_event,
                 kept=shrinking.run_dir.launch_probe_path,
-                **shrinking.limits(script=True),
+                traceback=shrinking.run_dir.recorded_traceback(),
+                **shrinking.limits(),
             )
 
 

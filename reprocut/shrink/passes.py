@@ -154,7 +154,7 @@ def _try_size(shrinker: Shrinker, path: Path, dim: int, new: int) -> bool:
     if others:
         candidates.append(with_dims(shrinker, alone, others, new))
     candidates.append(alone)
-    return any(shrinker.consider(candidate) for candidate in candidates)
+    return shrinker.consider_first(candidates)
 
 
 def _shrink_one_dimension(shrinker: Shrinker, path: Path, dim: int) -> None:
@@ -288,11 +288,11 @@ def _with_kept(
     return candidates
 
 
-def _try_keep(shrinker: Shrinker, path: Path, keep: Sequence[int]) -> bool:
+def _try_keep(shrinker: Shrinker, path: Path, *keeps: Sequence[int]) -> bool:
+    """Keep the elements of the first of `keeps` that still fails (side by side if it can)."""
     spec = _spec_at(shrinker.best, path)
-    if spec is None or not keep or len(keep) >= spec.numel:
-        return False
-    return any(shrinker.consider(c) for c in _with_kept(shrinker, shrinker.best, path, keep))
+    kept = [k for k in keeps if spec is not None and k and len(k) < spec.numel]
+    return shrinker.consider_first([c for k in kept for c in _with_kept(shrinker, shrinker.best, path, k)])  # fmt: skip
 
 
 def cut_index_to_offender(shrinker: Shrinker) -> None:
@@ -307,12 +307,12 @@ def cut_index_to_offender(shrinker: Shrinker) -> None:
         if values is None:
             continue
         bad = offenders(shrinker.best, path, values)
-        if bad and (_try_keep(shrinker, path, bad[:1]) or _try_keep(shrinker, path, bad)):
+        if bad and _try_keep(shrinker, path, bad[:1], bad):
             continue
         if spec.dtype not in INT_DTYPES or bad:
             continue  # float data without a bad value is left to the generator pass
         order = sorted(range(len(values)), key=lambda i: values[i])
-        if _try_keep(shrinker, path, [order[-1]]) or _try_keep(shrinker, path, [order[0]]):
+        if _try_keep(shrinker, path, [order[-1]], [order[0]]):
             continue
         _bisect_elements(shrinker, path)
 
@@ -352,12 +352,12 @@ def replace_values_with_generator(shrinker: Shrinker) -> None:
         known = flat_values(shrinker, current)
         if known is not None and offenders(shrinker.best, path, known):
             continue
-        for generated in _generators_for(_spec_at(shrinker.best, path) or TensorSpec(())):
-            spec = _spec_at(shrinker.best, path)
-            if spec is None or spec.values == generated:
+        candidates = []
+        for generated in _generators_for(current):
+            if current.values == generated:
                 break
-            if shrinker.consider(shrinker.best.with_arg(path, replace(spec, values=generated))):
-                break
+            candidates.append(shrinker.best.with_arg(path, replace(current, values=generated)))
+        shrinker.consider_first(candidates)
 
 
 # --- passes on layout, dtype and device ---------------------------------------------------------
@@ -387,14 +387,16 @@ def simplify_dtype(shrinker: Shrinker) -> None:
             else set()
         )
         rank = DTYPE_RANK.get(spec.dtype, len(DTYPE_RANK))
+        candidates = []
         for dtype in sorted(family, key=lambda d: DTYPE_RANK[d]):
             if DTYPE_RANK[dtype] >= rank:
                 break
             values = _convert_values(spec.values, dtype)
-            if values is not None and shrinker.consider(
-                shrinker.best.with_arg(path, replace(spec, dtype=dtype, values=values))
-            ):
-                break
+            if values is not None:
+                candidates.append(
+                    shrinker.best.with_arg(path, replace(spec, dtype=dtype, values=values))
+                )
+        shrinker.consider_first(candidates)
 
 
 def make_contiguous(shrinker: Shrinker) -> None:

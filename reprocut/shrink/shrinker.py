@@ -13,9 +13,11 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from reprocut.model.case import Captured, Generated, Literal, ReproCase, TensorSpec
+from reprocut.model.limits import CHECK_CAP, FIXED_POINT, MAX_CHECKS, TimeLimit
+from reprocut.source.speculation import BudgetSpent, Speculation
 
 GENERATOR_RANK = {
     "zeros": 0,
@@ -67,12 +69,32 @@ Predicate = Callable[[ReproCase], bool]
 Pass = Callable[["Shrinker"], None]
 
 
+class CaseChecks(Protocol):
+    """How candidates run side by side (reprocut.source.speculation's Checks, for cases):
+    `run` on a worker thread in slot `slot`, `settle` in the pass's order, `accepts` says
+    whether a settled verdict is the same failure (what the predicate says of one alone)."""
+
+    slots: int
+
+    def run(self, case: ReproCase, slot: int, ticket: Any) -> Any: ...
+
+    def settle(self, case: ReproCase, slot: int, verdict: Any) -> Any: ...
+
+    def accepts(self, verdict: Any) -> bool: ...
+
+
 class BudgetExhausted(Exception):
     """Raised inside a pass when max_checks or max_time is used up; the loop stops cleanly."""
 
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
 
 class Shrinker:
-    """Greedy fixed-point shrinking of one ReproCase under a predicate."""
+    """Greedy fixed-point shrinking of one ReproCase under a predicate: it ends when a full
+    round of passes changes nothing (`stopped` "fixed point"), or at a limit: `max_checks`,
+    `max_time` (the user's --max-time; None: the safety cap, a net under the fixed point)."""
 
     def __init__(
         self,
@@ -81,41 +103,82 @@ class Shrinker:
         *,
         passes: Sequence[Pass],
         inputs: Mapping[str, Any] | None = None,
-        max_checks: int = 500,
-        max_time: float = 300.0,
+        max_checks: int = CHECK_CAP,
+        max_time: float | None = None,
         on_event: Callable[[ShrinkEvent], None] | None = None,
         on_accept: Callable[[ReproCase], None] | None = None,
         cpu_visible: bool = False,
+        runner: CaseChecks | None = None,
     ) -> None:
+        """`runner`: checks a pass's alternatives side by side (`consider_first`); its verdicts
+        are taken in order, so best and checks are those of one check at a time."""
         self.best = initial
         self.predicate = predicate
         self.passes = list(passes)
         self.inputs = dict(inputs or {})
         self.max_checks = max_checks
-        self.max_time = max_time
+        self.limit = TimeLimit.from_option(max_time)
         self.on_event = on_event or (lambda event: None)
         self.on_accept = on_accept or (lambda case: None)
         self.cpu_visible = cpu_visible
         self.checks = 0
         self.exhausted = False
+        self.stopped = ""  # what ended run(): "fixed point" or the limit reached
         self.current_pass = ""
         self.stats: dict[str, list[int]] = {}  # pass name -> [checks, accepted]
         self._seen: set[ReproCase] = set()
         self._started = time.monotonic()
+        self.runner = runner
+        self._speculation: Speculation | None = None
 
     def consider(self, candidate: ReproCase) -> bool:
         """Accept `candidate` as the new best if it is strictly simpler and still fails the same way."""
-        if sort_key(candidate) >= sort_key(self.best) or candidate in self._seen:
+        if not self.admissible(candidate):
             return False
-        if self.checks >= self.max_checks or time.monotonic() - self._started > self.max_time:
-            self.exhausted = True
-            raise BudgetExhausted
+        reason = self.out_of_budget()
+        if reason is not None:
+            raise BudgetExhausted(reason)
+        return self._checked(candidate, self.predicate(candidate), self.current_pass)
+
+    def consider_first(self, candidates: Sequence[ReproCase]) -> bool:
+        """`any(consider(c) for c in candidates)`: the first, in order, that is accepted; with a
+        runner of several slots the next ones are checked meanwhile (those after an accepted one
+        are dropped, uncounted), so the result and the check count are the same."""
+        if self.runner is None or self.runner.slots < 2:
+            return any(self.consider(candidate) for candidate in candidates)
+        if self._speculation is None:
+            self._speculation = Speculation(self.runner)  # type: ignore[arg-type]
+        options = [(candidate, candidate) for candidate in candidates]
+        try:
+            chosen = self._speculation.first_accepted(self, options, self.current_pass)  # type: ignore[arg-type]
+        except BudgetSpent as exc:
+            raise BudgetExhausted(exc.reason) from None
+        return chosen is not None
+
+    def admissible(self, candidate: ReproCase) -> bool:
+        """Worth a check: strictly simpler than the best, and not checked before."""
+        return sort_key(candidate) < sort_key(self.best) and candidate not in self._seen
+
+    def out_of_budget(self, in_flight: int = 0) -> str | None:
+        if self.checks + in_flight >= self.max_checks:
+            return MAX_CHECKS
+        if time.monotonic() - self._started > self.limit.seconds:
+            return self.limit.reason
+        return None
+
+    def take(self, candidate: ReproCase, verdict: Any, pass_name: str) -> bool:
+        """A runner's settled verdict, in the pass's order (the speculation's side)."""
+        assert self.runner is not None
+        return self._checked(candidate, self.runner.accepts(verdict), pass_name)
+
+    def _checked(self, candidate: ReproCase, accepted: bool, pass_name: str) -> bool:
+        """A candidate checked: the only place `best` changes."""
         self._seen.add(candidate)
         self.checks += 1
-        stats = self.stats.setdefault(self.current_pass, [0, 0])
+        stats = self.stats.setdefault(pass_name, [0, 0])
         stats[0] += 1
         self._emit("check")
-        if not self.predicate(candidate):
+        if not accepted:
             return False
         stats[1] += 1
         self.best = candidate
@@ -133,9 +196,15 @@ class Shrinker:
                     self._emit("pass")
                     shrink_pass(self)
                 if self.best is before:
+                    self.stopped = FIXED_POINT
                     break
-        except BudgetExhausted:
-            pass
+        except BudgetExhausted as exc:
+            self.exhausted = True
+            self.stopped = exc.reason
+        finally:
+            if self._speculation is not None:
+                self._speculation.close()
+                self._speculation = None
         self._emit("done")
         return self.best
 

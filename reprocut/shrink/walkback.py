@@ -89,7 +89,7 @@ class AcceptedLog:
                 first = not self.entries
                 if first or (event.kind == "accepted" and self.entries[-1].case != best):
                     self.add_case(best)
-            elif self.entries and hasattr(event, "lines") and isinstance(event.code, str):
+            elif self.entries and isinstance(getattr(event, "code", None), str):
                 self.add_code(self.finish(event.code))  # a SourceAccepted
             on_event(event)
 

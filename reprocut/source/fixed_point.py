@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from reprocut.model.case import Signature
+from reprocut.model.limits import CHECK_CAP, FIXED_POINT, MAX_CHECKS, TimeLimit
+from reprocut.model.signature import NUMBER, same_numbers
 from reprocut.source.passes import PASSES, PassContext, SourcePass, calls_focus
 from reprocut.source.passes.tree import Options
 from reprocut.source.results import SourceAccepted, SourceChecked, SourceEvent
@@ -37,16 +40,22 @@ def signature_of(verdict: Any) -> Signature | None:
     return signature if isinstance(signature, Signature) else None
 
 
-def reproduces(verdict: Any, expected: Signature) -> bool:
+def reproduces(verdict: Any, expected: Signature, message: str = "") -> bool:
     """Same bug? The oracle's Verdict says so itself (Reproduced); a bare Signature from a
-    plain check is compared with `expected`."""
+    plain check is compared with `expected`. `message`: the original failure's: where the kind
+    is read from the message (its numbers left out), a verdict's numbers must relate as its do
+    (`same_numbers`: "size 0" is an empty buffer, another bug in the same words)."""
     if isinstance(verdict, Signature):
         return verdict.matches(expected)
     if verdict is None:
         return False
     from reprocut.check.oracle import Reproduced
 
-    return isinstance(verdict, Reproduced)
+    if not isinstance(verdict, Reproduced):
+        return False
+    if not message or NUMBER not in expected.kind:  # a kind of its own (an assertion, OOM)
+        return True
+    return same_numbers(message, verdict.message)
 
 
 @dataclass
@@ -58,8 +67,8 @@ class SourceReducer:
     check: Check
     context: PassContext
     passes: Sequence[SourcePass] = PASSES
-    max_checks: int = 500
-    max_time: float = 300.0
+    max_checks: int = CHECK_CAP
+    max_time: float | None = None  # the user's limit; None: the safety cap
     on_event: Callable[[SourceEvent], None] | None = None
     checks: int = 0  # runs paid for so far (the caller may count its initial check)
     started: float = field(default_factory=time.monotonic)
@@ -69,10 +78,15 @@ class SourceReducer:
     runner: Checks | None = None  # how candidates run (default: `check`, `parallel` at a time)
     stop: Callable[[], str | None] | None = None  # a reason to stop now, asked with the budget
     rules: Rules | None = None  # static validity rules (reprocut.source.validity)
+    message: str = ""  # the original failure's message: candidates keep how its numbers relate
+    # the original's check beside the first candidates, when `message` is to come from it: the
+    # first verdict taken waits for it, so the result is the one-at-a-time one
+    message_from: Future[Any] | None = field(default=None, repr=False)
     rejected: dict[str, int] = field(default_factory=dict)  # by the validity rules, by rule
     current_pass: str = ""
     _keys: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
     _speculation: Speculation | None = field(default=None, repr=False)
+    _lines: tuple[str, int] | None = field(default=None, repr=False)
 
     def key(self, code: str) -> tuple[int, ...]:
         """`sort_key`, once per text (the best is compared with every candidate)."""
@@ -88,7 +102,11 @@ class SourceReducer:
         return bool(calls_focus(self.best, focus)) and calls_focus(candidate, focus) is False
 
     def is_same_failure(self, verdict: Any) -> bool:
-        return reproduces(verdict, self.expected)
+        if self.message_from is not None:
+            original, self.message_from = self.message_from.result(), None
+            if reproduces(original, self.expected):
+                self.message = getattr(original, "message", "") or ""
+        return reproduces(verdict, self.expected, self.message)
 
     def admissible(self, candidate: str) -> bool:
         """Worth a run: not a repeat, strictly smaller, still making the failing call, and
@@ -117,9 +135,10 @@ class SourceReducer:
 
     def out_of_budget(self, in_flight: int = 0) -> str | None:
         if self.checks + in_flight >= self.max_checks:
-            return "max checks"
-        if time.monotonic() - self.started >= self.max_time:
-            return "max time"
+            return MAX_CHECKS
+        limit = TimeLimit.from_option(self.max_time)
+        if time.monotonic() - self.started >= limit.seconds:
+            return limit.reason
         return self.stop() if self.stop is not None else None
 
     def take(self, candidate: str, verdict: Any, pass_name: str) -> bool:
@@ -127,13 +146,20 @@ class SourceReducer:
         self.seen.add(candidate)
         self.checks += 1
         ok = self.is_same_failure(verdict)
-        self._emit(SourceChecked(pass_name, self.checks, ok))
-        if not ok:
-            return False
-        self.best = candidate
-        self.accepted[pass_name] = self.accepted.get(pass_name, 0) + 1
-        self._emit(SourceAccepted(pass_name, candidate, count_lines(candidate), self.checks))
-        return True
+        if ok:
+            self.best = candidate
+            self.accepted[pass_name] = self.accepted.get(pass_name, 0) + 1
+        lines = self.best_lines()
+        self._emit(SourceChecked(pass_name, self.checks, ok, lines))
+        if ok:
+            self._emit(SourceAccepted(pass_name, candidate, lines, self.checks))
+        return ok
+
+    def best_lines(self) -> int:
+        """The best script's lines (counted once per best: every check reports them)."""
+        if self._lines is None or self._lines[0] is not self.best:
+            self._lines = (self.best, count_lines(self.best))
+        return self._lines[1]
 
     @property
     def discarded(self) -> int:
@@ -174,7 +200,7 @@ class SourceReducer:
                 for source_pass in self.passes:
                     self.run_pass(source_pass)
                 if self.best == before:
-                    return "fixed point"
+                    return FIXED_POINT
         except BudgetSpent as exc:
             return exc.reason
         finally:

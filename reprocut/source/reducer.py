@@ -24,6 +24,7 @@ from typing import Any
 
 from reprocut.model.case import Signature, TensorSpec
 from reprocut.model.errors import NotReproducedError
+from reprocut.model.limits import CHECK_CAP
 from reprocut.model.signature import is_memory_error
 from reprocut.source.checks import OracleChecks, preload_imports
 from reprocut.source.custom_ops import custom_op_name, registering_names
@@ -44,8 +45,8 @@ def reduce_source(
     expected: Signature,
     check: Check | None = None,
     oracle: Any = None,
-    max_checks: int = 500,
-    max_time: float = 300,
+    max_checks: int = CHECK_CAP,
+    max_time: float | None = None,
     on_event: Callable[[SourceEvent], None] | None = None,
     specs: Sequence[TensorSpec | None] = (),
     named_specs: Sequence[tuple[str, TensorSpec]] = (),
@@ -56,8 +57,11 @@ def reduce_source(
     code: str | None = None,
     parallel: int | None = None,
     preload: bool = True,
+    message: str | None = None,
 ) -> SourceResult:
-    """Cut `script_path` down to a small standalone script failing with `expected`.
+    """Cut `script_path` down to a small standalone script failing with `expected`: to the
+    fixed point (a round of passes that removes nothing), or `max_checks`, or `max_time` (the
+    caller's limit; None: the safety cap, reprocut.model.limits).
 
     `check(code)` runs a candidate; without one, `oracle.check_source` does (an Oracle with its
     fork server is started, and stopped at the end, when none is given), its server having
@@ -68,6 +72,8 @@ def reduce_source(
     line's text) and `named_specs` the tensor parameters of the function making it,
     `named_values` its plain ones (see `probe_launch`): they may replace what computed them,
     strides and storage offsets kept.
+    `message`: the original failure's message, whose numbers every accepted candidate's relate
+    as they do (default: the message of the script's own check).
     Raises NotReproducedError when the script does not fail that way to begin with.
     """
     script_path = Path(script_path).resolve()
@@ -101,28 +107,27 @@ def reduce_source(
             focus=focus,
             passes=passes,
             runner=runner,
+            message=message,
         )
         loaded = (getattr(oracle, "preloaded", None) or {}).get("loaded", ())
         return replace(result, preloaded=tuple(dict.fromkeys(loaded)))
 
 
-def _finished(
-    best: str, check: Callable[[str], Any], expected: Signature, reducer: SourceReducer
-) -> str:
+def _finished(best: str, check: Callable[[str], Any], reducer: SourceReducer) -> str:
     """The result waiting for the GPU at its end and formatted: both in one check (a GPU
     check is seconds); each alone only if together they do not fail the same way."""
     both = format_code(ending_with_a_sync(best))
     if both == best:
         return best
     reducer.checks += 1
-    if reproduces(check(both), expected):
+    if reducer.is_same_failure(check(both)):
         return both
     final = best
     for finish in (ending_with_a_sync, format_code):
         finished = finish(final)
         if finished != final and finished != both:
             reducer.checks += 1
-            if reproduces(check(finished), expected):
+            if reducer.is_same_failure(check(finished)):
                 final = finished
     return final
 
@@ -134,7 +139,7 @@ def _reduce(
     cwd: Path,
     expected: Signature,
     max_checks: int,
-    max_time: float,
+    max_time: float | None,
     on_event: Callable[[SourceEvent], None] | None,
     specs: Sequence[TensorSpec | None],
     named_specs: Sequence[tuple[str, TensorSpec]],
@@ -142,6 +147,7 @@ def _reduce(
     focus: str | None,
     passes: Sequence[SourcePass],
     runner: Checks,
+    message: str | None,
 ) -> SourceResult:
     started = time.monotonic()
     context = PassContext(
@@ -156,8 +162,11 @@ def _reduce(
     rules = validity_rules(expected, script_path, context.search_dirs)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprocut-original") as aside:
         first = _check_original(aside, runner, original)
-        if first is None and not reproduces(check(original), expected):
-            raise _not_reproduced(script_path, expected)
+        if first is None:
+            verdict = check(original)
+            if not reproduces(verdict, expected):
+                raise _not_reproduced(script_path, expected)
+            message = getattr(verdict, "message", "") if message is None else message
         reducer = SourceReducer(
             best=original,
             expected=expected,
@@ -172,6 +181,8 @@ def _reduce(
             runner=runner,
             rules=rules,
             stop=None if first is None else partial(_stop_unless_reproduced, first, expected),
+            message=message or "",
+            message_from=first if message is None else None,
         )
         stopped = reducer.run()
         if (
@@ -180,7 +191,7 @@ def _reduce(
             and not reproduces(first.result(), expected)
         ):
             raise _not_reproduced(script_path, expected)
-    final = _finished(reducer.best, check, expected, reducer)
+    final = _finished(reducer.best, check, reducer)
     return SourceResult(
         code=final,
         statements=count_small_statements(final),

@@ -22,11 +22,12 @@ class SourceAccepted:
 
 @dataclass(frozen=True, slots=True)
 class SourceChecked:
-    """One candidate was run."""
+    """One candidate was run (`lines`: the best script's, after its verdict)."""
 
     pass_name: str
     checks: int
     accepted: bool
+    lines: int = 0
 
 
 SourceEvent = SourceAccepted | SourceChecked
@@ -40,7 +41,7 @@ class SourceResult:
     checks: int
     seconds: float
     accepted: tuple[tuple[str, int], ...]  # (pass name, accepted candidates), passes in order
-    stopped: str  # "fixed point", "max checks", "max time"
+    stopped: str  # "fixed point", or the limit that ended it (reprocut.model.limits)
     original_lines: int = 0
     parallel: int = 1  # candidates checked at once
     discarded: int = 0  # speculative checks whose verdicts were not needed (not in `checks`)

@@ -1,4 +1,5 @@
-"""What `reprocut shrink` shows on stderr: live progress on a terminal, plain lines otherwise."""
+"""What `reprocut shrink` shows on stderr: on a terminal a live bar (the size cut so far, the
+checks run, the pass, the best's size), and on any stream a plain line per accepted step."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from reprocut.report.display.console import print_line
 
@@ -31,13 +32,22 @@ def _describe(event: Any) -> tuple[str, int, str]:
     """(pass name, checks, size text) of a case-shrinker or source-reducer event."""
     name = getattr(event, "pass_name", "") or ""
     checks = int(getattr(event, "checks", 0) or 0)
-    if hasattr(event, "size"):
-        size = f"{event.size} tensor elements"
-    elif hasattr(event, "lines"):
-        size = f"{event.lines} lines"
-    else:
+    amount = _amount(event)
+    if amount is None:
         size = ""
+    else:
+        size = f"{amount} {'tensor elements' if hasattr(event, 'size') else 'lines'}"
     return name, checks, size
+
+
+def _amount(event: Any) -> int | None:
+    """The best's size an event reports: tensor elements (the case shrinker), lines (the
+    source reducer); None when it reports none."""
+    for field in ("size", "lines"):
+        value = getattr(event, field, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def _checks(count: int) -> str:
@@ -69,20 +79,40 @@ class _AcceptedLines:
         self.pending, self.steps = None, 0
 
 
+class _Bar:
+    """The live bar's share of the reduction done: the size cut so far, of the size the
+    reduction started from (a new reduction, the script's after the captured call's, starts
+    the bar again)."""
+
+    def __init__(self) -> None:
+        self.kind: type | None = None
+        self.start = 0
+
+    def update(self, event: Any, amount: int) -> tuple[int, int]:
+        """(total, completed) for the bar."""
+        if type(event).__module__ != getattr(self.kind, "__module__", None) or amount > self.start:
+            self.kind, self.start = type(event), amount
+        return self.start, self.start - amount
+
+
 @contextmanager
 def shrink_display(console: Console, *, enabled: bool = True) -> Iterator[Callable[[Any], None]]:
-    """Yield an on_event callback. A rich progress line on a TTY; accepted steps as plain lines."""
+    """Yield an on_event callback. On a TTY, a rich bar of the size cut so far with the checks
+    run, the pass and the best's size; accepted steps as plain lines on a TTY or not."""
     live = enabled and console.is_terminal
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
+        BarColumn(bar_width=24),
+        TextColumn("{task.fields[size]}"),
         TimeElapsedColumn(),
         console=console,
         transient=True,
         disable=not live,
     ) as progress:
-        task = progress.add_task("shrinking")
+        task = progress.add_task("shrinking", total=None, size="")
         lines = _AcceptedLines(progress.console)
+        bar = _Bar()
 
         def on_event(event: Any) -> None:
             phase = getattr(event, "phase", None)
@@ -93,7 +123,11 @@ def shrink_display(console: Console, *, enabled: bool = True) -> Iterator[Callab
             name, checks, size = _describe(event)
             # the case shrinker says "accepted"; the source reducer sends the accepted script
             accepted = getattr(event, "kind", None) == "accepted" or hasattr(event, "code")
-            progress.update(task, description=f"{_checks(checks)} · {name} · best: {size}")
+            amount = _amount(event)
+            if amount is not None:
+                total, completed = bar.update(event, amount)
+                progress.update(task, total=total, completed=completed)
+            progress.update(task, description=f"{_checks(checks)} · {name}", size=size)
             if accepted and enabled:
                 lines.add(name, size, checks)
 

@@ -1,7 +1,9 @@
 """Named libcst passes that cut a user's script down, one candidate module text at a time.
 
 The protocol and shared helpers are in `tree`; each pass module holds one kind of change.
-The order of PASSES is the order of a round: cheap, big cuts first.
+The order of PASSES is the order of a round: big cuts first. The jump to the failing call comes
+right after the user's modules are inlined (it needs the failing function's body): one check of
+it replaces the training run every later check would otherwise pay; the fine passes follow.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ from reprocut.source.passes.tree import (
 
 PASSES: tuple[SourcePass, ...] = (
     inline_sibling_imports,
-    strip_comments,
     jump_to_call,
+    strip_comments,
     replace_with_specs,
     remove_all_unused,
     delete_statements,

@@ -1,0 +1,60 @@
+"""A captured call's candidates checked side by side, each slot in a folder of its own.
+
+The case passes offer alternatives (a dimension cut alone or with the dimensions linked to it,
+the offending index alone or with the others, zeros, ones or randn values); the shrinker's
+`consider_first` runs them at once, as many as there are slots (half the cores, at most four:
+reprocut.source.speculation.default_slots), and takes their verdicts in the pass's order, so
+the repro and the check count are those of one check at a time. Each slot's script is written
+in its own folder, its captured tensors' sidecar linked to the first folder's rather than
+written again; the plain-run confirmation (reprocut.check.agreement) comes in order, in
+`settle`. Not for memory at stake: an out-of-memory or a memory fault's check holds the user's
+inputs (up to gigabytes) on the GPU, and side by side they would share it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reprocut.check.oracle import Oracle, Reproduced, Ticket, case_filename, emitted_case
+from reprocut.model.case import ReproCase, Signature
+from reprocut.model.recording import Failure
+from reprocut.model.signature import is_memory_error
+from reprocut.source.speculation import default_slots
+
+
+class OracleCaseChecks:
+    """The shrinker's runner (reprocut.shrink.shrinker.CaseChecks) by the oracle."""
+
+    def __init__(
+        self, oracle: Oracle, inputs: dict[str, Any], expected: Signature, slots: int
+    ) -> None:
+        self.oracle, self.inputs, self.expected, self.slots = oracle, inputs, expected, slots
+        self.folders = [oracle.workdir / "slots" / str(k) for k in range(slots)]
+        for folder in self.folders:
+            folder.mkdir(parents=True, exist_ok=True)
+
+    def run(self, case: ReproCase, slot: int, ticket: Ticket | None) -> Any:
+        return self.oracle.check_case(case, self.inputs, expected=self.expected,
+                                      workdir=self.folders[slot], ticket=ticket, confirm=False)  # fmt: skip
+
+    def settle(self, case: ReproCase, slot: int, verdict: Any) -> Any:
+        """The plain-run confirmation, in the pass's order, of the script the check ran."""
+        code = emitted_case(case, self.inputs).code
+        filename = case_filename(case, code, self.folders[slot])
+        return self.oracle.confirm_verdict(code, str(filename), str(self.folders[slot]), [],
+                                           verdict, self.expected)  # fmt: skip
+
+    def accepts(self, verdict: Any) -> bool:
+        return isinstance(verdict, Reproduced)
+
+
+def side_by_side(
+    oracle: Oracle, failure: Failure, inputs: dict[str, Any], expected: Signature,
+    slots: int | None = None,
+) -> OracleCaseChecks | None:  # fmt: skip
+    """The runner for this failure's case checks, or None (one at a time): forked checks,
+    more than one slot, no memory at stake."""
+    slots = default_slots() if slots is None else slots
+    if not oracle.fork or slots < 2 or failure.memory is not None or is_memory_error(expected):
+        return None
+    return OracleCaseChecks(oracle, inputs, expected, slots)
