@@ -43,6 +43,7 @@ META_FILE = "meta.json"
 TRACE_FILE = "trace.jsonl"
 LAUNCH_PROBE_FILE = "launch_probe.json"  # what reached a custom kernel launch (source.probe)
 INPUTS_FILE = "inputs.pt"
+OUTCOME_FILE = "outcome.json"  # the child's own report of the run (record/inside/outcome.py)
 GITIGNORE = "# Created by reprocut: recordings hold captured tensors; keep them out of git.\n*\n"
 
 

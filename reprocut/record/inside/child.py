@@ -22,9 +22,9 @@ from typing import Any
 
 from reprocut.check import lifeline
 from reprocut.model.case import SourceLocation
-from reprocut.model.recording import atomic_write
+from reprocut.model.recording import OUTCOME_FILE, atomic_write
 from reprocut.record.inside.main_module import run_main
-from reprocut.record.inside.outcome import OUTCOME_FILE, failure_error, recorded_state
+from reprocut.record.inside.outcome import failure_error, recorded_state
 from reprocut.record.inside.pytest_failure import FailedTest
 
 NONFINITE_INPUTS_FILE = "nonfinite-inputs.pt"

@@ -160,7 +160,10 @@ class OpRecorder(TorchDispatchMode):
         try:
             result = run()
         except Exception as exc:
+            noted = state.culprit
             self._raised(func, name, args, kwargs, exc, None, synchronizing=False)
+            if noted is None and state.culprit is not None:
+                state.light_culprit = exc  # no public call around it yet: see raise_watch.py
             raise
         if snapshot is None:
             specs = tuple(map(spec_tuple, args))
