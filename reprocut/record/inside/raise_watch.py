@@ -78,9 +78,9 @@ class RaiseWatch(TorchFunctionMode):
             self._add_public_call(noted, func, args, kwargs)
         elif not self._run_again(func, types, args, kwargs, exc):
             state.culprit, state.culprit_error = noted, noted_error  # the tripwire's, if any
+            state.raise_missed = noted is None
         elif noted is not None:  # its copies are the run's no more
             self.public.store.drop(captured_keys(noted.to_json()))
-            state.raise_missed = noted is None
         if state.culprit is not None and state.culprit_error is not None:
             self.early.report(state.culprit_error)
 
