@@ -47,7 +47,7 @@ class TinyLM(torch.nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(idx.shape[1])
-        h = self.tok(idx) + self.pos(positions)
+        h = self.tok(idx) + self.pos(positions)  # reprocut: culprit (after the loop)
         h = h + self.mlp(self.norm(h))
         return self.head(h)
 
