@@ -83,8 +83,14 @@ def train_steps(steps: int, widths: dict[int, int] | None = None) -> None:
         optimizer.step()
 
 
+def as_on_a_gpu(recorder: Recorder) -> None:
+    """Light steps as a GPU run's: no raise watch (a CPU run's light steps record no op)."""
+    recorder._raise_watch.set = lambda active: None  # type: ignore[method-assign]
+
+
 def test_light_steps_keep_every_asserting_op_and_sample_every_op(tmp_path):
     with Recorder(RecorderConfig(run_dir=tmp_path, light_steps=True)) as recorder:
+        as_on_a_gpu(recorder)
         train_steps(12, widths={6: 7})
         assert recorder.state.step == 12
     steps = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
@@ -122,6 +128,10 @@ def test_cpu_runs_take_light_steps_unless_told_to_record_every_op(tmp_path):
         lines = (tmp_path / name / "trace.jsonl").read_text().splitlines()
         steps = [json.loads(line) for line in lines]
         assert [s["step"] for s in steps if s.get("every_op", True)] == every_op
+    light = [json.loads(line) for line in (tmp_path / "light" / "trace.jsonl").open()][3]
+    assert light == {"type": "step", "step": 3, "ops": [], "every_op": False}, (
+        "a CPU light step records no op: its errors are met where they are raised"
+    )
 
 
 def test_the_dispatch_mode_is_off_in_light_steps_and_everything_is_removed_on_exit(tmp_path):

@@ -115,6 +115,7 @@ class Recorder:
         self._raise_watch = _ModeSwitch(raises, _get_current_function_mode)
         self.tripwire: Tripwire | None = None
         self._asserting_key: int | None = None  # the asserting ops' layouts in the last step
+        self._layouts_recorded = True  # this step records its asserting ops' layouts
         self._original_optimizer_init: Any = None
         self._original_function_apply: Any = None
         self._original_backward: Any = None
@@ -199,9 +200,11 @@ class Recorder:
         state = self.state
         every_op, healthy = self._dispatch_mode.active, state.healthy_through
         self.trace.write_step(state.step, state.ops, every_op=every_op, healthy_through=healthy)
-        asserting_key = hash(tuple(op for op in state.ops if op[0] in ASSERTING_OPS))
-        layout_changed = asserting_key != self._asserting_key
-        self._asserting_key = asserting_key
+        layout_changed = False
+        if self._layouts_recorded:  # not in a CPU light step, which records no op
+            asserting_key = hash(tuple(op for op in state.ops if op[0] in ASSERTING_OPS))
+            layout_changed = asserting_key != self._asserting_key
+            self._asserting_key = asserting_key
         state.ops = []
         if torch.cuda.is_initialized():
             device = torch.cuda.current_device()
@@ -261,6 +264,7 @@ class Recorder:
         # not above a mode of the script's own that keeps the public-call mode below it
         self._raise_watch.set(wanted == "raises" and not self._function_mode.active)
         state.raise_watched = self._raise_watch.active
+        self._layouts_recorded = not (state.light_step and state.raise_watched)
 
     @property
     def light_step(self) -> bool:
