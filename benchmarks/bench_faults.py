@@ -39,10 +39,11 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 
 from benchmarks import generic_reducer
 from benchmarks.bench_source import SourceCase, run_shrinkray
+from benchmarks.corpus_audit import audit
 from benchmarks.corpus_cases import CORPUS, CorpusCase, load_cases
-from benchmarks.corpus_score import CaseScore, RunOutput, score_case
+from benchmarks.corpus_score import CaseScore, RunOutput, score_case, with_audit
 from benchmarks.faults_table import FaultRow, Reduced, matches_truth, repros_folder, write
-from benchmarks.run_corpus import environment, record_command, run_json
+from benchmarks.run_corpus import case_outputs, environment, record_command, run_json
 from reprocut.check.verify import run_plain
 from reprocut.model.case import Signature
 
@@ -207,10 +208,15 @@ def bench_case(
     with ThreadPoolExecutor(max_workers=1) as pool:
         generic = pool.submit(run_generic, source, scratch, options) if options.beside else None
         shrunk, reduced = run_reprocut_shrink(run_dir, scratch, source, options)
+        # the facts audit of what record and shrink printed, as the corpus run reads it
+        printed = case_outputs(record, shrunk, scratch)
         row = FaultRow(
             case.name,
             case.family,
-            score_case(case, options.device, record, shrunk),
+            with_audit(
+                score_case(case, options.device, record, shrunk),
+                audit(case.audit, options.device, printed),
+            ),
             reduced,
             generic.result() if generic else run_generic(source, scratch, options),
             truth=matches_truth(case.fingerprint, (reduced.same_bug or {}).get("original")),

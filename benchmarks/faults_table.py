@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.corpus_score import CaseScore
+from benchmarks.corpus_report import audit_lines
+from benchmarks.corpus_score import CaseScore, totals
 from reprocut.model.fingerprint import location_class
 
 LOCALIZED = ("outcome", "op", "line", "step", "signature")
@@ -189,6 +190,8 @@ def render(rows: list[FaultRow], meta: dict[str, Any]) -> str:
         f"same bug {sum(r.same_bug is True for r in rows)}, fingerprint as case.toml "
         f"{sum(r.truth is True for r in rows)}; localized right {sum(r.localized for r in rows)}).",
     ]
+    scores = [row.score for row in rows]
+    lines += ["", *audit_lines(scores, totals(scores))]
     if any(r.generic.seconds is not None for r in rows):
         lines.append(
             f"Generic reducer: median {_seconds(_median([r.generic.seconds for r in rows]))}."

@@ -17,7 +17,7 @@
 #   speed    issue #11: what each source-reduction check costs on the GPU cases (one at a time,
 #            torch-only server vs preloaded imports + candidates side by side); not in the
 #            default list: STAGES=speed, about 7 minutes (SPEED_CONFIGS=parallel: about 4)
-#   faults   issues #11, #23 (~6 min, at most FAULTS_LIMIT): the memcheck and agreement cuda tests
+#   faults   issues #11, #23 (~6 min, at most FAULTS_LIMIT): the memcheck, agreement, localization and facts cuda tests
 #            beside benchmarks/bench_faults.py: record + shrink at its default settings of the 11
 #            memory-fault and custom-op corpus cases (all recorded first, FAULTS_RECORD_JOBS=3 at
 #            once, then shrunk FAULTS_JOBS=3 at once; FAULTS_JOBS=1: each shrink alone): verified, same bug
@@ -225,8 +225,9 @@ stage_memory() {
 stage_faults() {
     # not in the default STAGES: run it with STAGES=faults, alone (~6 minutes; at most 7)
     install_shrinkray
-    timeout -k 10 "${FAULTS_TESTS_LIMIT:-120}" python3 -m pytest -v -p no:cacheprovider -m cuda \
-        --timeout 110 tests/test_sanitizer.py tests/test_agreement.py >"$LOGS/faults-cuda-tests.log" 2>&1 &
+    timeout -k 10 "${FAULTS_TESTS_LIMIT:-300}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 2 \
+        --timeout 240 tests/test_sanitizer.py tests/test_agreement.py tests/test_localize_cuda.py \
+        tests/test_facts.py >"$LOGS/faults-cuda-tests.log" 2>&1 &
     local tests=$!
     # shrink at its default settings (FAULTS_MAX_TIME: a limit instead), no generic reducer
     # unless FAULTS_GENERIC=1: 11 memory-fault and custom-op cases, FAULTS_JOBS at once

@@ -485,3 +485,48 @@ def test_a_repro_of_a_recompute_oom_says_which_block_and_line():
     assert header_notes(failure)[1] == (
         f"Phase: {phase}, in backward; the line: `return q @ docs.T` (train.py:27)"
     )
+
+
+def test_a_cublas_workspace_failure_without_captured_inputs_is_on_cuda_with_its_fragmentation():
+    """cuBLAS's own allocation failed with 138.71 GiB held: no input was captured (too big to
+    keep), and the device fell back to "cpu", which dropped the allocator's fragmentation."""
+    from reprocut.localize.culprit import _device_of
+    from reprocut.localize.memory import build_report
+
+    message = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+    assert _device_of([], {"type": "RuntimeError", "message": message}) == "cuda"
+    assert _device_of([], {"type": "IndexError", "message": "index out of range"}) == "cpu"
+    failure = replace(
+        _held_failure(Path("/x/train.py")),
+        error=ErrorInfo("RuntimeError", message),
+        signature=classify("RuntimeError", message),
+        memory=None,
+        device="cuda",
+    )
+    held, cache = 148_920_995_840, 18_739_200
+    data = {"failure": {"step": 0, "allocated": held, "reserved": held + cache,
+                        "device_free": 59 << 20, "roles": {"other live tensors": held}}}  # fmt: skip
+    report = build_report(failure, data, Path("/x"))
+    assert report.fragmentation is not None
+    assert report.fragmentation.text.startswith("17.87 MiB reserved but unallocated")
+
+
+def test_a_rerun_whose_allocator_held_another_amount_says_so():
+    """The memory rerun read 169.08 MiB at a recompute's failure where the failing run's error
+    said 140.71 MiB: the report names both, and whose the holders are."""
+    from reprocut.localize.memory import build_report
+
+    message = (
+        "CUDA out of memory. Tried to allocate 232.83 GiB. GPU 0 has a total capacity of 139.80 "
+        "GiB of which 138.89 GiB is free. Of the allocated memory 140.71 MiB is allocated by "
+        "PyTorch, and 41.29 MiB is reserved by PyTorch but unallocated."
+    )
+    failure = replace(_held_failure(Path("/x/train.py")), error=ErrorInfo("OutOfMemoryError", message), memory=None)  # fmt: skip
+    at = {"step": 2, "allocated": 177_290_240, "reserved": 255_852_544}
+    notes = build_report(failure, {"failure": at}, Path("/x")).notes
+    assert notes == (
+        "the memory rerun had 169.08 MiB allocated at the failure where the failing run's error "
+        "says 140.71 MiB: the holders are the rerun's",
+    )
+    agreeing = {**at, "allocated": int(140.71 * (1 << 20))}
+    assert build_report(failure, {"failure": agreeing}, Path("/x")).notes == ()

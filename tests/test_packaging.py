@@ -32,13 +32,29 @@ def declared() -> set[str]:
     return names
 
 
+def optional_imports(tree: ast.AST) -> set[int]:
+    """ids of import nodes inside `try: ... except ImportError` (an optional import, the way
+    users guard a compiled extra: not a dependency)."""
+    guarded = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(
+            isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
+            for h in node.handlers
+        ):
+            guarded.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return guarded
+
+
 def imported(path: Path) -> set[str]:
     try:
         tree = ast.parse(path.read_text())
     except SyntaxError:
         return set()
+    optional = optional_imports(tree)
     names = set()
     for node in ast.walk(tree):
+        if id(node) in optional:
+            continue
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

@@ -186,3 +186,26 @@ def test_snapshots_live_until_their_step_completes_then_release_their_copies(tmp
         assert recorder.state.all_snapshots() == []
         assert recorder.state.healthy_through == 2
         assert recorder.store.tensors == {}
+
+
+def test_custom_autograd_functions_still_work_after_the_recorder_leaves(tmp_path):
+    """The recorder wraps `Function.apply`; putting back the bound method instead of the
+    classmethod made every later Function call `Function.forward` (NotImplementedError),
+    which broke a later checkpointed block in the same process (pytest, notebooks)."""
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2
+
+    x = torch.ones(3, requires_grad=True)
+    with Recorder(RecorderConfig(run_dir=tmp_path)):
+        inside = Double.apply(x)
+    after = Double.apply(x)
+    assert torch.equal(inside, after) and "apply" in vars(torch.autograd.Function)
+    after.sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), 2.0))

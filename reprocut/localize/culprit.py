@@ -21,7 +21,7 @@ from reprocut.model.after_loop import AfterLoop
 from reprocut.model.case import ReproCase, Signature, arg_from_json
 from reprocut.model.publicapi import composite_op
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
-from reprocut.model.signature import parse_assertions
+from reprocut.model.signature import is_cuda_failure, parse_assertions
 from reprocut.record.parent.runner import RunResult
 
 
@@ -101,7 +101,7 @@ def from_culprit(
     if inputs is None:  # snapshot replay has them loaded already
         inputs = load_inputs(options.run_dir)
     tensors, diagnosis = explain_inputs(culprit, inputs, str(error.get("message") or ""))
-    device = _device_of(cases)
+    device = _device_of(cases, error)
     notes = []
     named_op = culprit.get("op") or composite_op(culprit.get("public_call"))
     if named_op and not culprit.get("op"):
@@ -152,9 +152,14 @@ def _merge_replay(first_error: dict[str, Any], first_stderr: str, replay_stderr:
     return info
 
 
-def _device_of(cases: list[ReproCase]) -> str:
+def _device_of(cases: list[ReproCase], error: dict[str, Any]) -> str:
+    """The device of the culprit's inputs; with none captured (an OOM's inputs too big to
+    keep), a CUDA error's own words say cuda (a cuBLAS workspace failure read as "cpu" hid
+    the allocator's fragmentation figures)."""
     for case in cases:
         for _, spec in case.tensors():
             if spec.device != "cpu":
                 return spec.device
-    return "cpu"
+    message = str(error.get("message") or "")
+    cuda = is_cuda_failure(str(error.get("type") or ""), message) or "CUDA out of memory" in message
+    return "cuda" if cuda else "cpu"

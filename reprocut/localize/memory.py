@@ -42,8 +42,10 @@ from reprocut.model.memory import (
     StepMemory,
 )
 from reprocut.model.oom import (
+    allocated_in_message,
     cpu_allocator_refused,
     device_figures,
+    figures_agree,
     format_bytes,
     is_out_of_memory,
     requested_bytes,
@@ -247,6 +249,7 @@ def build_report(
             snapshot=at_failure.get("snapshot"),
         )
     if failure is not None:
+        report = replace(report, notes=(*report.notes, *_rerun_differs(report, failure)))
         report, skip = _request(report, failure, at_failure)
         skips.extend(skip)
         if report.cause == CAUSE_HELD and report.leak is None:  # who keeps what was held
@@ -301,6 +304,20 @@ def _device_bytes(
             return None
     total = device_figures(failure.error.message)[0] if failure is not None else None
     return total or at_failure.get("device_total") or data.get("device_total")
+
+
+def _rerun_differs(report: MemoryReport, failure: Failure) -> tuple[str, ...]:
+    """The memory rerun's figures are read in a second run; where its allocator held another
+    amount at the failure than the failing run's own message says, the report says so (the
+    holders are the rerun's) instead of printing one figure as both."""
+    said = allocated_in_message(failure.error.message)
+    read = report.allocated_bytes
+    if said is None or read is None or figures_agree(said, read):
+        return ()
+    return (
+        f"the memory rerun had {format_bytes(read)} allocated at the failure where the failing "
+        f"run's error says {format_bytes(said)}: the holders are the rerun's",
+    )
 
 
 def _held(analysis: dict[str, Any]) -> tuple[tuple[str, int], ...]:

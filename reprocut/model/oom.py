@@ -63,6 +63,22 @@ def requested_bytes(message: str) -> int | None:
     return _bytes(*cuda.groups()) if cuda else None
 
 
+_PYTORCH_ALLOCATED = re.compile(
+    r"Of the allocated memory ([\d.]+) (B|KiB|MiB|GiB|TiB) is allocated"
+)
+
+
+def allocated_in_message(message: str) -> int | None:
+    """The bytes PyTorch had allocated when the allocation failed, as CUDA's message says."""
+    match = _PYTORCH_ALLOCATED.search(message)
+    return _bytes(*match.groups()) if match else None
+
+
+def figures_agree(said: int, read: int) -> bool:
+    """A message's figure (two decimals of its unit) against an exact one."""
+    return abs(said - read) <= 0.01 * said + (1 << 20)
+
+
 def device_figures(message: str) -> tuple[int | None, int | None]:
     """(total, free) bytes of the GPU, as the CUDA OOM message gives them."""
     match = _CUDA_DEVICE.search(message)

@@ -56,6 +56,7 @@ def memory_markdown(report: MemoryReport, folder: str = "") -> list[str]:
         )
     lines += [f"- why: {sentence}" for sentence in report.why]
     lines += _holders(report, folder)
+    lines += [f"- note: {note}" for note in report.notes]
     if report.held_by is not None:
         held = report.held_by
         lines += ["", "### What keeps it alive", ""]

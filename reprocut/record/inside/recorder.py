@@ -145,7 +145,9 @@ class Recorder:
         # Custom autograd Functions: their backward runs outside any module or user frame, so
         # the node is tagged at apply() with the forward line and module.
         apply = torch.autograd.Function.apply
-        self._original_function_apply = apply
+        # the descriptor itself (a classmethod): put back, the bound method would call every
+        # Function's apply with cls=Function (NotImplementedError: forward) after record ends
+        self._original_function_apply = torch.autograd.Function.__dict__.get("apply")
 
         where = self.where
 
@@ -186,7 +188,10 @@ class Recorder:
         for handle in self._handles:
             handle.remove()
         torch.optim.Optimizer.__init__ = self._original_optimizer_init  # type: ignore[method-assign]
-        torch.autograd.Function.apply = self._original_function_apply  # type: ignore[method-assign]
+        if self._original_function_apply is None:  # apply was inherited: uncover it again
+            del torch.autograd.Function.apply
+        else:
+            torch.autograd.Function.apply = self._original_function_apply  # type: ignore[method-assign]
         if self._original_backward is not None:
             torch.autograd.backward = self._original_backward
         self._original_optimizer_init = None

@@ -85,6 +85,7 @@ def memory_section(report: MemoryReport, run_dir: Path, *, limit: int = 5) -> Re
                 title_justify="left",
             )
         )
+    parts += [Text(f"  note: {note}") for note in report.notes]
     if report.fragmentation is not None:
         parts.append(Text(f"  fragmentation: {report.fragmentation.text}"))
     files = Text()
