@@ -87,6 +87,7 @@ def record(scenario: Callable[[], None], run_dir: Path, *, light: bool) -> tuple
     with Recorder(config) as recorder:
         with pytest.raises(Exception) as raised:
             scenario()
+        recorder.note_unwatched_raise(raised.value)  # as child.py does with the run's error
         assert recorder.light_step == light
         return recorder, f"{raised.type.__name__}: {raised.value}"
 
@@ -216,6 +217,30 @@ def test_a_call_that_does_not_fail_again_is_left_to_a_rerun(tmp_path):
     light, error = record(fails_once, tmp_path / "light", light=True)
     assert error == "RuntimeError: only the first time" and len(calls) == 2
     assert light.state.raise_missed and light.state.culprit is None
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_an_op_no_watched_call_ran_leaves_its_step_to_a_rerun_and_a_raise_does_not(tmp_path):
+    """TorchScript runs its ops under no public torch call: an error of the kinds ops raise,
+    out of a call the watch never saw, may be an op's. The script's own `raise` is not."""
+
+    @torch.jit.script
+    def project(x: torch.Tensor, width: int) -> torch.Tensor:
+        return x @ torch.ones(width, 2)
+
+    def scripted_op_fails() -> None:
+        train(5)
+        project(torch.ones(2, 3), 4)
+
+    def script_raises() -> None:
+        train(5)
+        raise ValueError("no such optimizer: adamw2")
+
+    scripted, error = record(scripted_op_fails, tmp_path / "scripted", light=True)
+    assert "TorchScript" in error
+    assert scripted.state.raise_missed and scripted.state.culprit is None
+    raised, _ = record(script_raises, tmp_path / "raised", light=True)
+    assert not raised.state.raise_missed and raised.state.culprit is None
 
 
 def test_torchs_own_optimizer_steps_run_unwatched_and_the_users_closure_watched(tmp_path):

@@ -118,6 +118,7 @@ def main(config_path: str) -> None:
             sys.stderr.write(outcome["traceback"])
         else:  # pytest printed its own report
             outcome["test"] = test
+        recorder.note_unwatched_raise(exc)
         recorder.early.write(outcome)  # before closing and teardown, which may crash
         culprit = recorder.state.culprit
         if line_sync is not None and not (culprit and culprit.op and culprit.synchronized):

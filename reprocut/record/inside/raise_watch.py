@@ -14,11 +14,17 @@ Two calls are not run again:
   public call around it is added, as the full trace adds it;
 - backward (`loss.backward()`, `torch.autograd.grad`): its graph is freed as it runs. The
   tripwire's culprit stands where it has its forward line; otherwise the step is rerun.
+
+An op called from no public torch call (a TorchScript function, a C++ extension's own Python
+binding) raises past the watch: an error of the kinds ops raise, out of a call the watch never
+saw, leaves the step to a rerun too (`missed`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dis
+from collections.abc import Callable, Iterator
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -34,6 +40,14 @@ from reprocut.record.inside.state import RunState
 
 # calls whose autograd graph is consumed as they run: never run twice
 BACKWARD_CALLS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
+# what an op's error reaches Python as (c10's errors map to these); a script's own OSError,
+# KeyError or AssertionError is none of them
+OP_ERRORS = (RuntimeError, IndexError, ValueError, TypeError, NotImplementedError)
+_CALL_OPCODES = frozenset(
+    dis.opmap[name]
+    for name in ("CALL", "CALL_FUNCTION", "CALL_FUNCTION_EX", "CALL_FUNCTION_KW", "CALL_KW")
+    if name in dis.opmap
+)
 
 
 class RaiseWatch(TorchFunctionMode):
@@ -53,6 +67,7 @@ class RaiseWatch(TorchFunctionMode):
         self.public = public
         self.early = early
         self.watch_every_op = watch_every_op  # the dispatch mode on or off (Recorder)
+        self.seen: BaseException | None = None  # the last error a watched call raised
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         try:
@@ -65,6 +80,7 @@ class RaiseWatch(TorchFunctionMode):
         self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any], exc: Exception
     ) -> None:
         state = self.state
+        self.seen = exc
         light = state.light_culprit is exc  # the tripwire noted this failure's culprit
         state.light_culprit = None
         noted, noted_error = state.culprit, state.culprit_error
@@ -79,6 +95,8 @@ class RaiseWatch(TorchFunctionMode):
         elif not self._run_again(func, types, args, kwargs, exc):
             state.culprit, state.culprit_error = noted, noted_error  # the tripwire's, if any
             state.raise_missed = noted is None
+        elif noted is not None and state.culprit is None:  # cannot be: no op named it again
+            state.culprit, state.culprit_error = noted, noted_error
         elif noted is not None:  # its copies are the run's no more
             self.public.store.drop(captured_keys(noted.to_json()))
         if state.culprit is not None and state.culprit_error is not None:
@@ -103,8 +121,9 @@ class RaiseWatch(TorchFunctionMode):
         kwargs: dict[str, Any],
         exc: Exception,
     ) -> bool:
-        """Run the call again under the full watch; True if it raised the same error and a
-        culprit was noted. The script's random state is left as the failure left it."""
+        """Run the call again under the full watch; True if it raised the same error (the
+        culprit is then what the full watch noted, if anything: a property's setter, say, runs
+        no op). The script's random state is left as the failure left it."""
         state, early = self.state, self.early
         state.culprit = state.culprit_error = None
         enabled, early.enabled = early.enabled, False  # written once the rerun is known good
@@ -114,13 +133,44 @@ class RaiseWatch(TorchFunctionMode):
                 try:
                     self.calls.__torch_function__(func, types, args, kwargs)
                 except Exception as again:
-                    same = type(again) is type(exc) and str(again) == str(exc)
-                    return same and state.culprit is not None
+                    return type(again) is type(exc) and str(again) == str(exc)
                 finally:
                     self.watch_every_op(False)
             return False
         finally:
             early.enabled = enabled
+
+    def missed(self, exc: BaseException) -> bool:
+        """Whether the run's error `exc` may have come from an op this watch never saw: no
+        culprit, it never went through a watched call, it is of a kind ops raise, and it came
+        out of a call (a TorchScript function, an extension's binding), not a `raise`."""
+        state = self.state
+        if state.culprit is not None or state.raise_missed:
+            return False
+        if any(error is self.seen for error in _chain(exc)):
+            return False
+        return isinstance(exc, OP_ERRORS) and _raised_by_a_call(exc.__traceback__)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and the errors it was raised from or while handling (a script may wrap one)."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _raised_by_a_call(tb: TracebackType | None) -> bool:
+    """The innermost frame of a traceback was calling something when the error came (a C
+    function's error), not raising it itself."""
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code.co_code
+    return 0 <= tb.tb_lasti < len(code) and code[tb.tb_lasti] in _CALL_OPCODES
 
 
 def captured_keys(value: Any) -> list[str]:

@@ -320,6 +320,13 @@ class Recorder:
             watch(False)
         return _closure_outside_optimizer(state, args, kwargs, watch)
 
+    def note_unwatched_raise(self, exc: BaseException) -> None:
+        """The run ends in `exc`: in a CPU light step, one that may come from an op the raise
+        watch never saw (TorchScript, say) leaves the step to a rerun (RaiseWatch.missed)."""
+        watch = self._raise_watch
+        if self.state.light_step and watch.active and watch.mode.missed(exc):
+            self.state.raise_missed = True
+
     def _watch_raises(self, on: bool) -> None:
         self._raise_watch.set(on)
         self.state.raise_watched = self._raise_watch.active
