@@ -16,7 +16,6 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from reprocut.record.inside.loops import LoopCounters
 from reprocut.record.inside.modules import ModuleNames
 from reprocut.record.inside.nonfinite import StepFlags, watch_backward
 from reprocut.record.inside.ops import OpRecorder
+from reprocut.record.inside.optimizer_steps import closure_outside_optimizer, from_torch
 from reprocut.record.inside.outcome import EarlyOutcome
 from reprocut.record.inside.public import PublicCalls
 from reprocut.record.inside.raise_watch import RaiseWatch
@@ -312,13 +312,13 @@ class Recorder:
         if self.flags is not None and state.in_optimizer == 1:
             self.flags.enter_optimizer(optimizer)
         watch = None
-        if state.in_optimizer == 1 and state.raise_watched and _from_torch(optimizer):
+        if state.in_optimizer == 1 and state.raise_watched and from_torch(optimizer):
             # torch's own optimizers make ~15 torch calls per parameter per step on CPU, each
             # a Python call under the raise watch: their step runs unwatched (an error there
             # is then found by a rerun of the step), the user's closure watched
             watch = self._watch_raises
             watch(False)
-        return _closure_outside_optimizer(state, args, kwargs, watch)
+        return closure_outside_optimizer(state, args, kwargs, watch)
 
     def note_unwatched_raise(self, exc: BaseException) -> None:
         """The run ends in `exc`: in a CPU light step, one that may come from an op the raise
@@ -393,43 +393,6 @@ class Recorder:
         return config.localize_from is not None and config.localize_from <= step <= (
             config.localize_to if config.localize_to is not None else step
         )
-
-
-def _from_torch(optimizer: Any) -> bool:
-    """One of torch's optimizers, not the user's own (whose code may be where it fails)."""
-    return type(optimizer).__module__.startswith("torch.")
-
-
-def _closure_outside_optimizer(
-    state: RunState, args: Any, kwargs: Any, watch: Callable[[bool], None] | None = None
-) -> Any:
-    """`optimizer.step(closure)` with the closure run as the user's code: Lightning runs
-    `training_step` (forward and backward) inside the closure, and LBFGS calls it repeatedly.
-    Returns the hook's replacement (args, kwargs), or None when there is no closure. `args`
-    holds the optimizer itself first. `watch`, if given, turns the raise watch on for the
-    closure and off after it (left on if the closure raises: the failure was watched)."""
-    if kwargs.get("closure") is not None:
-        closure = kwargs["closure"]
-    elif len(args) > 1 and callable(args[1]):
-        closure = args[1]
-    else:
-        return None
-
-    def run_closure(*closure_args: Any, **closure_kwargs: Any) -> Any:
-        depth, state.in_optimizer = state.in_optimizer, 0
-        if watch is not None:
-            watch(True)
-        try:
-            result = closure(*closure_args, **closure_kwargs)
-        finally:
-            state.in_optimizer = depth
-        if watch is not None:
-            watch(False)
-        return result
-
-    if kwargs.get("closure") is not None:
-        return args, {**kwargs, "closure": run_closure}
-    return (args[0], run_closure, *args[2:]), kwargs
 
 
 class _ModeSwitch:
