@@ -372,14 +372,29 @@ def render_cpu(meta: dict[str, str], f: dict[str, object]) -> str:
             f"| {label} | {len(runs)} | {f[f'{way}_s']:.2f} | {', '.join(map(str, runs))} | "
             f"{ratio} | {f[f'{way}_cpu_s']:.2f} | {f[f'{way}_cpu_ratio']:.2f}x |"
         )
-    lines += ["", "What each recorded run named (right: the marked line's `aten::embedding`, in "
-              "generate(), after the training loop's 3,000 steps):", ""]  # fmt: skip
+    lines += [
+        "",
+        "What the recorded runs named (right: the marked line's `aten::embedding`, in "
+        f"generate(), after the training loop's {CPU_ITERATIONS:,} steps):",
+        "",
+    ]
     for way, label in labels.items():
+        named: dict[str, int] = {}
         for found in f.get(f"{way}_found", []):
-            lines.append(
-                f"- {label}: {found['op']} at line {found['line']}, {found['after_loop']}, "
-                f"localized {found['localization']}: {'right' if found['right'] else 'WRONG'}"
+            said = (
+                f"{found['op']} at line {found['line']}, {found['after_loop']}, localized "
+                f"{found['localization']}: {'right' if found['right'] else 'WRONG'}"
             )
+            named[said] = named.get(said, 0) + 1
+        for said, count in named.items():
+            lines.append(f"- {label}, {count} of {len(f[f'{way}_found'])} runs: {said}")
+    lines += [
+        "",
+        "The wall figures include reprocut's own process (its start, the torch import it makes "
+        "while the script runs, the report), which runs beside the script on the second core; "
+        "the CPU figures count it whole. The machine is shared with other work: compare the "
+        "runs of one table, not tables of different days.",
+    ]
     lines.append("")
     return "\n".join(lines)
 
