@@ -97,8 +97,9 @@ class RaiseWatch(TorchFunctionMode):
             state.raise_missed = noted is None
         elif noted is not None and state.culprit is None:  # cannot be: no op named it again
             state.culprit, state.culprit_error = noted, noted_error
-        elif noted is not None:  # its copies are the run's no more
-            self.public.store.drop(captured_keys(noted.to_json()))
+        elif noted is not None:  # its copies are the run's no more (unless shared)
+            kept = set(captured_keys(state.culprit.to_json()))
+            self.public.store.drop(set(captured_keys(noted.to_json())) - kept)
         if state.culprit is not None and state.culprit_error is not None:
             self.early.report(state.culprit_error)
 
