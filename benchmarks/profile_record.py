@@ -101,9 +101,10 @@ def workload(
         config = RecorderConfig(run_dir=run_dir, nan=way == "nan", light_steps=light_cpu or None)
         recorder = Recorder(config)
         recorder.__enter__()
-        if light_cpu:  # on a GPU the function mode is off after step 0
+        if light_cpu:  # on a GPU the function modes are off after step 0 (no raise watch)
             recorder._function_mode.set(False)
             recorder._function_mode.set = lambda active: None  # type: ignore[method-assign]
+            recorder._raise_watch.set = lambda active: None  # type: ignore[method-assign]
     clock = time.process_time if light_cpu else time.perf_counter
     try:
         loop(20)

@@ -21,7 +21,8 @@ from reprocut.record.inside.recorder import Recorder, RecorderConfig
 
 @pytest.fixture
 def gpu_like(monkeypatch):
-    """Snapshots and public captures as on a GPU; the function mode off, as after step 0."""
+    """Snapshots and public captures as on a GPU; the function modes off, as after step 0 (no
+    public-call mode, and no raise watch: a GPU run's light steps have neither)."""
     monkeypatch.setattr(ops_module, "_touches_cuda", lambda args, kwargs: True)
     monkeypatch.setattr(public_module, "on_cpu", lambda args, kwargs: False)
 
@@ -30,6 +31,7 @@ def gpu_like(monkeypatch):
         recorder.__enter__()
         recorder._function_mode.set(False)
         monkeypatch.setattr(recorder._function_mode, "set", lambda active: None)
+        monkeypatch.setattr(recorder._raise_watch, "set", lambda active: None)
         return recorder
 
     return start

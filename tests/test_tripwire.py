@@ -1,7 +1,7 @@
 """The tripwire (Python kernels for the asserting ops alone) and the light steps it allows.
 
-GPU runs record every op only in sampled steps; in the steps between, the tripwire is all that
-watches. These tests run the same mechanism on CPU, with light steps forced on."""
+Runs record every op only in sampled steps; in the steps between, the tripwire is all that
+watches the ops (on CPU, with the raise watch around each torch call: test_raise_watch.py)."""
 
 from __future__ import annotations
 
@@ -83,8 +83,14 @@ def train_steps(steps: int, widths: dict[int, int] | None = None) -> None:
         optimizer.step()
 
 
+def as_on_a_gpu(recorder: Recorder) -> None:
+    """Light steps as a GPU run's: no raise watch (a CPU run's light steps record no op)."""
+    recorder._raise_watch.set = lambda active: None  # type: ignore[method-assign]
+
+
 def test_light_steps_keep_every_asserting_op_and_sample_every_op(tmp_path):
     with Recorder(RecorderConfig(run_dir=tmp_path, light_steps=True)) as recorder:
+        as_on_a_gpu(recorder)
         train_steps(12, widths={6: 7})
         assert recorder.state.step == 12
     steps = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
@@ -109,12 +115,23 @@ def test_light_steps_keep_every_asserting_op_and_sample_every_op(tmp_path):
     assert full.get("every_op", True) and len(full["ops"]) > 20, "a sampled step has every op"
 
 
-def test_cpu_runs_record_every_op_unless_told(tmp_path):
-    with Recorder(RecorderConfig(run_dir=tmp_path)) as recorder:
+def test_cpu_runs_take_light_steps_unless_told_to_record_every_op(tmp_path):
+    (tmp_path / "light").mkdir()
+    (tmp_path / "full").mkdir()
+    with Recorder(RecorderConfig(run_dir=tmp_path / "light")) as recorder:
         train_steps(6)
-        assert not recorder.light_step
-    steps = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
-    assert all(s.get("every_op", True) for s in steps)
+        assert recorder.light_step and recorder.state.raise_watched
+    with Recorder(RecorderConfig(run_dir=tmp_path / "full", light_steps=False)) as recorder:
+        train_steps(6)
+        assert not recorder.light_step and not recorder.state.raise_watched
+    for name, every_op in (("light", [0, 1, 2, 4]), ("full", list(range(6)))):
+        lines = (tmp_path / name / "trace.jsonl").read_text().splitlines()
+        steps = [json.loads(line) for line in lines]
+        assert [s["step"] for s in steps if s.get("every_op", True)] == every_op
+    light = [json.loads(line) for line in (tmp_path / "light" / "trace.jsonl").open()][3]
+    assert light == {"type": "step", "step": 3, "ops": [], "every_op": False}, (
+        "a CPU light step records no op: its errors are met where they are raised"
+    )
 
 
 def test_the_dispatch_mode_is_off_in_light_steps_and_everything_is_removed_on_exit(tmp_path):
@@ -149,7 +166,7 @@ def test_a_torch_that_cannot_take_the_kernels_gets_every_op_recorded(tmp_path, m
 
 
 def localize_light(tmp_path: Path, script: Path):
-    """`reprocut record` with light steps forced on (CPU runs default to every op)."""
+    """`reprocut record`'s run and localization, with light steps (the default)."""
     from reprocut.localize.failure import LocalizeOptions
     from reprocut.localize.localizer import localize
     from reprocut.model.recording import RunDir
@@ -173,15 +190,28 @@ def test_an_asserting_op_failing_in_a_light_step_is_caught_by_the_tripwire(tmp_p
     assert not progress, "no rerun was needed"
 
 
-def test_any_other_op_failing_in_a_light_step_is_named_by_a_rerun_of_that_step(tmp_path):
+def test_any_other_op_failing_in_a_cpu_light_step_is_named_in_process(tmp_path):
+    """The raise watch ran the raising call again under the dispatch mode: no rerun."""
     script = SCRIPTS / "shape_late.py"
     first, failure, progress = localize_light(tmp_path, script)
     assert first.outcome["light_step"] and first.outcome["step"] == 6
-    assert failure.status == "localized" and failure.localization == "rerun"
+    assert first.outcome["raise_watched"] and not first.outcome["raise_missed"]
+    assert failure.status == "localized" and failure.localization == "in-process"
     assert failure.op in ("aten::addmm", "aten::mm", "aten::linear")
     assert failure.step == 6
     assert failure.source is not None and "culprit" in failure.source.text
-    assert any("watching every op" in line for line in progress)
+    assert not progress, "no rerun was needed"
+
+
+def test_an_op_failing_in_a_cpu_light_steps_backward_is_named_by_a_rerun_of_that_step(tmp_path):
+    """Backward cannot run twice: the raise watch leaves it to the rerun watching every op."""
+    first, failure, progress = localize_light(tmp_path, SCRIPTS / "backward_late.py")
+    assert first.outcome["light_step"] and first.outcome["raise_missed"]
+    assert failure.status == "localized" and failure.localization == "rerun"
+    assert (failure.op, failure.step, failure.phase) == ("aten::mul", 6, "backward")
+    assert failure.source is not None and "culprit" in failure.source.text
+    assert failure.forward_source is not None and "apply" in failure.forward_source.text
+    assert any("could not be watched again" in line for line in progress)
 
 
 if __name__ == "__main__":

@@ -79,9 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--full-trace",
         action="store_true",
-        help="record every op of every step (GPU runs otherwise record every op of the first "
-        "steps and of steps 4, 8, 16, ..., and the ops that can device-assert in every step: "
-        "a full trace costs up to 3x on launch-bound loops)",
+        help="record every op of every step (runs otherwise record every op of the first "
+        "steps and of steps 4, 8, 16, ..., and the ops that can device-assert in every step, "
+        "and on a CPU the call that raised: a full trace costs up to 3x on launch-bound GPU "
+        "loops, 6x on small CPU models)",
     )
     parser.add_argument(
         "--no-rerun",

@@ -15,6 +15,8 @@ op that made it by one more rerun (nonfinite.py).
 
 from __future__ import annotations
 
+from typing import Any
+
 from reprocut.localize.crash import fatal_error, faulthandler_location
 from reprocut.localize.culprit import from_culprit, names_op, names_public_call
 from reprocut.localize.failure import (
@@ -97,12 +99,13 @@ def _localize_error(options: LocalizeOptions, first: RunResult, progress: Progre
     error = outcome["error"]
     culprit = outcome.get("culprit")
     cuda = is_cuda_failure(error["type"], error["message"], error.get("code"))
-    if names_op(culprit):
+    unwatched = _raise_unwatched(outcome)
+    if names_op(culprit) and not (outcome.get("raise_missed") and options.rerun):
         return from_culprit(options, first, outcome, culprit, first, "in-process")
-    if is_oom_outcome(outcome) and (outcome.get("light_step") or cuda) and options.rerun:
+    if is_oom_outcome(outcome) and (unwatched or cuda) and options.rerun:
         # an allocation failure is its op's own, even one reading as a CUDA error (cuBLAS's)
         return oom_in_light_step(options, first, outcome, progress)
-    if not cuda and outcome.get("light_step") and options.rerun:
+    if not cuda and unwatched and options.rerun:
         return rerun_for_op(options, first, outcome, progress)
     if names_public_call(culprit):
         return from_culprit(options, first, outcome, culprit, first, "in-process")
@@ -116,6 +119,15 @@ def _localize_error(options: LocalizeOptions, first: RunResult, progress: Progre
     if not options.rerun:
         return not_localized(options, first, outcome, "localization rerun disabled (--no-rerun)")
     return rerun(options, first, outcome, progress)
+
+
+def _raise_unwatched(outcome: dict[str, Any]) -> bool:
+    """The error met a light step that did not see the op raise as a full trace does: a GPU
+    run's (only the asserting ops seen), or a CPU run's whose raising call could not be watched
+    again (a backward; record/inside/raise_watch.py). A rerun of that step watches every op."""
+    if outcome.get("raise_missed"):
+        return True
+    return bool(outcome.get("light_step")) and not outcome.get("raise_watched")
 
 
 def _crashed(options: LocalizeOptions, first: RunResult, progress: Progress) -> Failure:

@@ -92,19 +92,23 @@ def _run_again(options: LocalizeOptions, attempt: str, **how: Any) -> RunResult:
 def rerun_for_op(
     options: LocalizeOptions, first: RunResult, outcome: dict[str, Any], progress: Progress
 ) -> Failure:
-    """A synchronous error in a light step, where only asserting ops are watched: the step is
-    run again under the dispatch mode to name the op that raised, if any did."""
+    """A synchronous error in a light step that did not see it as a full trace does (only
+    asserting ops watched; on CPU, a raising backward that cannot run twice): the step is run
+    again under the dispatch mode and the public-call mode to name the op, or the public call,
+    that raised. Where the rerun names neither, the first run's culprit, if it had one."""
     step = outcome["step"]
-    progress(
-        f"an error at step {step}, which recorded only the ops that can device-assert; "
-        "rerunning that step watching every op"
+    what = (
+        "whose raising call could not be watched again (a backward, or a call that did not fail alike when run again)"
+        if outcome.get("raise_missed")
+        else "which recorded only the ops that can device-assert"
     )
+    progress(f"an error at step {step}, {what}; rerunning that step watching every op")
     second = _run_again(options, "localize", localize_from=step, localize_to=step)
     again = second.outcome
     culprit = again.get("culprit") if again else None
-    if names_op(culprit):
+    if names_op(culprit) or names_public_call(culprit):
         return from_culprit(options, first, outcome, culprit, second, "rerun")
     known = outcome.get("culprit")
-    if names_public_call(known):
+    if names_op(known) or names_public_call(known):
         return from_culprit(options, first, outcome, known, first, "in-process")
     return script_error(options, first, error_info(outcome["error"], first.stderr), outcome)

@@ -44,6 +44,7 @@ TRACE_FILE = "trace.jsonl"
 LAUNCH_PROBE_FILE = "launch_probe.json"  # what reached a custom kernel launch (source.probe)
 RECORD_OUTCOME_FILE = "record.outcome.json"  # how the recorded run ended (record/parent/runner)
 INPUTS_FILE = "inputs.pt"
+OUTCOME_FILE = "outcome.json"  # the child's own report of the run (record/inside/outcome.py)
 GITIGNORE = "# Created by reprocut: recordings hold captured tensors; keep them out of git.\n*\n"
 
 

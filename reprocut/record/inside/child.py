@@ -22,9 +22,9 @@ from typing import Any
 
 from reprocut.check import lifeline
 from reprocut.model.case import SourceLocation
-from reprocut.model.recording import atomic_write
+from reprocut.model.recording import OUTCOME_FILE, atomic_write
 from reprocut.record.inside.main_module import run_main
-from reprocut.record.inside.outcome import OUTCOME_FILE, failure_error, recorded_state
+from reprocut.record.inside.outcome import failure_error, recorded_state
 from reprocut.record.inside.pytest_failure import FailedTest
 
 NONFINITE_INPUTS_FILE = "nonfinite-inputs.pt"
@@ -118,6 +118,7 @@ def main(config_path: str) -> None:
             sys.stderr.write(outcome["traceback"])
         else:  # pytest printed its own report
             outcome["test"] = test
+        recorder.note_unwatched_raise(exc)
         recorder.early.write(outcome)  # before closing and teardown, which may crash
         culprit = recorder.state.culprit
         if line_sync is not None and not (culprit and culprit.op and culprit.synchronized):

@@ -143,8 +143,16 @@ class OpRecorder(TorchDispatchMode):
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Any
     ) -> Any:
         """The tripwire's handler: snapshot the evidence; in light steps also record the op and
-        own its synchronous error (under the dispatch mode, the mode does both)."""
+        own its synchronous error (under the dispatch mode, the mode does both). A CPU run's
+        light step records nothing here: its errors are raised where they happen, and this
+        handler only notes the op's own for the raise watch (raise_watch.py)."""
         state = self.state
+        if state.raise_watched and state.light_step:
+            try:
+                return run()
+            except Exception as exc:
+                self._raised_light(func, args, kwargs, exc)
+                raise
         entry = self._ops.get(id(func)) or self._learn(func)
         name = entry[0]
         if state.localizing:
@@ -160,7 +168,7 @@ class OpRecorder(TorchDispatchMode):
         try:
             result = run()
         except Exception as exc:
-            self._raised(func, name, args, kwargs, exc, None, synchronizing=False)
+            self._raised_light(func, args, kwargs, exc)
             raise
         if snapshot is None:
             specs = tuple(map(spec_tuple, args))
@@ -172,6 +180,17 @@ class OpRecorder(TorchDispatchMode):
         if snapshot is not None and phase == "forward" and self.tag_backward:
             self._tag_later(result, snapshot)
         return result
+
+    def _raised_light(self, func: Any, args: Any, kwargs: dict[str, Any], exc: Exception) -> None:
+        """An asserting op raised in a light step: it is the culprit, noted with no public call
+        around it (the raise watch adds the one in flight: raise_watch.py)."""
+        state = self.state
+        name = (self._ops.get(id(func)) or self._learn(func))[0]
+        state.last_op = name
+        noted = state.culprit
+        self._raised(func, name, args, kwargs, exc, None, synchronizing=False)
+        if noted is None and state.culprit is not None:
+            state.light_culprit = exc
 
     def _tag_later(self, result: Any, snapshot: Snapshot) -> None:
         """In light steps no module hook tags autograd nodes, and below autograd (the tripwire)

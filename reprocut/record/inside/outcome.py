@@ -23,13 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reprocut.model.recording import INPUTS_FILE, atomic_write
+from reprocut.model.recording import INPUTS_FILE, OUTCOME_FILE, atomic_write
 from reprocut.record.inside.capture import TensorStore
 from reprocut.record.inside.frameworks import imported_frameworks
 from reprocut.record.inside.records import Culprit
 from reprocut.record.inside.state import RunState
 
-OUTCOME_FILE = "outcome.json"
 _MAIN_PID = os.getpid()  # a forked DataLoader worker inherits this: its culprits are not written
 
 
@@ -67,6 +66,10 @@ def recorded_state(state: RunState, light_step: bool, *, failed: bool) -> dict[s
     return {
         "step": state.step,
         "light_step": light_step,  # only asserting ops seen: no in-process culprit
+        # a CPU light step: the call that raised was watched again (raise_watch.py), unless
+        # it could not be (then only a rerun of the step names the op)
+        "raise_watched": light_step and state.raise_watched,
+        "raise_missed": state.raise_missed,
         "phase": state.phase() if failed else None,
         "frameworks": imported_frameworks(),
         "culprit": None if state.culprit is None else state.culprit.to_json(),

@@ -43,6 +43,8 @@ class PytestWatch:
         if self.test is None:
             self.state.culprit = None  # noted in an earlier test that did not fail by it
             self.state.culprit_error = None
+            self.state.light_culprit = None
+            self.state.raise_missed = False  # a backward that raised in a passing test
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:

@@ -33,8 +33,10 @@ from reprocut.record.inside.loops import LoopCounters
 from reprocut.record.inside.modules import ModuleNames
 from reprocut.record.inside.nonfinite import StepFlags, watch_backward
 from reprocut.record.inside.ops import OpRecorder
+from reprocut.record.inside.optimizer_steps import closure_outside_optimizer, from_torch
 from reprocut.record.inside.outcome import EarlyOutcome
 from reprocut.record.inside.public import PublicCalls
+from reprocut.record.inside.raise_watch import RaiseWatch
 from reprocut.record.inside.state import RunState
 from reprocut.record.inside.trace import TraceWriter
 from reprocut.record.inside.tripwire import Tripwire
@@ -48,7 +50,8 @@ class RecorderConfig:
     localize_to: int | None = None
     snapshots: bool = True  # record mode on CUDA: copy asserting ops' evidence as we go
     tag_backward: bool = True  # tag autograd nodes with their forward line and module
-    # Light steps see only the asserting ops (see Recorder.wants_every_op): None = on GPU runs
+    # Light steps (see Recorder.wants_every_op): None (the default) or True = light steps;
+    # False = every op of every step (--full-trace, the memory watch)
     light_steps: bool | None = None
     # --nan: a non-finite flag per step (nonfinite.py); with a localize window, finite checks
     # around every op of it (finite_watch.py) instead of synchronizing and capturing
@@ -107,8 +110,12 @@ class Recorder:
             op_watch=self.op_watch,
         )
         self._dispatch_mode = _ModeSwitch(ops, _get_current_dispatch_mode)
+        # CPU light steps: a try around each torch call, the raising one watched again
+        raises = RaiseWatch(state, calls, self.public_calls, self.early, self._set_every_op)
+        self._raise_watch = _ModeSwitch(raises, _get_current_function_mode)
         self.tripwire: Tripwire | None = None
         self._asserting_key: int | None = None  # the asserting ops' layouts in the last step
+        self._layouts_recorded = True  # this step records its asserting ops' layouts
         self._original_optimizer_init: Any = None
         self._original_function_apply: Any = None
         self._original_backward: Any = None
@@ -159,8 +166,8 @@ class Recorder:
         except Exception:  # a torch without Python kernels at that key: every step sees every op
             self.tripwire = None
         self._dispatch_mode.mode.tripwire_on = self.tripwire is not None
-        self._function_mode.set(True)
         self._set_every_op(True)
+        self._set_function_mode()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -171,6 +178,8 @@ class Recorder:
             return
         with contextlib.suppress(Exception):  # the stack may be unwound by the exception
             self._set_every_op(False)
+        with contextlib.suppress(Exception):
+            self._raise_watch.set(False)
         with contextlib.suppress(Exception):
             self._function_mode.set(False)
         if self.tripwire is not None:
@@ -196,9 +205,11 @@ class Recorder:
         state = self.state
         every_op, healthy = self._dispatch_mode.active, state.healthy_through
         self.trace.write_step(state.step, state.ops, every_op=every_op, healthy_through=healthy)
-        asserting_key = hash(tuple(op for op in state.ops if op[0] in ASSERTING_OPS))
-        layout_changed = asserting_key != self._asserting_key
-        self._asserting_key = asserting_key
+        layout_changed = False
+        if self._layouts_recorded:  # not in a CPU light step, which records no op
+            asserting_key = hash(tuple(op for op in state.ops if op[0] in ASSERTING_OPS))
+            layout_changed = asserting_key != self._asserting_key
+            self._asserting_key = asserting_key
         state.ops = []
         if torch.cuda.is_initialized():
             device = torch.cuda.current_device()
@@ -213,8 +224,8 @@ class Recorder:
         for listener in self.step_listeners:
             listener(ended)
         state.localizing = self._in_localize_window(state.step)
-        self._function_mode.set(self._wants_public_calls())
         self._set_every_op(self.wants_every_op(state.step, layout_changed))
+        self._set_function_mode()
         self._set_module_hooks(not self._finds_modules_on_stack())
         if self.flags is not None:  # --nan: may stop the run (NonfiniteStop)
             config = self.config
@@ -227,27 +238,38 @@ class Recorder:
         """Whether `step` runs under the dispatch mode (every op recorded) or is a light step.
 
         Being under a Python dispatch mode costs ~1.8x on a launch-bound loop however little
-        the mode does, so GPU runs record every op only in the first steps, at powers of two,
-        after the asserting ops' layouts changed, and in localized steps. In light steps the
-        tripwire still sees every asserting op: its specs and snapshots are never sampled.
+        the mode does (6x on a small CPU model), so runs record every op only in the first
+        steps, at powers of two, after the asserting ops' layouts changed, and in localized
+        steps. In light steps the tripwire still sees every asserting op: its specs and
+        snapshots are never sampled; on CPU the raise watch sees the call that raises.
         """
-        if self.state.localizing or self.tripwire is None:
-            return True
-        light = self.config.light_steps
-        if light is None:
-            light = torch.cuda.is_initialized()
-        if not light:
+        if self.state.localizing or self.tripwire is None or self.config.light_steps is False:
             return True
         return step < 3 or step & (step - 1) == 0 or layout_changed
 
-    def _wants_public_calls(self) -> bool:
-        """Whether the public-call mode runs this step: it tags autograd nodes with their
-        forward lines, at a cost a launch-bound GPU loop feels, so GPU runs keep it for localized
-        steps, and for runs that see every op of every step (--full-trace, the memory watch)."""
+    def _set_function_mode(self) -> None:
+        """The function mode of the step now starting: the public-call mode (calls.py), the
+        raise watch (raise_watch.py) or neither. The public-call mode tags autograd nodes with
+        their forward lines and costs a launch-bound loop more than the dispatch mode alone, so
+        it runs where every op is recorded: localized steps, runs that see every op of every
+        step (--full-trace, the memory watch), and a CPU run's sampled steps. A CPU run's light
+        steps have the raise watch instead: an op raises where it fails there, so the call that
+        raised is watched again. A GPU run's light steps have neither: its errors surface late,
+        and snapshots and reruns find the op (localize/)."""
         state = self.state
-        return (
-            not torch.cuda.is_initialized() or state.localizing or self.config.light_steps is False
-        )
+        if state.localizing or self.config.light_steps is False:
+            wanted = "calls"
+        elif torch.cuda.is_initialized():
+            wanted = None
+        else:
+            wanted = "raises" if state.light_step else "calls"
+        if wanted != "raises":
+            self._raise_watch.set(False)
+        self._function_mode.set(wanted == "calls")
+        # not above a mode of the script's own that keeps the public-call mode below it
+        self._raise_watch.set(wanted == "raises" and not self._function_mode.active)
+        state.raise_watched = self._raise_watch.active
+        self._layouts_recorded = not (state.light_step and state.raise_watched)
 
     @property
     def light_step(self) -> bool:
@@ -284,11 +306,30 @@ class Recorder:
                     self.store.drop(snapshot.captured_keys())
 
     def _on_optimizer_enter(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
-        self.state.optimizer_seen = True
-        self.state.in_optimizer += 1
-        if self.flags is not None and self.state.in_optimizer == 1:
+        state = self.state
+        state.optimizer_seen = True
+        state.in_optimizer += 1
+        if self.flags is not None and state.in_optimizer == 1:
             self.flags.enter_optimizer(optimizer)
-        return _closure_outside_optimizer(self.state, args, kwargs)
+        watch = None
+        if state.in_optimizer == 1 and state.raise_watched and from_torch(optimizer):
+            # torch's own optimizers make ~15 torch calls per parameter per step on CPU, each
+            # a Python call under the raise watch: their step runs unwatched (an error there
+            # is then found by a rerun of the step), the user's closure watched
+            watch = self._watch_raises
+            watch(False)
+        return closure_outside_optimizer(state, args, kwargs, watch)
+
+    def note_unwatched_raise(self, exc: BaseException) -> None:
+        """The run ends in `exc`: in a CPU light step, one that may come from an op the raise
+        watch never saw (TorchScript, say) leaves the step to a rerun (RaiseWatch.missed)."""
+        watch = self._raise_watch
+        if self.state.light_step and watch.active and watch.mode.missed(exc):
+            self.state.raise_missed = True
+
+    def _watch_raises(self, on: bool) -> None:
+        self._raise_watch.set(on)
+        self.state.raise_watched = self._raise_watch.active
 
     def _on_optimizer_exit(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.state.in_optimizer -= 1
@@ -352,30 +393,6 @@ class Recorder:
         return config.localize_from is not None and config.localize_from <= step <= (
             config.localize_to if config.localize_to is not None else step
         )
-
-
-def _closure_outside_optimizer(state: RunState, args: Any, kwargs: Any) -> Any:
-    """`optimizer.step(closure)` with the closure run as the user's code: Lightning runs
-    `training_step` (forward and backward) inside the closure, and LBFGS calls it repeatedly.
-    Returns the hook's replacement (args, kwargs), or None when there is no closure. `args`
-    holds the optimizer itself first."""
-    if kwargs.get("closure") is not None:
-        closure = kwargs["closure"]
-    elif len(args) > 1 and callable(args[1]):
-        closure = args[1]
-    else:
-        return None
-
-    def run_closure(*closure_args: Any, **closure_kwargs: Any) -> Any:
-        depth, state.in_optimizer = state.in_optimizer, 0
-        try:
-            return closure(*closure_args, **closure_kwargs)
-        finally:
-            state.in_optimizer = depth
-
-    if kwargs.get("closure") is not None:
-        return args, {**kwargs, "closure": run_closure}
-    return (args[0], run_closure, *args[2:]), kwargs
 
 
 class _ModeSwitch:

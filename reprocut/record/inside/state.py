@@ -33,6 +33,7 @@ class RunState:
     localizing: bool = False  # the step is in the localize window: synchronize around its ops
     light_step: bool = True  # the step records only the asserting ops (no dispatch mode)
     module_hooks: bool = False  # module hooks keep module_stack (else: found on the stack)
+    raise_watched: bool = False  # a light step whose raising call is watched again (CPU)
     # What the current step recorded: its ops' specs, its asserting ops' snapshots
     ops: list[tuple[Any, ...]] = field(default_factory=list)
     snapshots: list[Snapshot] = field(default_factory=list)
@@ -42,6 +43,12 @@ class RunState:
     pending: list[tuple[int, tuple[int, Any], list[Snapshot]]] = field(default_factory=list)
     healthy_through: int = -1  # last step whose kernels are known to have completed
     culprit: Culprit | None = None
+    # A light step's culprit, noted by the tripwire without the public call around it: the
+    # exception it raised, until the raise watch (raise_watch.py) completes the culprit
+    light_culprit: BaseException | None = None
+    # A torch call raised in a light step and the raise watch could not watch it again (a
+    # backward, or a rerun that did not fail alike): only a rerun of the step names its op
+    raise_missed: bool = False
     # the culprit's error as its op raised it ({type, message, code}): PyTorch can lose it on
     # its way out of a CUDA backward thread (outcome.error_lost_on_the_way)
     culprit_error: dict[str, Any] | None = None

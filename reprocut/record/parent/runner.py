@@ -24,7 +24,7 @@ from typing import IO, Any
 from reprocut import PACKAGE_DIR
 from reprocut.check import lifeline
 from reprocut.model.launch import Launch
-from reprocut.record.inside.outcome import OUTCOME_FILE
+from reprocut.model.recording import OUTCOME_FILE  # not from record.inside: that imports torch
 
 PACKAGE_PARENT = os.path.dirname(PACKAGE_DIR)
 
@@ -56,7 +56,7 @@ class RunRequest:
     localize_from: int | None = None  # synchronize around every op of these steps
     localize_to: int | None = None
     snapshots: bool = True
-    light_steps: bool | None = None  # see Recorder.wants_every_op; None: on GPU runs
+    light_steps: bool | None = None  # see Recorder.wants_every_op; False: every op of every step
     launch_blocking: bool = False
     sync_lines: bool = False  # wait for the GPU after each user line (see line_sync)
     nan: bool = False  # a non-finite flag per step; finite checks per op in the localize window
