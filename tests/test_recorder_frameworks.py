@@ -227,3 +227,30 @@ def test_while_counters_read_the_shapes_of_stepping():
         "        k += 1\n"
     )
     assert while_counters(tree.body[0]) == ["n", "i"]  # k is stepped in another scope
+
+
+def test_a_backward_on_autograds_own_thread_is_inside_the_training_loop():
+    """On a GPU, autograd's engine runs backward (a custom Function's too) on a thread of its
+    own, whose frames hold no line of the loop: the main thread, blocked in `backward()` inside
+    the loop, says where the step is (the H200 corpus had read step 5 as after the loop)."""
+    import threading
+
+    from reprocut.record.inside.loops import TrainingLoop
+
+    training = TrainingLoop(LoopCounters(UserFrames()))
+    seen = []
+
+    def backward_on_its_own_thread() -> None:
+        seen.append(training.after_frame(sys._getframe()))
+
+    def run_on_a_thread() -> None:
+        worker = threading.Thread(target=backward_on_its_own_thread)
+        worker.start()
+        worker.join()
+
+    for _ in range(2):
+        training.note_step(sys._getframe())
+        run_on_a_thread()
+    assert seen == [None, None]
+    run_on_a_thread()  # the loop has ended
+    assert seen[-1] is not None

@@ -19,6 +19,8 @@ from __future__ import annotations
 import ast
 import linecache
 import numbers
+import sys
+import threading
 from collections.abc import Callable
 from types import CodeType, FrameType, TracebackType
 
@@ -263,10 +265,21 @@ class TrainingLoop:
         if loop is None:  # before the first step, or no loop around it (a framework's)
             return None
         failed = read()  # outermost first
+        if failed and threading.current_thread() is not threading.main_thread():
+            # autograd's engine runs a GPU backward on threads of its own: the loop's line is
+            # on the main thread, blocked in `loss.backward()` (a custom Function's backward
+            # at step 5 had read as "after the training loop" on the H200)
+            failed = [*self._main_sites(), *failed]
         code, first, last = loop
         if not failed or any(c is code and first <= line <= last for c, line in failed):
             return None
         return {"function": _function_after(self.step_sites, failed)}
+
+    def _main_sites(self) -> list[Site]:
+        """The main thread's user frames, outermost first."""
+        main = threading.main_thread().ident
+        frame = sys._current_frames().get(main) if main is not None else None
+        return list(reversed(self._sites(frame)))
 
     def _loop(self) -> tuple[CodeType, int, int] | None:
         """The training loop: the code running it, its header's line and its body's last."""
