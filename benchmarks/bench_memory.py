@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -36,12 +35,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from benchmarks.bench_record import device_name, overhead  # noqa: E402
+from reprocut.model.oom import allocated_in_message, figures_agree  # noqa: E402
 
 CORPUS = HERE.parent / "corpus" / "memory"
 SLACK_S = 30  # the issue's bound: the plain run, one rerun and 30 s
 START_S = 15  # reprocut's own start and the parent's torch import, beside the runs
-_PYTORCH_ALLOCATED = re.compile(r"Of the allocated memory ([\d.]+) (B|KiB|MiB|GiB) is allocated")
-_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
 def _run(command: list[str], cwd: Path, timeout: float) -> tuple[int | None, str, str, float]:
@@ -57,11 +55,10 @@ def _run(command: list[str], cwd: Path, timeout: float) -> tuple[int | None, str
 def allocator_agrees(message: str, allocated: int | None) -> bool | None:
     """The failure's allocated bytes against the figure in CUDA's own message (None: the
     message gives none)."""
-    match = _PYTORCH_ALLOCATED.search(message)
-    if match is None or allocated is None:
+    said = allocated_in_message(message)
+    if said is None or allocated is None:
         return None
-    said = float(match.group(1)) * _UNITS[match.group(2)]
-    return abs(said - allocated) <= 0.01 * said + (1 << 20)
+    return figures_agree(said, allocated)
 
 
 def check_memory(truth: dict[str, Any], report: dict[str, Any], device: str) -> dict[str, bool]:
