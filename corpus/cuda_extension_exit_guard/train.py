@@ -3,12 +3,12 @@
 The frames of a video are pooled into clips of FRAMES_PER_CLIP frames by `clippool::segment_sum`,
 a CUDA C++ operator built at import with `cpp_extension.load_inline` and registered with a
 TORCH_LIBRARY block (its backward is registered from Python). The module stops at once on a
-machine without a GPU. Bug: clip ids are `frame // FRAMES_PER_CLIP` while the number of clips
-is `frames // FRAMES_PER_CLIP`, rounded down: the videos of the first steps are whole clips, but
-the 100-frame video of step 4 leaves 4 frames in a clip 12 the output does not have, and the
-kernel's atomicAdd writes one 1 MiB row past the end of its output: an illegal memory access
-(the cache is emptied after each step, so the 12 MiB output is a fresh allocation of its own and
-the row past it is not mapped).
+machine without a GPU. Bug: a frame's clip id is computed from its frame number in the source
+recording (`first_frame + arange`), not from its place in the video. The videos of the first
+steps are cut from the start of their recordings (first frame 0), so the ids run 0..7; the
+video of step 4 is cut from a long surveillance recording, 20,000,000 frames in: its clip ids
+are 2,500,000 and up for an output of 8 clips, and the kernel's atomicAdd writes 2.4 TiB past
+the end of its 8 MiB output, far from any allocation: an illegal memory access.
 """
 
 from __future__ import annotations
@@ -101,20 +101,22 @@ class ClipClassifier(nn.Module):
         self.gain = nn.Parameter(torch.ones(FRAME_FEATURES))  # per-pixel normalization
         self.head = nn.Linear(FRAME_FEATURES, CLASSES)
 
-    def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        clip_of_frame = torch.arange(frames.shape[0], device=frames.device) // FRAMES_PER_CLIP
+    def forward(self, frames: torch.Tensor, first_frame: int) -> torch.Tensor:
+        frame_numbers = first_frame + torch.arange(frames.shape[0], device=frames.device)
+        clip_of_frame = frame_numbers // FRAMES_PER_CLIP
         clips = frames.shape[0] // FRAMES_PER_CLIP
         scaled = frames * self.gain
         pooled = torch.ops.clippool.segment_sum(scaled, clip_of_frame, clips)  # reprocut: culprit
         return self.head(pooled / FRAMES_PER_CLIP).mean(dim=0, keepdim=True)
 
 
-def video(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One video's frames and its label: 64 frames, and a longer 100-frame video at step 4."""
+def video(step: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """One 64-frame video, its label and its first frame's number in its recording: 0, but
+    20,000,000 at step 4 (a cut from a days-long surveillance recording)."""
     g = torch.Generator().manual_seed(step)
-    frames = 100 if step == 4 else 64
-    pixels = torch.rand(frames, FRAME_FEATURES, generator=g)
-    return pixels.to(DEVICE), torch.randint(0, CLASSES, (1,), generator=g).to(DEVICE)
+    pixels = torch.rand(64, FRAME_FEATURES, generator=g)
+    first_frame = 20_000_000 if step == 4 else 0
+    return pixels.to(DEVICE), torch.randint(0, CLASSES, (1,), generator=g).to(DEVICE), first_frame
 
 
 def main() -> None:
@@ -128,12 +130,11 @@ def main() -> None:
     model = ClipClassifier().to(args.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     for step in range(args.steps):
-        frames, label = video(step)
-        loss = F.cross_entropy(model(frames), label)
+        frames, label, first_frame = video(step)
+        loss = F.cross_entropy(model(frames, first_frame), label)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        torch.cuda.empty_cache()  # videos differ in length: hand the cached blocks back
         print(f"step {step} frames {frames.shape[0]} loss {loss.item():.4f}", flush=True)
 
 
