@@ -761,3 +761,25 @@ def test_a_seed_costs_nothing_in_the_size_order():
     code = "import torch\nx = torch.randn((4,))\nf(x)\n"
     assert sort_key(seeded(code)) == sort_key(code)
     assert seeded(code) != code
+
+
+def test_the_fast_walk_lists_what_libcsts_children_and_findall_list_in_their_order() -> None:
+    """reprocut.source.passes.walk reads node fields instead of libcst's visitors: the same
+    nodes, in the same order, over every script of the corpus."""
+    import libcst.matchers as m
+
+    from reprocut.source.passes.walk import of_type, walk
+
+    def by_children(node: cst.CSTNode):
+        yield node
+        for child in node.children:
+            yield from by_children(child)
+
+    scripts = sorted(Path(__file__).parents[1].glob("corpus/*/*.py"))
+    assert len(scripts) > 20
+    for script in scripts:
+        module = cst.parse_module(script.read_text())
+        assert [id(n) for n in walk(module)] == [id(n) for n in by_children(module)], script
+        assert [id(n) for n in of_type(module, cst.Call)] == [
+            id(n) for n in m.findall(module, m.Call())
+        ], script

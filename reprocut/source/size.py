@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
@@ -22,28 +23,42 @@ from reprocut.source.passes import (
     sibling_imports,
     without_seed,
 )
+from reprocut.source.passes.walk import walk
 
 
-class _Measure(cst.CSTVisitor):
+@dataclass
+class _Measure:
     """Counts for the size order. A tensor built from literals counts as one node."""
 
-    def __init__(self) -> None:
-        self.compound = self.small = self.nodes = self.names = self.integers = 0
+    compound: int = 0
+    small: int = 0
+    nodes: int = 0
+    names: int = 0
+    integers: int = 0
 
-    def on_visit(self, node: cst.CSTNode) -> bool:
+    @classmethod
+    def of(cls, module: cst.Module) -> _Measure:
+        measure = cls()
+        for node in walk(module, prune=_literal_tensor):
+            measure.count(node)
+        return measure
+
+    def count(self, node: cst.CSTNode) -> None:
         if isinstance(node, COMPOUND):
             self.compound += 1
         elif isinstance(node, cst.BaseSmallStatement):
             self.small += 1
         if isinstance(node, cst.BaseExpression | cst.Arg):
             self.nodes += 1
-            if is_constant(node) and isinstance(node, cst.Call):
-                return False
         if isinstance(node, cst.Name):
             self.names += 1
         elif isinstance(node, cst.Integer):
             self.integers += integer_value(node)
-        return True
+
+
+def _literal_tensor(node: cst.CSTNode) -> bool:
+    """A call building a tensor from literals: one node, its insides uncounted."""
+    return isinstance(node, cst.Call) and is_constant(node)
 
 
 def sort_key(code: str, search_dirs: Sequence[Path] = ()) -> tuple[int, ...]:
@@ -58,8 +73,7 @@ def sort_key(code: str, search_dirs: Sequence[Path] = ()) -> tuple[int, ...]:
     unseeded = without_seed(module)
     if unseeded is not module:
         module, code = unseeded, unseeded.code
-    measure = _Measure()
-    module.visit(measure)
+    measure = _Measure.of(module)
     lines = sum(1 for line in code.splitlines() if line.strip())
     return (
         len(sibling_imports(module, search_dirs)) if search_dirs else 0,
@@ -81,6 +95,5 @@ def count_small_statements(code: str) -> int:
     module = parse(code)
     if module is None:
         return 0
-    measure = _Measure()
-    module.visit(measure)
+    measure = _Measure.of(module)
     return measure.small + measure.compound

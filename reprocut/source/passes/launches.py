@@ -9,10 +9,11 @@ smaller repro (a shrunk CuPy launch read `ROWSUM((rows,), (0,), ...)`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import libcst as cst
+
+from reprocut.source.passes.walk import all_nodes, walk
 
 MAX_THREADS = 1024  # threads per block on every CUDA GPU since compute capability 2.0
 _EMPTY = cst.Module([])
@@ -22,18 +23,11 @@ def code_of(node: cst.CSTNode) -> str:
     return _EMPTY.code_for_node(node)
 
 
-def nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """`node` and every node below it, depth first."""
-    yield node
-    for child in node.children:
-        yield from nodes(child)
-
-
 def bindings(module: cst.Module) -> dict[str, list[cst.BaseExpression]]:
     """Every value each plain name is assigned, anywhere in the module (`a, b = x, 256` binds
     each name to its own value)."""
     bound: dict[str, list[cst.BaseExpression]] = {}
-    for node in nodes(module):
+    for node in all_nodes(module):
         if isinstance(node, cst.Assign):
             for target in node.targets:
                 for name, value in _pairs(target.target, node.value):
@@ -71,7 +65,7 @@ def launches(module: cst.Module) -> list[Launch]:
     """Triton `kernel[grid](args)` and CuPy `kernel(grid, block, args)` calls."""
     bound = bindings(module)
     found = []
-    for node in nodes(module):
+    for node in all_nodes(module):
         if not isinstance(node, cst.Call):
             continue
         if isinstance(node.func, cst.Subscript):
@@ -211,7 +205,7 @@ def _collect(
     value: cst.CSTNode, bound: dict[str, list[cst.BaseExpression]], found: set[int],
     seen: set[str],
 ) -> None:  # fmt: skip
-    for node in nodes(value):
+    for node in walk(value):
         if isinstance(node, cst.Integer):
             found.add(id(node))
         elif isinstance(node, cst.Name) and node.value not in seen:

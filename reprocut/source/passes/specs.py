@@ -18,6 +18,7 @@ from reprocut.source.passes.tree import (
     parse,
     transform,
 )
+from reprocut.source.passes.walk import of_type
 
 # --- replace_with_specs ----------------------------------------------------------------------
 
@@ -29,13 +30,12 @@ _IMPORT_LINE = m.SimpleStatementLine([m.AtLeastN(m.Import() | m.ImportFrom(), n=
 
 def is_random(value: cst.CSTNode) -> bool:
     """A spec's tensor made by a random generator (`torch.randint(...)`, maybe viewed)."""
-    return bool(
-        m.findall(
-            value,
-            m.Call(
-                func=m.Attribute(value=m.Name("torch"), attr=m.OneOf(*map(m.Name, RANDOM_KINDS)))
-            ),
-        )
+    return any(
+        isinstance(call.func, cst.Attribute)
+        and call.func.attr.value in RANDOM_KINDS
+        and isinstance(call.func.value, cst.Name)
+        and call.func.value.value == "torch"
+        for call in of_type(value, cst.Call)
     )
 
 

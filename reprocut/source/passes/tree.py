@@ -25,6 +25,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from reprocut.model.case import TensorSpec
+from reprocut.source.passes.walk import of_type
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,8 +366,21 @@ def focus_calls(module: cst.Module, focus: str | None) -> list[cst.Call]:
 
 
 def _calls_to(module: cst.Module, callee: str) -> list[cst.Call]:
-    calls = m.findall(module, m.Call())
-    return [c for c in calls if module.code_for_node(c.func) == callee]  # type: ignore[attr-defined]
+    last = callee.rsplit(".", 1)[-1].strip()  # a callee's last name: most calls end elsewhere
+    return [
+        c
+        for c in of_type(module, cst.Call)
+        if _last_name(c.func) in (last, None) and module.code_for_node(c.func) == callee
+    ]
+
+
+def _last_name(func: cst.BaseExpression) -> str | None:
+    """`f` for `f` and `a.b.f`; None for what ends otherwise (`k[grid]`, `f()`)."""
+    if isinstance(func, cst.Name):
+        return func.value
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return None
 
 
 def names_reaching(module: cst.Module, calls: list[cst.Call]) -> set[str]:
@@ -380,8 +394,7 @@ def names_reaching(module: cst.Module, calls: list[cst.Call]) -> set[str]:
             {name for t in a.targets for name in variable_counts(t.target)},
             set(variable_counts(a.value)),
         )
-        for a in m.findall(module, m.Assign())
-        if isinstance(a, cst.Assign)
+        for a in of_type(module, cst.Assign)
     ]
     grown = True
     while grown:
