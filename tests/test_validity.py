@@ -153,3 +153,72 @@ def test_a_launch_configuration_stays_valid() -> None:
         "invalid launch: add_one grid (n // 4, 0) has a dim below 1"
     ]
     assert Rules().rejects(best, best) == []  # what the script fixes nowhere is not judged
+
+
+# --- what raises before the failing call (reprocut.source.doomed) ------------------------------
+
+FOCUS = "kernel((64,), (16,), (ids.data_ptr(), table.data_ptr(), out.data_ptr(), 1000))"
+
+
+def test_a_name_read_before_any_statement_binds_it_is_rejected_unrun() -> None:
+    rules = Rules(memory_fault=True, focus=FOCUS)
+    assert rules.rejects(BEST, BEST) == []
+    deleted = _variant('out = torch.empty(64, 16, device="cuda")\n', "")
+    assert rules.rejects(deleted, BEST) == ["NameError: out"]
+    # read by an earlier statement, bound only later: it raises there
+    swapped = _variant('table = torch.randn(1000, 16, device="cuda")\n', "").replace(
+        'out = torch.empty(64, 16, device="cuda")\n',
+        'out = torch.empty(64, table.shape[1], device="cuda")\ntable = torch.randn(1000, 16, device="cuda")\n',
+    )
+    assert rules.rejects(swapped, BEST) == ["NameError: table"]
+
+
+def test_names_read_after_the_failing_call_or_bound_unseen_are_left_to_the_run() -> None:
+    rules = Rules(focus=FOCUS)
+    after = BEST + "print(result)\n"  # the failing call raises first
+    assert rules.rejects(after, BEST) == []
+    for unseen in ("from helpers import *\n", "globals()['out'] = None\n"):
+        dynamic = _variant("import torch\n", "import torch\n" + unseen).replace(
+            'out = torch.empty(64, 16, device="cuda")\n', ""
+        )
+        assert rules.rejects(dynamic, BEST) == [], unseen
+    # a block may bind what it mentions; a function's body does not run at its definition
+    branch = _variant('out = torch.empty(64, 16, device="cuda")\n',
+                      'if ids.numel():\n    out = torch.empty(64, 16, device="cuda")\n')  # fmt: skip
+    assert rules.rejects(branch, BEST) == []
+    inside = "import torch\n\ndef main():\n    kernel(grid)\n\nmain()\n"
+    assert Rules(focus="kernel(grid)").rejects(inside, inside.replace("import torch\n", "")) == []
+
+
+def test_a_factory_or_a_tensor_method_missing_its_size_is_rejected_unrun() -> None:
+    rules = Rules()
+    no_size = _variant('torch.randn(1000, 16, device="cuda")', 'torch.randn(device="cuda")')
+    assert rules.rejects(no_size, BEST) == []  # a keyword counts: the run decides
+    bare = _variant('torch.randn(1000, 16, device="cuda")', "torch.randn()")
+    assert rules.rejects(bare, BEST) == ["TypeError: torch.randn() without its 1 argument(s)"]
+    view = _variant("table.data_ptr()", "table.as_strided((4,)).data_ptr()")
+    assert rules.rejects(view, BEST) == ["TypeError: table.as_strided() without its 2 argument(s)"]
+    keyworded = _variant("torch.randint(0, 1 << 20, (64,)", "torch.randint(high=9, size=(64,)")
+    assert rules.rejects(keyworded, BEST) == []
+
+
+CUPY_BEST = """\
+import cupy
+import torch
+
+x = torch.randn(64, device="cuda")
+out = torch.empty_like(x)
+args = (cupy.asarray(x), cupy.asarray(out), 64)
+KERNEL((1,), (64,), args)
+"""
+
+
+def test_a_cupy_launch_keeps_its_arrays_wrapped() -> None:
+    rules = Rules(memory_fault=True, focus="KERNEL((1,), (64,), args)")
+    for bare in ("x", "cupy", "torch.randn(64, device=\"cuda\")"):
+        candidate = CUPY_BEST.replace("cupy.asarray(x)", bare)
+        assert rules.rejects(candidate, CUPY_BEST) == [
+            "TypeError: KERNEL argument 0 is no CuPy array"
+        ]
+    scalar = CUPY_BEST.replace(", 64)\n", ", n)\n").replace("args =", "n = 64\nargs =")
+    assert rules.rejects(scalar, CUPY_BEST) == []  # a scalar was never wrapped

@@ -159,7 +159,7 @@ def _reduce(
         memory_fault=is_memory_error(expected),
     )
     check = partial(check_alone, runner)
-    rules = validity_rules(expected, script_path, context.search_dirs)
+    rules = validity_rules(expected, script_path, context.search_dirs, focus)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprocut-original") as aside:
         first = _check_original(aside, runner, original)
         if first is None:
@@ -206,13 +206,17 @@ def _reduce(
     )
 
 
-def validity_rules(expected: Signature, script_path: Path, dirs: tuple[Path, ...]) -> Rules:
+def validity_rules(
+    expected: Signature, script_path: Path, dirs: tuple[Path, ...], focus: str | None = None
+) -> Rules:
     """The rules for this failure: pointers and devices for a memory fault, the op's
-    registration and call for a custom op (reprocut.source.validity)."""
+    registration and call for a custom op, nothing raised before the failing line `focus`
+    (reprocut.source.validity)."""
     qualified = custom_op_name(f"torch.ops.{(expected.op or '').replace('::', '.')}")
     files = [script_path, *sorted(reducible_files(script_path, dirs) - {script_path})]
     names = registering_names(qualified, files) if qualified else ()
-    return Rules(memory_fault=is_memory_error(expected), custom_op=qualified, op_functions=names)
+    return Rules(memory_fault=is_memory_error(expected), custom_op=qualified, op_functions=names,
+                 focus=focus)  # fmt: skip
 
 
 def _check_original(aside: ThreadPoolExecutor, runner: Checks, original: str) -> Future[Any] | None:

@@ -15,7 +15,9 @@ candidate before it is run and reject one that breaks a rule the current best ke
   and read as a typo in a repro);
 - a failing custom op (`ns::op`) is still registered and still called;
 - random tensors stay seeded: a top-level `torch.manual_seed` the best has stays while torch's
-  random generators are called (else each run draws other values: another bug, or none).
+  random generators are called (else each run draws other values: another bug, or none);
+- nothing raises before the failing call: no name read before it is bound, no factory without
+  its size, no CuPy array argument handed over bare (reprocut.source.doomed).
 
 The sanitizer at the end (reprocut.check.sanitizer) is the final word; these rules only keep
 the search away from candidates no sanitizer run should be spent on.
@@ -33,6 +35,7 @@ from pathlib import Path
 import libcst as cst
 
 from reprocut.source.custom_ops import registers, walk
+from reprocut.source.doomed import raises_before_the_call, unwrapped_arrays
 from reprocut.source.passes import (
     import_module_name,
     parse,
@@ -145,13 +148,14 @@ class Rules:
     memory_fault: bool = False
     custom_op: str | None = None
     op_functions: tuple[str, ...] = ()  # Python names that register or wrap it
+    focus: str | None = None  # the failing line: a candidate must not raise before its call
 
     def violations(self, code: str, extra: str = "", pass_name: str = "") -> Counter[str]:
         """What the candidate breaks (`extra`: the sibling modules it still imports)."""
         module = parse(code)
         if module is None:
             return Counter()
-        found: Counter[str] = Counter()
+        found: Counter[str] = Counter(raises_before_the_call(module, self.focus))
         if not seeds_its_randomness(module):
             found[UNSEEDED] += 1
         if self.memory_fault:
@@ -185,6 +189,10 @@ class Rules:
         before = {v for v in theirs if v.startswith("launch ")}
         kernels = {v.split("[", 1)[0] for v in before}
         broken += [v for v in launched - before if v.split("[", 1)[0] in kernels]
+        if "(" in candidate:  # a CuPy launch's arrays stay arrays
+            mine_module, best_module = parse(candidate), parse(best)
+            if mine_module is not None and best_module is not None:
+                broken += unwrapped_arrays(mine_module, best_module)
         return broken
 
 

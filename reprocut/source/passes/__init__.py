@@ -2,8 +2,9 @@
 
 The protocol and shared helpers are in `tree`; each pass module holds one kind of change.
 The order of PASSES is the order of a round: big cuts first. The jump to the failing call comes
-right after the user's modules are inlined (it needs the failing function's body): one check of
-it replaces the training run every later check would otherwise pay; the fine passes follow.
+first, made from the script with its modules pasted in (`jump_ahead`), then again right after
+they are inlined one at a time (it needs the failing function's body): one check of it replaces
+the training run every later check would otherwise pay; the fine passes follow.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from reprocut.source.passes.inlining import (
     sibling_file,
     sibling_imports,
 )
-from reprocut.source.passes.jump import jump_to_call
+from reprocut.source.passes.jump import jump_ahead, jump_to_call
 from reprocut.source.passes.specs import (
     literal,
     replace_with_specs,
@@ -50,6 +51,7 @@ from reprocut.source.passes.tree import (
 )
 
 PASSES: tuple[SourcePass, ...] = (
+    jump_ahead,
     inline_sibling_imports,
     jump_to_call,
     strip_comments,
@@ -83,6 +85,7 @@ __all__ = [
     "inline_sibling_imports",
     "integer_value",
     "is_constant",
+    "jump_ahead",
     "jump_to_call",
     "literal",
     "parse",

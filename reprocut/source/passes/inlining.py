@@ -109,6 +109,22 @@ def _sibling_body(path: Path, into: cst.Module) -> list[cst.BaseStatement] | Non
     ]
 
 
+def inline_all(code: str, search_dirs: Sequence[Path]) -> str:
+    """`code` with every sibling module it imports pasted in (unchecked: a pass's lookahead)."""
+    tried: set[str] = set()
+    while True:
+        module = parse(code)
+        if module is None:
+            return code
+        pending = [
+            s for s in sibling_imports(module, search_dirs) if module.code_for_node(s) not in tried
+        ]
+        if not pending:
+            return code
+        tried.add(module.code_for_node(pending[0]))
+        code = _inline_import(code, module, pending[0], search_dirs) or code
+
+
 def inline_sibling_imports(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """Paste a sibling module the script imports in place of its import line."""
     tried: set[str] = set()

@@ -1,0 +1,257 @@
+"""Candidates that raise before they reach the failing call, seen without running them.
+
+On the H200 a candidate of a CuPy memory-fault script costs a CUDA context (0.24 s alone, 3 s
+with sixteen checks starting theirs at once), and of the 174 checks of one fixed-point
+reduction, 62 ended in a NameError (a deleted `out = ...` whose `out` the launch still reads)
+and 45 in a TypeError that the call's own signature decides: `torch.randn()` without a size,
+`cupy.asarray()` without an array, a CuPy launch handed a torch tensor or the `cupy` module
+where its array was. Such a candidate cannot reproduce: it raises before the failing call runs.
+This reads the flat script the jump to the failing call leaves (top-level statements, the
+failing call among them) and names what would raise first; the validity rules
+(reprocut.source.validity) reject a candidate for a problem its best does not have.
+
+Only what certainly raises is named: a name read by a top-level simple statement before the
+failing call's statement (or by the failing call's own callee and arguments) and bound by no
+statement before it; a factory call missing a positional argument it requires; a CuPy launch
+argument the best wrapped in `cupy.asarray(...)` that the candidate no longer wraps. Anything that
+could bind names unseen (`global`, star imports, `exec`, `globals()`) turns the name rule off;
+compound statements (loops, branches, `with`, definitions) count as binding every name in them.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Iterator
+
+import libcst as cst
+
+from reprocut.source.passes.tree import focus_calls
+from reprocut.source.passes.walk import all_nodes, child_nodes, walk
+
+# module globals every script has besides the builtins
+_MODULE_NAMES = frozenset({
+    "__name__", "__file__", "__doc__", "__builtins__", "__spec__", "__loader__", "__package__",
+    "__annotations__", "__cached__",
+})  # fmt: skip
+_ALWAYS_BOUND = frozenset(dir(builtins)) | _MODULE_NAMES
+# names through which a script can bind globals that no statement shows
+_DYNAMIC = frozenset({"globals", "exec", "eval", "vars", "locals", "setattr", "__import__"})
+_SCOPES = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
+# factories and the positional arguments they require (`size=` and the like count as one)
+REQUIRED_ARGUMENTS = {
+    "torch.randn": 1, "torch.rand": 1, "torch.zeros": 1, "torch.ones": 1, "torch.empty": 1,
+    "torch.full": 2, "torch.randint": 2, "torch.tensor": 1, "torch.as_tensor": 1,
+    "torch.arange": 1, "torch.as_strided": 3, "torch.from_numpy": 1,
+    "cupy.asarray": 1, "cp.asarray": 1, "cupy.from_dlpack": 1, "cp.from_dlpack": 1,
+    "np.asarray": 1, "numpy.asarray": 1,
+}  # fmt: skip
+# methods of a tensor and the positional arguments they require
+REQUIRED_METHOD_ARGUMENTS = {"as_strided": 2, "expand": 1, "view": 1, "reshape": 1}
+_MODULES = ("torch.", "cupy.", "cp.", "np.", "numpy.", "triton.")
+# the wrappers that make a CuPy array of a tensor
+ARRAY_WRAPPERS = frozenset({"cupy.asarray", "cp.asarray", "cupy.from_dlpack", "cp.from_dlpack"})
+_EMPTY = cst.Module([])
+
+
+def raises_before_the_call(module: cst.Module, focus: str | None) -> list[str]:
+    """Why `module` raises before its failing call (empty: it may reach it)."""
+    return [*unbound_names(module, focus), *missing_arguments(module)]
+
+
+def unbound_names(module: cst.Module, focus: str | None) -> list[str]:
+    """`NameError: x` for each name read before any statement binds it, up to the failing
+    call; nothing when the call is not made at top level or names may be bound unseen."""
+    calls = focus_calls(module, focus)
+    if not calls or _binds_unseen(module):
+        return []
+    inside = {id(node) for call in calls for node in walk(call)}
+    bound = set(_ALWAYS_BOUND)
+    found = []
+    for statement in module.body:
+        holds_call = any(id(node) in inside for node in walk(statement))
+        if holds_call:
+            if isinstance(statement, cst.SimpleStatementLine):
+                call = next(c for c in calls if any(n is c for n in walk(statement)))
+                found += [n for n in _reads(call) if n not in bound]
+            break
+        if isinstance(statement, cst.SimpleStatementLine) and not any(
+            isinstance(node, cst.NamedExpr) for node in walk(statement)
+        ):
+            found += [n for n in _reads(statement) if n not in bound]
+            bound |= _binds(statement)
+        else:  # a block, a definition: every name in it may be bound by it
+            bound |= {node.value for node in walk(statement) if isinstance(node, cst.Name)}
+    return [f"NameError: {name}" for name in dict.fromkeys(found)]
+
+
+def missing_arguments(module: cst.Module) -> list[str]:
+    """`TypeError: f() needs n` for each factory call with fewer positional arguments than it
+    requires (keywords count: `torch.randn(size=(2,))` has its size)."""
+    found = []
+    for call in (n for n in all_nodes(module) if isinstance(n, cst.Call)):
+        needed = _required(call.func)
+        if needed is None or any(a.star for a in call.args) or len(call.args) >= needed:
+            continue
+        shown = _dotted(call.func) or _EMPTY.code_for_node(call.func)
+        found.append(f"TypeError: {shown}() without its {needed} argument(s)")
+    return found
+
+
+def _required(func: cst.BaseExpression) -> int | None:
+    """The positional arguments a factory (`torch.randn`) or a tensor method (`x.view`)
+    requires; None for any other callee."""
+    name = _dotted(func)
+    if name in REQUIRED_ARGUMENTS:
+        return REQUIRED_ARGUMENTS[name]
+    if not isinstance(func, cst.Attribute):
+        return None
+    if name is not None and name.startswith(_MODULES):  # `torch.view`: not a tensor's method
+        return None
+    return REQUIRED_METHOD_ARGUMENTS.get(func.attr.value)
+
+
+def unwrapped_arrays(candidate: cst.Module, best: cst.Module) -> list[str]:
+    """CuPy launch arguments the best wraps in `cupy.asarray(...)` (or `from_dlpack`) and the
+    candidate hands over bare: CuPy refuses a torch tensor, a module, a tuple."""
+    wanted = _wrapped_positions(best)
+    found = []
+    for kernel, elements in _cupy_launch_arguments(candidate):
+        for position in wanted.get(kernel, ()):
+            if position < len(elements) and _wrapper_of(elements[position]) is None:
+                found.append(f"TypeError: {kernel} argument {position} is no CuPy array")
+    return found
+
+
+def _wrapped_positions(module: cst.Module) -> dict[str, set[int]]:
+    positions: dict[str, set[int]] = {}
+    for kernel, elements in _cupy_launch_arguments(module):
+        for k, element in enumerate(elements):
+            if _wrapper_of(element) is not None:
+                positions.setdefault(kernel, set()).add(k)
+    return positions
+
+
+def _cupy_launch_arguments(module: cst.Module) -> Iterator[tuple[str, list[cst.BaseExpression]]]:
+    """(kernel, the argument tuple's elements) for each `kernel(grid, block, args)` whose
+    args is a tuple written there or bound once to a name."""
+    bound: dict[str, list[cst.BaseExpression]] = {}
+    nodes = all_nodes(module)
+    for node in nodes:
+        if isinstance(node, cst.Assign) and len(node.targets) == 1:
+            target = node.targets[0].target
+            if isinstance(target, cst.Name):
+                bound.setdefault(target.value, []).append(node.value)
+    for node in nodes:
+        if not isinstance(node, cst.Call) or len(node.args) != 3 or any(a.keyword for a in node.args):  # fmt: skip
+            continue
+        grid, block, args = (a.value for a in node.args)
+        if not all(isinstance(v, cst.Tuple | cst.Name) for v in (grid, block)):
+            continue
+        if isinstance(args, cst.Name) and len(bound.get(args.value, [])) == 1:
+            args = bound[args.value][0]
+        if isinstance(args, cst.Tuple):
+            kernel = _EMPTY.code_for_node(node.func)
+            yield kernel, [e.value for e in args.elements]
+
+
+def _wrapper_of(value: cst.BaseExpression) -> str | None:
+    if isinstance(value, cst.Call) and value.args:
+        name = _dotted(value.func)
+        if name in ARRAY_WRAPPERS:
+            return name
+    return None
+
+
+def _dotted(node: cst.BaseExpression) -> str | None:
+    """`torch.randn` for an attribute chain of names; None for anything else."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr.value}"
+    return None
+
+
+def _binds_unseen(module: cst.Module) -> bool:
+    for node in all_nodes(module):
+        if isinstance(node, cst.Global | cst.Nonlocal | cst.ImportStar):
+            return True
+        if isinstance(node, cst.Name) and node.value in _DYNAMIC:
+            return True
+    return False
+
+
+def _reads(node: cst.CSTNode) -> Iterator[str]:
+    """The names `node` reads when it runs (not a lambda's, a comprehension's or a keyword's,
+    not an attribute's own name, not what an assignment binds)."""
+    if isinstance(node, cst.Name):
+        yield node.value
+    elif isinstance(node, (*_SCOPES, cst.Import, cst.ImportFrom, cst.Del)):
+        return
+    elif isinstance(node, cst.Attribute | cst.Arg):  # not `x.attr`'s attr, not `f(key=)`'s key
+        yield from _reads(node.value)
+    elif isinstance(node, cst.Assign):
+        yield from _reads(node.value)
+        for target in node.targets:
+            yield from _target_reads(target.target)
+    elif isinstance(node, cst.AnnAssign):
+        if node.value is not None:
+            yield from _reads(node.value)
+        yield from _target_reads(node.target)
+    elif isinstance(node, cst.AugAssign):
+        yield from _reads(node.value)
+        yield from _reads(node.target)  # `x += 1` reads x
+    else:
+        for child in child_nodes(node):
+            yield from _reads(child)
+
+
+def _target_reads(target: cst.CSTNode) -> Iterator[str]:
+    """What assigning to `target` reads: `x[i] = v` reads x and i, `x = v` nothing."""
+    if isinstance(target, cst.Tuple | cst.List):
+        for element in target.elements:
+            yield from _target_reads(element.value)
+    elif isinstance(target, cst.StarredElement):
+        yield from _target_reads(target.value)
+    elif isinstance(target, cst.Attribute):
+        yield from _reads(target.value)
+    elif isinstance(target, cst.Subscript):
+        yield from _reads(target.value)
+        for element in target.slice:
+            yield from _reads(element)
+
+
+def _binds(statement: cst.SimpleStatementLine) -> set[str]:
+    """The names a simple statement binds."""
+    names: set[str] = set()
+    for small in statement.body:
+        if isinstance(small, cst.Assign):
+            for target in small.targets:
+                names |= _target_names(target.target)
+        elif isinstance(small, cst.AnnAssign | cst.AugAssign):
+            names |= _target_names(small.target)
+        elif isinstance(small, cst.Import):
+            for alias in small.names:
+                names.add(_alias_name(alias, first=True))
+        elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+            for alias in small.names:
+                names.add(_alias_name(alias, first=False))
+    return names
+
+
+def _target_names(target: cst.CSTNode) -> set[str]:
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, cst.Tuple | cst.List):
+        return {n for e in target.elements for n in _target_names(e.value)}
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return set()
+
+
+def _alias_name(alias: cst.ImportAlias, *, first: bool) -> str:
+    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+        return alias.asname.name.value
+    dotted = _EMPTY.code_for_node(alias.name)
+    return dotted.split(".")[0] if first else dotted
