@@ -783,3 +783,49 @@ def test_the_fast_walk_lists_what_libcsts_children_and_findall_list_in_their_ord
         assert [id(n) for n in of_type(module, cst.Call)] == [
             id(n) for n in m.findall(module, m.Call())
         ], script
+
+
+def test_jump_ahead_jumps_from_the_script_with_its_modules_pasted_in(tmp_path: Path):
+    """The failing function lives in a sibling module: the jump is offered before the pasted
+    script (whose check would rerun the training), made from the script as pasted."""
+    from reprocut.source.passes import jump_ahead
+
+    (tmp_path / "ops.py").write_text(
+        textwrap.dedent("""
+        import torch
+
+
+        def kernel(x):
+            if x.storage_offset() % 4:
+                raise ValueError("bad")
+            return x * 2
+
+
+        def normalize(x):
+            out = kernel(x) - x.mean()
+            return out
+    """)
+    )
+    script = code("""
+        import torch
+
+        from ops import normalize
+
+
+        def main():
+            for step in range(10):
+                normalize(torch.randn(64)[step:])
+
+
+        main()
+    """)
+    context = PassContext(search_dirs=(tmp_path,), named_specs=(("x", OFFSET_VIEW),),
+                          focus="out = kernel(x) - x.mean()")  # fmt: skip
+    jumps = list(candidates(jump_ahead, script, context))
+    assert jumps, "no jump offered"
+    first = jumps[0]
+    assert "from ops import" not in first and "def main" not in first and "for step" not in first
+    assert "def kernel(x):" in first and "out = kernel(x) - x.mean()" in first
+    assert "storage_offset()" in first and "as_strided" in first  # the probed offset view
+    # a script with no module of the user's to paste: nothing ahead of inline_sibling_imports
+    assert list(candidates(jump_ahead, first, context)) == []
