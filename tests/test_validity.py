@@ -215,7 +215,7 @@ KERNEL((1,), (64,), args)
 
 def test_a_cupy_launch_keeps_its_arrays_wrapped() -> None:
     rules = Rules(memory_fault=True, focus="KERNEL((1,), (64,), args)")
-    for bare in ("x", "cupy", "torch.randn(64, device=\"cuda\")"):
+    for bare in ("x", "cupy", 'torch.randn(64, device="cuda")'):
         candidate = CUPY_BEST.replace("cupy.asarray(x)", bare)
         assert rules.rejects(candidate, CUPY_BEST) == [
             "TypeError: KERNEL argument 0 is no CuPy array"
