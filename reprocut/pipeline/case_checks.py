@@ -13,10 +13,8 @@ inputs (up to gigabytes) on the GPU, and side by side they would share it.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
-from reprocut.check.gpu_slots import gpu_slot
 from reprocut.check.oracle import Oracle, Reproduced, Ticket, case_filename, emitted_case
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.recording import Failure
@@ -36,9 +34,8 @@ class OracleCaseChecks:
             folder.mkdir(parents=True, exist_ok=True)
 
     def run(self, case: ReproCase, slot: int, ticket: Ticket | None) -> Any:
-        with gpu_slot() if self.expected.error_code is not None else contextlib.nullcontext():
-            return self.oracle.check_case(case, self.inputs, expected=self.expected,
-                                          workdir=self.folders[slot], ticket=ticket, confirm=False)  # fmt: skip
+        return self.oracle.check_case(case, self.inputs, expected=self.expected,
+                                      workdir=self.folders[slot], ticket=ticket, confirm=False)  # fmt: skip
 
     def settle(self, case: ReproCase, slot: int, verdict: Any) -> Any:
         """The plain-run confirmation, in the pass's order, of the script the check ran."""

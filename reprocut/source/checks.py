@@ -3,21 +3,18 @@
 Each candidate is written beside the script (its `__file__`, `sys.path[0]` and the source
 `inspect.getsource` reads for `@triton.jit` are the candidate's), one file per slot so that
 candidates checked side by side do not overwrite each other, and run as `python script.py
-argv...` from `cwd` would run it, in a fork-server child; a CUDA candidate's check first takes
-one of the machine's GPU check slots (reprocut.check.gpu_slots), whatever other shrinks run. The server first imports the
+argv...` from `cwd` would run it, in a fork-server child. The server first imports the
 script's installed packages (`preload_imports`, reprocut.check.preload), so a check no longer
 pays for importing triton, cupy or transformers.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from reprocut.check.connection import Ticket
-from reprocut.check.gpu_slots import gpu_slot
 from reprocut.check.preload import PreloadChoice, choose_preloads
 from reprocut.model.case import Signature
 
@@ -66,10 +63,6 @@ class OracleChecks:
     def run(self, code: str, slot: int, ticket: Ticket | None) -> Any:
         path = self.paths[slot]
         path.write_text(code)
-        with gpu_slot() if self.expected.error_code is not None else contextlib.nullcontext():
-            return self._check(code, path, ticket)
-
-    def _check(self, code: str, path: Path, ticket: Ticket | None) -> Any:
         return self.oracle.check_source(
             code,
             filename=str(path),
