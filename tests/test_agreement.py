@@ -386,3 +386,20 @@ def test_records_plain_interpreter_started_ahead_serves_the_shrinks_first_plain_
     process = untaken.plain_ahead._standby.process
     untaken.close(wait=False)
     assert untaken.plain_ahead is None and process.wait(timeout=30) is not None
+
+
+def test_a_plain_run_that_would_go_past_the_bound_at_the_mean_so_far_is_not_started(tmp_path):
+    """With the bound between one and two runs' time, the first run is made and a second is
+    not: it would take the plain runs past their bound."""
+    script = tmp_path / "repro.py"
+    verdict = Reproduced(EMBEDDING, "index out of range in self", "", 1.0)
+    fails = (
+        "import torch\n\ntorch.nn.functional.embedding(torch.tensor([12]), torch.zeros(10, 4))\n"
+    )
+    with PlainAgreement(max_seconds=1e9) as bounded:
+        assert bounded(fails, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
+        assert bounded.runs == 1 and bounded.seconds > 0
+        bounded.max_seconds = bounded.seconds * 1.5  # room left, but not for one more run
+        moved = fails.replace("zeros(10, 4)", 'zeros(10, 4, device="cpu")')  # a new fingerprint
+        assert bounded(moved, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
+        assert bounded.runs == 1
