@@ -46,7 +46,7 @@
 #            assert on CUDA, the Triton memory fault with shrink and sanitize, the triton_op
 #            custom op), run as the docs show them, side by side (tests/test_docs.py -m cuda);
 #            ~3 min, at most DOCS_LIMIT; not in the default list: STAGES=docs
-# Stages run one after another, or all at once with PARALLEL=1. Every part has its own timeout
+# Stages run one after another, or all at once with PARALLEL=1; PACK=1 packs $OUT into one archive. Every part has its own timeout
 # (*_LIMIT, seconds). Result files go to $OUT (default benchmarks/results) under their current
 # names (faults-cuda.md, corpus-cuda.md, ...: the date is inside), overwriting the last run's;
 # logs go to $OUT/logs (cuda-tests.log, source-cuda-tests.log, faults-cuda-tests.log,
@@ -251,3 +251,11 @@ for stage in $STAGES; do
     [ -n "${PARALLEL:-}" ] || wait
 done
 wait
+
+# PACK=1: everything under $OUT in one archive, $OUT/gpu-batch.tgz (a device call brings back
+# at most 8 files: the faults stage alone writes 6 per case, and its logs came back last)
+if [ -n "${PACK:-}" ]; then
+    packed=$(mktemp -d)
+    tar czf "$packed/gpu-batch.tgz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$packed/gpu-batch.tgz" "$OUT/"
+    echo "packed: $OUT/gpu-batch.tgz (tar xzf it into benchmarks/results)"
+fi
