@@ -193,7 +193,11 @@ def test_names_read_after_the_failing_call_or_bound_unseen_are_left_to_the_run()
 def test_a_factory_or_a_tensor_method_missing_its_size_is_rejected_unrun() -> None:
     rules = Rules()
     no_size = _variant('torch.randn(1000, 16, device="cuda")', 'torch.randn(device="cuda")')
-    assert rules.rejects(no_size, BEST) == []  # a keyword counts: the run decides
+    assert rules.rejects(no_size, BEST) == ["TypeError: torch.randn() without its 1 argument(s)"]
+    sized = _variant(
+        'torch.randn(1000, 16, device="cuda")', 'torch.randn(size=(9,), device="cuda")'
+    )
+    assert rules.rejects(sized, BEST) == []  # `size=` is its size
     bare = _variant('torch.randn(1000, 16, device="cuda")', "torch.randn()")
     assert rules.rejects(bare, BEST) == ["TypeError: torch.randn() without its 1 argument(s)"]
     view = _variant("table.data_ptr()", "table.as_strided((4,)).data_ptr()")
@@ -222,3 +226,26 @@ def test_a_cupy_launch_keeps_its_arrays_wrapped() -> None:
         ]
     scalar = CUPY_BEST.replace(", 64)\n", ", n)\n").replace("args =", "n = 64\nargs =")
     assert rules.rejects(scalar, CUPY_BEST) == []  # a scalar was never wrapped
+    short = CUPY_BEST.replace("KERNEL((1,), (64,), args)", "KERNEL((1,), (64,))")
+    assert rules.rejects(short, CUPY_BEST) == [
+        "TypeError: KERNEL launched without its grid, block and args"
+    ]
+
+
+def test_a_failing_call_whose_callee_is_bound_to_a_module_or_a_literal_is_rejected_unrun() -> None:
+    """Hoisting a RawKernel's source string out of its call, or the call down to `cupy`,
+    leaves `KERNEL(...)` calling a str or a module."""
+    made = 'KERNEL = cupy.RawKernel(SOURCE, "rows")\n'
+    best = CUPY_BEST.replace("x = torch", 'SOURCE = "..."\n' + made + "x = torch")
+    rules = Rules(memory_fault=True, focus="KERNEL((1,), (64,), args)")
+    assert rules.rejects(best, best) == []
+    assert rules.rejects(best.replace(made, "KERNEL = SOURCE\n"), best) == []  # a name: unknown
+    assert rules.rejects(best.replace(made, 'KERNEL = "..."\n'), best) == [
+        "TypeError: KERNEL is a literal"
+    ]
+    assert rules.rejects(best.replace(made, "KERNEL = cupy\n"), best) == [
+        "TypeError: KERNEL is a module"
+    ]
+    assert rules.rejects(best.replace(made, "KERNEL = cupy.RawKernel(SOURCE)\n"), best) == [
+        "TypeError: cupy.RawKernel() without its 2 argument(s)"
+    ]

@@ -44,8 +44,13 @@ REQUIRED_ARGUMENTS = {
     "torch.full": 2, "torch.randint": 2, "torch.tensor": 1, "torch.as_tensor": 1,
     "torch.arange": 1, "torch.as_strided": 3, "torch.from_numpy": 1,
     "cupy.asarray": 1, "cp.asarray": 1, "cupy.from_dlpack": 1, "cp.from_dlpack": 1,
-    "np.asarray": 1, "numpy.asarray": 1,
+    "np.asarray": 1, "numpy.asarray": 1, "cupy.RawKernel": 2, "cp.RawKernel": 2,
 }  # fmt: skip
+# keywords that are not what a factory makes (its size, its values)
+OPTIONS = frozenset({
+    "device", "dtype", "layout", "requires_grad", "pin_memory", "generator", "out",
+    "memory_format", "names", "options", "backend", "jitify", "enable_cooperative_groups",
+})  # fmt: skip
 # methods of a tensor and the positional arguments they require
 REQUIRED_METHOD_ARGUMENTS = {"as_strided": 2, "expand": 1, "view": 1, "reshape": 1}
 _MODULES = ("torch.", "cupy.", "cp.", "np.", "numpy.", "triton.")
@@ -61,37 +66,74 @@ def raises_before_the_call(module: cst.Module, focus: str | None) -> list[str]:
 
 def unbound_names(module: cst.Module, focus: str | None) -> list[str]:
     """`NameError: x` for each name read before any statement binds it, up to the failing
-    call; nothing when the call is not made at top level or names may be bound unseen."""
+    call, and `TypeError` when the failing call's callee is bound to a module or a literal
+    (a hoisted kernel source, `_KERNEL = cupy`); nothing when the call is not made at top
+    level or names may be bound unseen."""
     calls = focus_calls(module, focus)
     if not calls or _binds_unseen(module):
         return []
     inside = {id(node) for call in calls for node in walk(call)}
     bound = set(_ALWAYS_BOUND)
+    kinds: dict[str, str] = {}  # what each name was last bound to: "module", "literal", ""
     found = []
     for statement in module.body:
         holds_call = any(id(node) in inside for node in walk(statement))
         if holds_call:
             if isinstance(statement, cst.SimpleStatementLine):
                 call = next(c for c in calls if any(n is c for n in walk(statement)))
-                found += [n for n in _reads(call) if n not in bound]
+                found += [f"NameError: {n}" for n in _reads(call) if n not in bound]
+                if isinstance(call.func, cst.Name) and kinds.get(call.func.value):
+                    found.append(f"TypeError: {call.func.value} is a {kinds[call.func.value]}")
             break
         if isinstance(statement, cst.SimpleStatementLine) and not any(
             isinstance(node, cst.NamedExpr) for node in walk(statement)
         ):
-            found += [n for n in _reads(statement) if n not in bound]
+            found += [f"NameError: {n}" for n in _reads(statement) if n not in bound]
             bound |= _binds(statement)
-        else:  # a block, a definition: every name in it may be bound by it
-            bound |= {node.value for node in walk(statement) if isinstance(node, cst.Name)}
-    return [f"NameError: {name}" for name in dict.fromkeys(found)]
+            kinds.update(_bound_kinds(statement, kinds))
+        else:  # a block, a definition: every name in it may be bound by it, to anything
+            names = {node.value for node in walk(statement) if isinstance(node, cst.Name)}
+            bound |= names
+            kinds.update(dict.fromkeys(names, ""))
+    return list(dict.fromkeys(found))
+
+
+_LITERALS = (
+    cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Integer, cst.Float,
+    cst.Imaginary, cst.Tuple, cst.List, cst.Dict, cst.Set,
+)  # fmt: skip
+
+
+def _bound_kinds(statement: cst.SimpleStatementLine, kinds: dict[str, str]) -> dict[str, str]:
+    """The names this statement binds, each to "module" (`import x`, `k = x` for such an x),
+    "literal" (`k = "..."`, `k = None`) or "" (anything else)."""
+    found = dict.fromkeys(_binds(statement), "")
+    for small in statement.body:
+        if isinstance(small, cst.Import):
+            found.update({_alias_name(a, first=True): "module" for a in small.names})
+        elif isinstance(small, cst.Assign) and len(small.targets) == 1:
+            target, value = small.targets[0].target, small.value
+            if not isinstance(target, cst.Name):
+                continue
+            if isinstance(value, _LITERALS) or (
+                isinstance(value, cst.Name) and value.value in ("None", "True", "False")
+            ):
+                found[target.value] = "literal"
+            elif isinstance(value, cst.Name) and kinds.get(value.value) == "module":
+                found[target.value] = "module"
+    return found
 
 
 def missing_arguments(module: cst.Module) -> list[str]:
-    """`TypeError: f() needs n` for each factory call with fewer positional arguments than it
-    requires (keywords count: `torch.randn(size=(2,))` has its size)."""
+    """`TypeError: f() needs n` for each factory call with fewer arguments than it requires
+    (`torch.randn(size=(2,))` has its size; `torch.randn(device="cuda")` has none)."""
     found = []
     for call in (n for n in all_nodes(module) if isinstance(n, cst.Call)):
         needed = _required(call.func)
-        if needed is None or any(a.star for a in call.args) or len(call.args) >= needed:
+        if needed is None or any(a.star for a in call.args):
+            continue
+        given = [a for a in call.args if a.keyword is None or a.keyword.value not in OPTIONS]
+        if len(given) >= needed:
             continue
         shown = _dotted(call.func) or _EMPTY.code_for_node(call.func)
         found.append(f"TypeError: {shown}() without its {needed} argument(s)")
@@ -121,6 +163,20 @@ def unwrapped_arrays(candidate: cst.Module, best: cst.Module) -> list[str]:
             if position < len(elements) and _wrapper_of(elements[position]) is None:
                 found.append(f"TypeError: {kernel} argument {position} is no CuPy array")
     return found
+
+
+def short_launches(candidate: cst.Module, best: cst.Module) -> list[str]:
+    """Calls of a kernel the best launches CuPy's way (`k(grid, block, args)`) with fewer than
+    those three arguments: `RawKernel.__call__` refuses them."""
+    kernels = {kernel for kernel, _ in _cupy_launch_arguments(best)}
+    return [
+        f"TypeError: {_EMPTY.code_for_node(node.func)} launched without its grid, block and args"
+        for node in all_nodes(candidate)
+        if isinstance(node, cst.Call)
+        and _EMPTY.code_for_node(node.func) in kernels
+        and len(node.args) < 3
+        and not any(a.star for a in node.args)
+    ]
 
 
 def _wrapped_positions(module: cst.Module) -> dict[str, set[int]]:

@@ -35,7 +35,7 @@ from pathlib import Path
 import libcst as cst
 
 from reprocut.source.custom_ops import registers, walk
-from reprocut.source.doomed import raises_before_the_call, unwrapped_arrays
+from reprocut.source.doomed import raises_before_the_call, short_launches, unwrapped_arrays
 from reprocut.source.passes import (
     import_module_name,
     parse,
@@ -193,6 +193,7 @@ class Rules:
             mine_module, best_module = parse(candidate), parse(best)
             if mine_module is not None and best_module is not None:
                 broken += unwrapped_arrays(mine_module, best_module)
+                broken += short_launches(mine_module, best_module)
         return broken
 
 
