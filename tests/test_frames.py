@@ -135,3 +135,28 @@ def test_a_custom_ops_failure_shows_the_line_inside_its_implementation(tmp_path)
     culprit = dict(outcome["culprit"], op="aten::index_select")
     assert op_launch(culprit, outcome) is None
     assert op_launch(outcome["culprit"], outcome) == failure.launch
+
+
+def test_a_custom_ops_launch_under_compile_is_the_launch_its_registered_function_writes():
+    """Under torch.compile the graph launches a triton_op's kernel itself: no frame of the
+    user's passes below the model's call. The launch is then the one the function registered
+    as the op writes (corpus/cuda_triton_op_compiled: kernels.py's `wrap_triton(...)[grid]`);
+    an op with no Python launch (a C++ extension's) has none."""
+    from pathlib import Path
+
+    from reprocut.localize.launch import op_launch
+
+    corpus = Path(__file__).parents[1] / "corpus"
+    script = corpus / "cuda_triton_op_compiled" / "train.py"
+    line = next(
+        k
+        for k, text in enumerate(script.read_text().splitlines(), 1)
+        if "reprocut: culprit" in text
+    )
+    culprit = {"op": "fused::gated", "source": {"file": str(script), "line": line}}
+    launch = op_launch(culprit, {"traceback": ""})  # compiled: no user frame below the call
+    assert launch is not None and Path(launch.file).name == "kernels.py"
+    assert "wrap_triton(gated_kernel)" in launch.text and launch.function == "gated"
+    extension = corpus / "cuda_extension_exit_guard" / "train.py"
+    built = {"op": "clippool::segment_sum", "source": {"file": str(extension), "line": 1}}
+    assert op_launch(built, {"traceback": ""}) is None

@@ -13,6 +13,7 @@ them (`reprocut.source.probe.probe_launch`).
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from reprocut.model.recording import Failure, TensorReport
 from reprocut.record.inside.frames import deepest_below, user_frames_in
 from reprocut.record.parent.runner import RunResult
 from reprocut.report.diagnosis import DIAGNOSES, layout_facts
+from reprocut.source.custom_ops.modules import user_files
 
 MISALIGNED_CODE = 716  # cudaErrorMisalignedAddress
 
@@ -133,6 +135,49 @@ def op_launch(culprit: dict[str, Any], outcome: dict[str, Any]) -> SourceLocatio
     if source is None or "::" not in op or op.startswith(("aten::", "prims::")):
         return None
     found = deepest_below(user_frames_in(outcome.get("traceback") or ""), source)
-    if found is None:
-        return None
+    if found is None:  # under torch.compile the graph launches the kernel, not the op's code
+        return registered_launch(op, Path(source.file))
     return location({"file": found.file, "line": found.line, "function": found.function})
+
+
+def registered_launch(op: str, script: Path) -> SourceLocation | None:
+    """The kernel launch written in the Python function registered as `op` (`@triton_op`,
+    `@custom_op` with "ns::name"), in the script or a module of the user's it imports: under
+    torch.compile the compiled graph launches the op's kernel itself, so no frame of the user's
+    passes below the call, but the launch the user wrote for it is still that line (on the H200
+    the report had no launch at all for a triton_op under compile)."""
+    for path in user_files(script):
+        try:
+            tree = ast.parse(path.read_text())
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for function in ast.walk(tree):
+            if isinstance(function, ast.FunctionDef) and _registers(function, op):
+                launch = _first_launch(function)
+                if launch is not None:
+                    return location({"file": str(path), "line": launch, "function": function.name})
+    return None
+
+
+def _registers(function: ast.FunctionDef, op: str) -> bool:
+    """Decorated by a call whose first argument is the op's name (`@triton_op("ns::op", ...)`)."""
+    return any(
+        isinstance(d, ast.Call) and d.args and isinstance(d.args[0], ast.Constant)
+        and d.args[0].value == op
+        for d in function.decorator_list
+    )  # fmt: skip
+
+
+def _first_launch(function: ast.FunctionDef) -> int | None:
+    """The line of the first Triton launch (`kernel[grid](...)`, `wrap_triton(kernel)[grid](...)`)
+    or CuPy launch (`kernel(grid, block, args)` with tuples) in the function."""
+    lines = [
+        node.lineno
+        for node in ast.walk(function)
+        if isinstance(node, ast.Call)
+        and (
+            isinstance(node.func, ast.Subscript)
+            or (len(node.args) == 3 and all(isinstance(a, ast.Tuple) for a in node.args[:2]))
+        )
+    ]
+    return min(lines, default=None)
