@@ -25,7 +25,8 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from reprocut.source.passes.tree import focus_calls
+from reprocut.source.passes.launches import launches
+from reprocut.source.passes.tree import dotted, focus_calls
 from reprocut.source.passes.walk import all_nodes, child_nodes, walk
 
 # module globals every script has besides the builtins
@@ -135,7 +136,7 @@ def missing_arguments(module: cst.Module) -> list[str]:
         given = [a for a in call.args if a.keyword is None or a.keyword.value not in OPTIONS]
         if len(given) >= needed:
             continue
-        shown = _dotted(call.func) or _EMPTY.code_for_node(call.func)
+        shown = dotted(call.func) or _EMPTY.code_for_node(call.func)
         found.append(f"TypeError: {shown}() without its {needed} argument(s)")
     return found
 
@@ -143,7 +144,7 @@ def missing_arguments(module: cst.Module) -> list[str]:
 def _required(func: cst.BaseExpression) -> int | None:
     """The positional arguments a factory (`torch.randn`) or a tensor method (`x.view`)
     requires; None for any other callee."""
-    name = _dotted(func)
+    name = dotted(func)
     if name in REQUIRED_ARGUMENTS:
         return REQUIRED_ARGUMENTS[name]
     if not isinstance(func, cst.Attribute):
@@ -188,44 +189,18 @@ def _wrapped_positions(module: cst.Module) -> dict[str, set[int]]:
     return positions
 
 
-def _cupy_launch_arguments(module: cst.Module) -> Iterator[tuple[str, list[cst.BaseExpression]]]:
-    """(kernel, the argument tuple's elements) for each `kernel(grid, block, args)` whose
-    args is a tuple written there or bound once to a name."""
-    bound: dict[str, list[cst.BaseExpression]] = {}
-    nodes = all_nodes(module)
-    for node in nodes:
-        if isinstance(node, cst.Assign) and len(node.targets) == 1:
-            target = node.targets[0].target
-            if isinstance(target, cst.Name):
-                bound.setdefault(target.value, []).append(node.value)
-    for node in nodes:
-        if not isinstance(node, cst.Call) or len(node.args) != 3 or any(a.keyword for a in node.args):  # fmt: skip
-            continue
-        grid, block, args = (a.value for a in node.args)
-        if not all(isinstance(v, cst.Tuple | cst.Name) for v in (grid, block)):
-            continue
-        if isinstance(args, cst.Name) and len(bound.get(args.value, [])) == 1:
-            args = bound[args.value][0]
-        if isinstance(args, cst.Tuple):
-            kernel = _EMPTY.code_for_node(node.func)
-            yield kernel, [e.value for e in args.elements]
+def _cupy_launch_arguments(
+    module: cst.Module,
+) -> Iterator[tuple[str, tuple[cst.BaseExpression, ...]]]:
+    """(kernel, its arguments as written) for each CuPy launch `kernel(grid, block, args)`."""
+    return ((la.kernel, la.written) for la in launches(module) if la.block is not None)
 
 
 def _wrapper_of(value: cst.BaseExpression) -> str | None:
     if isinstance(value, cst.Call) and value.args:
-        name = _dotted(value.func)
+        name = dotted(value.func)
         if name in ARRAY_WRAPPERS:
             return name
-    return None
-
-
-def _dotted(node: cst.BaseExpression) -> str | None:
-    """`torch.randn` for an attribute chain of names; None for anything else."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        base = _dotted(node.value)
-        return None if base is None else f"{base}.{node.attr.value}"
     return None
 
 

@@ -59,6 +59,7 @@ class Launch:
     args: tuple[cst.BaseExpression, ...]
     grid: cst.BaseExpression | None = None
     block: cst.BaseExpression | None = None
+    written: tuple[cst.BaseExpression, ...] = ()  # a CuPy launch's arguments before unwrapping
 
 
 def launches(module: cst.Module) -> list[Launch]:
@@ -75,18 +76,19 @@ def launches(module: cst.Module) -> list[Launch]:
             config = code_of(node.func.slice[0]) if node.func.slice else ""
             found.append(Launch(kernel, config, tuple(a.value for a in node.args), grid))
             continue
-        items = _cupy_arguments(node, bound)
-        if items is not None:
+        written = _cupy_arguments(node, bound)
+        if written is not None:
             grid, block = node.args[0].value, node.args[1].value
             config = f"{code_of(grid)}, {code_of(block)}"
-            found.append(Launch(code_of(node.func), config, items, grid, block))
+            items = tuple(_unwrapped(e) for e in written)
+            found.append(Launch(code_of(node.func), config, items, grid, block, written))
     return found
 
 
 def _cupy_arguments(
     node: cst.Call, bound: dict[str, list[cst.BaseExpression]]
 ) -> tuple[cst.BaseExpression, ...] | None:
-    """A CuPy launch's kernel arguments: `k((blocks,), (threads,), (a, b, n))`."""
+    """A CuPy launch's kernel arguments as written: `k((blocks,), (threads,), (a, b, n))`."""
     if len(node.args) < 3 or any(a.keyword for a in node.args[:3]):
         return None
     if not all(isinstance(a.value, (cst.Tuple, cst.Name)) for a in node.args[:2]):
@@ -96,7 +98,7 @@ def _cupy_arguments(
         args = bound[args.value][0]
     if not isinstance(args, cst.Tuple):
         return None
-    return tuple(_unwrapped(e.value) for e in args.elements)
+    return tuple(e.value for e in args.elements)
 
 
 def _unwrapped(value: cst.BaseExpression) -> cst.BaseExpression:
