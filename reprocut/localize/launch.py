@@ -31,7 +31,7 @@ from reprocut.model.recording import Failure, TensorReport
 from reprocut.record.inside.frames import deepest_below, user_frames_in
 from reprocut.record.parent.runner import RunResult
 from reprocut.report.diagnosis import DIAGNOSES, layout_facts
-from reprocut.source.custom_ops.modules import user_files
+from reprocut.source.custom_ops import registering_file, user_files
 
 MISALIGNED_CODE = 716  # cudaErrorMisalignedAddress
 
@@ -146,16 +146,18 @@ def registered_launch(op: str, script: Path) -> SourceLocation | None:
     torch.compile the compiled graph launches the op's kernel itself, so no frame of the user's
     passes below the call, but the launch the user wrote for it is still that line (on the H200
     the report had no launch at all for a triton_op under compile)."""
-    for path in user_files(script):
-        try:
-            tree = ast.parse(path.read_text())
-        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        for function in ast.walk(tree):
-            if isinstance(function, ast.FunctionDef) and _registers(function, op):
-                launch = _first_launch(function)
-                if launch is not None:
-                    return location({"file": str(path), "line": launch, "function": function.name})
+    path = registering_file(op, user_files(script))
+    if path is None:
+        return None
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    for function in ast.walk(tree):
+        if isinstance(function, ast.FunctionDef) and _registers(function, op):
+            launch = _first_launch(function)
+            if launch is not None:
+                return location({"file": str(path), "line": launch, "function": function.name})
     return None
 
 

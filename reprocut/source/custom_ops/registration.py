@@ -10,10 +10,11 @@ registers once `cpp_extension.load_inline` builds and loads it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import libcst as cst
+
+from reprocut.source.passes.walk import walk
 
 BUILTIN_NAMESPACES = frozenset(
     {"aten", "prims", "_ops", "profiler", "quantized", "_c10d_functional"}
@@ -30,13 +31,6 @@ def custom_op_name(target: str) -> str | None:
     if match is None or match["ns"] in BUILTIN_NAMESPACES:
         return None
     return f"{match['ns']}::{match['op']}"
-
-
-def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """`node` and every node below it, depth first."""
-    yield node
-    for child in node.children:
-        yield from walk(child)
 
 
 @dataclass(frozen=True, slots=True)
