@@ -104,6 +104,14 @@ def check_memory(truth: dict[str, Any], report: dict[str, Any], device: str) -> 
     return checks
 
 
+def _rerun_failure(run_dir: Path) -> dict[str, Any]:
+    """memory.json's failure, as the memory rerun took it ({} without one)."""
+    try:
+        return json.loads((run_dir / "memory.json").read_text()).get("failure") or {}
+    except (OSError, ValueError):
+        return {}
+
+
 def _exists(path: str | None) -> bool:
     return bool(path) and Path(path).exists()
 
@@ -188,6 +196,7 @@ def record_case(case: Path, device: str, workdir: Path, timeout: int) -> dict[st
     else:
         shrink_info = {}
     memory = report.get("memory") or {}
+    rerun = _rerun_failure(run_dir)
     return {
         "case": case.name,
         "seconds": round(seconds, 1),
@@ -209,6 +218,9 @@ def record_case(case: Path, device: str, workdir: Path, timeout: int) -> dict[st
         "source": report.get("source"),
         "forward_source": report.get("forward_source"),
         "message": (report.get("error") or {}).get("message", "")[:400],
+        # the memory rerun's own error: its allocated figure is the one the watch read against
+        "rerun_allocated_said": allocated_in_message(rerun.get("error") or ""),
+        "rerun_allocated_read": rerun.get("allocated"),
         **shrink_info,
         "checks": checks,
         "ok": all(checks.values()),
@@ -239,7 +251,10 @@ def render(meta: dict[str, Any], cases: list[dict[str, Any]], cost: dict[str, An
         lines.append(
             f"- {c['case']}: {c.get('why')}; growth: {(c.get('evidence') or {}).get('reason')}; "
             f"leak: {(c.get('leak') or {}).get('text')}; held by: "
-            f"{(c.get('held_by') or {}).get('text')}; analysis: {c.get('analysis_seconds')}"
+            f"{(c.get('held_by') or {}).get('text')}; analysis: {c.get('analysis_seconds')}; "
+            f"allocated at the failure: {_mib(c.get('rerun_allocated_read'))} read in the memory "
+            f"rerun, {_mib(c.get('rerun_allocated_said'))} in the rerun's own error, "
+            f"{_mib(allocated_in_message(c.get('message') or ''))} in the failing run's"
         )
     if cost:
         lines += ["", "## record overhead when nothing fails (gpu_bound loop, medians)", ""]
@@ -250,6 +265,10 @@ def render(meta: dict[str, Any], cases: list[dict[str, Any]], cost: dict[str, An
             else f"not measured: {cost.get('error')}"
         )
     return "\n".join(lines) + "\n"
+
+
+def _mib(count: int | None) -> str:
+    return "-" if count is None else f"{count / 2**20:.2f} MiB"
 
 
 def _commit() -> str:

@@ -461,3 +461,43 @@ def test_a_walk_of_autograd_nodes_keeps_their_wrappers_so_no_id_is_reused():
     chain = [torch.full((4,), float(i)) for i in range(60)]
     found = [saved for _, saved in Graphs().walk(_Node(0, chain))]
     assert len(found) == 60
+
+
+def test_reading_a_frames_locals_keeps_none_of_them_alive():
+    """f_locals before Python 3.13 is a copy the frame keeps: what a read saw stays referenced
+    after the function rebinds the name. local_values reads them and leaves no copy behind,
+    and leaves the dict alone under a tracer (which writes it back into the variables)."""
+    import gc
+    import weakref
+
+    from reprocut.record.inside.frame_locals import local_values
+
+    def step() -> tuple[weakref.ref, bool, bool]:
+        batch = torch.ones(1000)
+        seen = local_values(sys._getframe())
+        assert seen["batch"] is batch
+        old = weakref.ref(batch)
+        del seen
+        batch = torch.zeros(1000)  # the next step's batch replaces it
+        gc.collect()
+        return old, old() is None, float(batch.sum()) == 0.0
+
+    old, freed, intact = step()
+    assert freed and intact and old() is None
+
+    def traced() -> bool:
+        value = [1, 2, 3]
+        frame = sys._getframe()
+        kept = frame.f_locals  # before 3.13: the very dict the frame keeps
+        sys.settrace(lambda *args: None)
+        try:
+            local_values(frame)
+        finally:
+            sys.settrace(None)
+        return "value" in kept and value == [1, 2, 3]
+
+    previous = sys.gettrace()
+    try:
+        assert traced()
+    finally:
+        sys.settrace(previous)

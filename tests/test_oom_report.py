@@ -102,6 +102,16 @@ def test_an_oom_in_a_checkpoints_recompute_names_the_block(tmp_path: Path):
     assert report["memory"]["why"][0].startswith(
         "(250000, 16) @ (16, 250000) makes (250000, 250000) float32 pairwise scores: 232.83 GiB"
     )
+    # the memory rerun keeps nothing of step 1 alive: one `queries` and one `docs` (16 MB each,
+    # lines 39 and 40), as under plain python (the loop's frame once kept the last step's too)
+    failure = _memory_json(report)["failure"]
+    by_line: dict[int, int] = {}
+    for holder in failure["top"]:
+        by_line[holder["line"][1]] = by_line.get(holder["line"][1], 0) + holder["bytes"]
+    queries, docs = _marked(script, "queries = encoder("), _marked(script, "docs = torch.randn(")
+    assert by_line[queries] == 2 * 16_000_000  # the encoder's input and output
+    assert by_line[docs] == 16_000_000
+    assert failure["roles"]["other live tensors"] < 16_000_000
 
 
 FULL_MATRIX_ADAGRAD = """\

@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable
 from types import CodeType, FrameType, TracebackType
 
+from reprocut.record.inside.frame_locals import local_values
 from reprocut.record.inside.frames import UserFrames
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
@@ -181,7 +182,7 @@ class LoopCounters:
             names = self._targets_of(frame.f_code, line)
             if not names:
                 continue
-            values = frame.f_locals
+            values = local_values(frame)
             for name in names:
                 value = values.get(name)
                 if not isinstance(value, numbers.Integral) or isinstance(value, bool):

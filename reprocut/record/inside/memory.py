@@ -88,7 +88,6 @@ class MemoryWatch(TorchDispatchMode):
         self._captures = 0
         self._captured_message: str | None = None  # the error the failure was taken at
         self._recomputed: list[tuple[Any, tuple[Any, ...]]] = []
-        self._walked_frames: set[int] = set()  # ids of frames whose f_locals a walk read
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -215,7 +214,6 @@ class MemoryWatch(TorchDispatchMode):
         grew three steps in a row (at steps 3, 6, 12, ...: each walk costs a gc pass)."""
         with torch._C._DisableTorchDispatch():
             stack = stack_from(sys._getframe(1))
-            self._refresh_locals(stack)
             self.prune()
             allocated, reserved = self.figures()
             self.steps.append([step, allocated, reserved, self.carried_bytes(step)])
@@ -227,18 +225,6 @@ class MemoryWatch(TorchDispatchMode):
 
                 deadline = Deadline(_STEP_WALK_SECONDS)
                 self.analysis = analyse(self.live, self.frames, stack, step, deadline)
-                self._walked_frames = {id(f) for f in stack if f.f_code.co_name != "<module>"}
-
-    def _refresh_locals(self, stack: list[Any]) -> None:
-        """A walk read the user's functions' `f_locals`: before Python 3.13 that leaves a
-        snapshot of the locals on the frame, which keeps the values it saw alive after the
-        function rebinds them (one step's batch, counted as carried). Reading it again now
-        replaces them with the current values, before the step's memory is measured."""
-        if not self._walked_frames:
-            return
-        for frame in stack:
-            if id(frame) in self._walked_frames:
-                _ = frame.f_locals
 
     def _at_raise(self, func: Any, exc: BaseException, phase: str) -> None:
         """An allocation failed inside this op: the failure as it is now (memory_failure.py)."""

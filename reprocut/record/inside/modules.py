@@ -17,6 +17,7 @@ from types import FrameType
 
 import torch
 
+from reprocut.record.inside.frame_locals import local_values
 from reprocut.record.inside.frames import is_user_file
 
 
@@ -51,7 +52,7 @@ class ModuleNames:
         name = None
         depth = len(self.entered)
         for call in reversed(calls):
-            module = call.f_locals.get("self")
+            module = local_values(call).get("self")
             if isinstance(module, torch.nn.Module):
                 name = self.enter(module)
         del self.entered[depth:]
@@ -102,7 +103,7 @@ def _user_frames(frame: FrameType | None) -> Iterator[FrameType]:
 def _owner(module: torch.nn.Module, frame: FrameType | None) -> torch.nn.Module | None:
     """The innermost user method's `self` of which `module` is a submodule."""
     for user_frame in _user_frames(frame):
-        owner = user_frame.f_locals.get("self")
+        owner = local_values(user_frame).get("self")
         if (
             isinstance(owner, torch.nn.Module)
             and owner is not module
@@ -116,11 +117,11 @@ def _variable_name(module: torch.nn.Module, frame: FrameType | None) -> str | No
     """The name the user's code holds the module by: a variable, or an attribute of a plain
     object's `self` (`self.model` of a training class)."""
     for user_frame in _user_frames(frame):
-        for scope in (user_frame.f_locals, user_frame.f_globals):
+        for scope in (local_values(user_frame), user_frame.f_globals):
             for name, value in scope.items():
                 if value is module and not name.startswith("_") and name != "self":
                     return name
-        owner = user_frame.f_locals.get("self")
+        owner = local_values(user_frame).get("self")
         if owner is not None and owner is not module and not isinstance(owner, torch.nn.Module):
             for name, value in getattr(owner, "__dict__", {}).items():
                 if value is module:

@@ -15,6 +15,7 @@ from typing import Any
 
 from reprocut.model.publicapi import public_name
 from reprocut.record.inside.capture import HeldCall, TensorStore, hold_call
+from reprocut.record.inside.frame_locals import local_values
 from reprocut.record.inside.frames import StackView, UserFrames
 from reprocut.record.inside.specs import on_cpu
 from reprocut.record.inside.state import RunState
@@ -62,7 +63,7 @@ class PublicCalls:
         if name is None:
             return None, None
         names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
-        values = library_frame.f_locals
+        values = local_values(library_frame)
         args = tuple(values[n] for n in names[: code.co_argcount] if n in values)
         kwargs = {n: values[n] for n in names[code.co_argcount :] if n in values}
         return name, self.capture(name, args, kwargs, names)

@@ -28,6 +28,7 @@ import torch
 
 from reprocut.model.budget import Deadline
 from reprocut.record.inside.autograd_graph import Graphs
+from reprocut.record.inside.frame_locals import local_values
 from reprocut.record.inside.frames import UserFrames
 
 _OBJECT_LIMIT = 100_000  # container items visited per variable
@@ -175,7 +176,7 @@ def _best_retainer(
     best: dict[str, Any] | None = None
     seen_roots: set[int] = set()
     for frame in reversed(user_frames):  # outermost first: the longest-lived variables
-        for name, value in list(frame.f_locals.items()):
+        for name, value in list(local_values(frame).items()):
             if deadline.expired():
                 break
             if name.startswith("__") or isinstance(value, _SKIPPED) or id(value) in seen_roots:
