@@ -106,3 +106,20 @@ def test_shrink_gives_a_standalone_repro(recorded):
     )
     assert run.returncode != 0 and "out of bounds for dimension 0" in run.stderr
     assert f"test `{NODE}`" in Path(shrunk["report"]).read_text()
+
+
+def test_an_asynchronous_errors_test_line_is_the_one_the_blocking_rerun_raised_in():
+    """On a GPU a device assert is met at the test's teardown (the first run has only the
+    `def` line); the blocking rerun raises in the test's line that led to the kernel."""
+    from reprocut.model.failing_test import FailingTest, placed_by_rerun
+
+    nodeid = "tests/test_segops.py::test_edges_to_nodes_shape[ring_plus_one]"
+    first = FailingTest(nodeid, "/x/tests/test_segops.py", 34, "teardown")
+    rerun = {"nodeid": nodeid, "file": first.file, "line": 39, "phase": "call"}
+    placed = placed_by_rerun(first, rerun)
+    assert placed is not None and (placed.line, placed.phase) == (39, "call")
+    assert placed.nodeid == nodeid
+    other = {**rerun, "nodeid": "tests/test_segops.py::test_runs_after_the_failure"}
+    assert placed_by_rerun(first, other) == first  # another test: the first run's stays
+    assert placed_by_rerun(first, None) == first
+    assert placed_by_rerun(None, rerun) is None

@@ -19,6 +19,7 @@ from reprocut.localize.failure import LocalizeOptions, error_info, finish, locat
 from reprocut.localize.launch import op_launch
 from reprocut.model.after_loop import AfterLoop
 from reprocut.model.case import ReproCase, Signature, arg_from_json
+from reprocut.model.failing_test import placed_by_rerun
 from reprocut.model.publicapi import composite_op
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
 from reprocut.model.signature import is_cuda_failure, parse_assertions
@@ -115,8 +116,9 @@ def from_culprit(
     # the training loop had ended: read by the child where the culprit's op ran (a snapshot's
     # too: its error surfaced later, maybe after the loop although its op ran in it)
     after = AfterLoop.from_outcome(culprit, culprit.get("step"))
+    test = placed_by_rerun(options.test, (localized_run.outcome or {}).get("test"))
     return finish(
-        options,
+        replace(options, test=test),
         Failure(
             status="localized",
             error=error_info(error, stderr)

@@ -3,7 +3,7 @@ training step, so the test names where the failure is."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 
@@ -31,3 +31,13 @@ class FailingTest:
             phase=str(data.get("phase", "call")),
             exit_code=data.get("exit_code"),
         )
+
+
+def placed_by_rerun(first: FailingTest | None, rerun: dict[str, Any] | None) -> FailingTest | None:
+    """The first run's failing test, at the line the localizing rerun met the error in. An
+    asynchronous CUDA error is met where the test's teardown waits for the GPU (the line of its
+    `def`); the blocking rerun raises in the test's own line that led to the kernel."""
+    again = FailingTest.from_json(rerun)
+    if first is None or again is None or again.nodeid != first.nodeid or again.line == first.line:
+        return first
+    return replace(first, line=again.line, phase=again.phase)
