@@ -521,6 +521,31 @@ def test_a_cublas_workspace_failure_without_captured_inputs_is_on_cuda_with_its_
     assert report.fragmentation.text.startswith("17.87 MiB reserved but unallocated")
 
 
+def test_a_cublas_failure_no_op_owned_is_localized_by_the_watch_on_cuda():
+    """No op owned cuBLAS's failure in the rerun either (it reads as a CUDA error): the failure
+    starts as a script error, read as "cpu", and the memory watch names the op. It is then on
+    the device its error names, with the allocator's fragmentation (H200 memory stage)."""
+    from reprocut.localize.memory import build_report, with_watch_facts
+
+    message = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+    failure = Failure("script-error", ErrorInfo("RuntimeError", message),
+                      classify("RuntimeError", message), step=0)  # fmt: skip
+    assert failure.device == "cpu"
+    held, cache = 148_920_995_840, 18_739_200
+    at_failure = {"step": 0, "allocated": held, "reserved": held + cache, "op": "aten::addmm",
+                  "phase": "forward", "taken": "where the allocation failed",
+                  "device_free": 59 << 20, "roles": {"other live tensors": held}}  # fmt: skip
+    localized = with_watch_facts(failure, at_failure)
+    assert (localized.status, localized.op, localized.device) == (
+        "localized",
+        "aten::addmm",
+        "cuda",
+    )
+    report = build_report(localized, {"failure": at_failure}, Path("/x"))
+    assert report.fragmentation is not None
+    assert report.fragmentation.text.startswith("17.87 MiB reserved but unallocated")
+
+
 def test_a_rerun_whose_allocator_held_another_amount_says_so():
     """The memory rerun read 169.08 MiB at a recompute's failure where the failing run's error
     said 140.71 MiB: the report names both, and whose the holders are."""

@@ -22,7 +22,7 @@ from reprocut.model.case import ReproCase, Signature, arg_from_json
 from reprocut.model.failing_test import placed_by_rerun
 from reprocut.model.publicapi import composite_op
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
-from reprocut.model.signature import is_cuda_failure, parse_assertions
+from reprocut.model.signature import device_in_words, parse_assertions
 from reprocut.record.parent.runner import RunResult
 
 
@@ -162,6 +162,4 @@ def _device_of(cases: list[ReproCase], error: dict[str, Any]) -> str:
         for _, spec in case.tensors():
             if spec.device != "cpu":
                 return spec.device
-    message = str(error.get("message") or "")
-    cuda = is_cuda_failure(str(error.get("type") or ""), message) or "CUDA out of memory" in message
-    return "cuda" if cuda else "cpu"
+    return device_in_words(str(error.get("type") or ""), str(error.get("message") or ""))

@@ -51,6 +51,7 @@ from reprocut.model.oom import (
     requested_bytes,
 )
 from reprocut.model.recording import Failure, RunDir
+from reprocut.model.signature import device_in_words
 from reprocut.record.inside.memory import MEMORY_FILE
 from reprocut.record.parent.runner import RunRequest, RunResult, run_script
 from reprocut.report.memory_plot import PLOT_FILE, write_plot
@@ -176,7 +177,11 @@ def with_watch_facts(failure: Failure, at_failure: dict[str, Any]) -> Failure:
         return failure
     if failure.status == "script-error":  # the watch saw the op raise: it is localized
         notes = tuple(n for n in failure.notes if "not inside a torch op" not in n)
-        failure = replace(failure, status="localized", localization="memory watch", notes=notes)
+        # on the device the error names (a script error is read as "cpu"; a cuBLAS failure on
+        # cpu would lose the allocator's figures, fragmentation among them)
+        device = device_in_words(failure.error.type, failure.error.message)
+        failure = replace(failure, status="localized", localization="memory watch", notes=notes,
+                          device=device)  # fmt: skip
     phase = "backward" if at_failure.get("phase") == "recompute" else at_failure.get("phase")
     source, forward = (
         _location(at_failure.get("source")),

@@ -233,6 +233,13 @@ def is_cuda_failure(error_type: str, message: str, error_code: int | None = None
     return cuda_error_code(message)[0] is not None
 
 
+def device_in_words(error_type: str, message: str) -> str:
+    """The device an error's own words name: "cuda" for a CUDA error (a cuBLAS or cuDNN status
+    included) or the caching allocator's out of memory, else "cpu"."""
+    cuda = is_cuda_failure(error_type, message) or "CUDA out of memory" in message
+    return "cuda" if cuda else "cpu"
+
+
 def classify(
     error_type: str,
     message: str,
