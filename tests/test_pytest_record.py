@@ -65,6 +65,10 @@ def test_the_first_test_failing_in_a_torch_op_is_named(recorded):
     source = report["source"]
     assert (source["file"], source["line"]) == (str(work / "segops.py"), 8)
     assert "index_add_" in source["text"]
+    # the op's record keeps the test's own line it ran from: where a GPU meets the error only at
+    # the test's teardown, that is the line reported
+    outcome = json.loads((Path(report["run_dir"]) / "record.outcome.json").read_text())
+    assert outcome["culprit"]["test_line"] == 39
 
 
 def test_pytest_output_is_its_own(recorded):
@@ -111,15 +115,18 @@ def test_shrink_gives_a_standalone_repro(recorded):
 def test_an_asynchronous_errors_test_line_is_the_one_the_blocking_rerun_raised_in():
     """On a GPU a device assert is met at the test's teardown (the first run has only the
     `def` line); the blocking rerun raises in the test's line that led to the kernel."""
-    from reprocut.model.failing_test import FailingTest, placed_by_rerun
+    from reprocut.model.failing_test import FailingTest, placed
 
     nodeid = "tests/test_segops.py::test_edges_to_nodes_shape[ring_plus_one]"
     first = FailingTest(nodeid, "/x/tests/test_segops.py", 34, "teardown")
     rerun = {"nodeid": nodeid, "file": first.file, "line": 39, "phase": "call"}
-    placed = placed_by_rerun(first, rerun)
-    assert placed is not None and (placed.line, placed.phase) == (39, "call")
-    assert placed.nodeid == nodeid
+    moved = placed(first, rerun)
+    assert moved is not None and (moved.line, moved.phase) == (39, "call")
+    assert moved.nodeid == nodeid
     other = {**rerun, "nodeid": "tests/test_segops.py::test_runs_after_the_failure"}
-    assert placed_by_rerun(first, other) == first  # another test: the first run's stays
-    assert placed_by_rerun(first, None) == first
-    assert placed_by_rerun(None, rerun) is None
+    assert placed(first, other) == first  # another test: the first run's stays
+    assert placed(first, None) == first
+    assert placed(None, rerun) is None
+    # the op's own record of the line it ran from (a snapshot, an in-process culprit)
+    from_op = placed(first, None, 39)
+    assert from_op is not None and from_op.line == 39

@@ -19,7 +19,7 @@ from reprocut.localize.failure import LocalizeOptions, error_info, finish, locat
 from reprocut.localize.launch import op_launch
 from reprocut.model.after_loop import AfterLoop
 from reprocut.model.case import ReproCase, Signature, arg_from_json
-from reprocut.model.failing_test import placed_by_rerun
+from reprocut.model.failing_test import placed
 from reprocut.model.publicapi import composite_op
 from reprocut.model.recording import ErrorInfo, Failure, RunDir
 from reprocut.model.signature import device_in_words, parse_assertions
@@ -116,7 +116,7 @@ def from_culprit(
     # the training loop had ended: read by the child where the culprit's op ran (a snapshot's
     # too: its error surfaced later, maybe after the loop although its op ran in it)
     after = AfterLoop.from_outcome(culprit, culprit.get("step"))
-    test = placed_by_rerun(options.test, (localized_run.outcome or {}).get("test"))
+    test = placed(options.test, (localized_run.outcome or {}).get("test"), culprit.get("test_line"))
     return finish(
         replace(options, test=test),
         Failure(

@@ -33,11 +33,18 @@ class FailingTest:
         )
 
 
-def placed_by_rerun(first: FailingTest | None, rerun: dict[str, Any] | None) -> FailingTest | None:
-    """The first run's failing test, at the line the localizing rerun met the error in. An
-    asynchronous CUDA error is met where the test's teardown waits for the GPU (the line of its
-    `def`); the blocking rerun raises in the test's own line that led to the kernel."""
+def placed(
+    first: FailingTest | None, rerun: dict[str, Any] | None, culprit_line: int | None = None
+) -> FailingTest | None:
+    """The first run's failing test, at the test's own line that led to the failing op. An
+    asynchronous CUDA error is met where the test's teardown waits for the GPU, past the test's
+    lines (the first run has only its `def`): the op's record keeps the line it ran from
+    (`culprit_line`), and a blocking rerun raises in it (`rerun`: that run's test)."""
+    if first is None:
+        return None
     again = FailingTest.from_json(rerun)
-    if first is None or again is None or again.nodeid != first.nodeid or again.line == first.line:
-        return first
-    return replace(first, line=again.line, phase=again.phase)
+    if again is not None and again.nodeid == first.nodeid and again.line != first.line:
+        first = replace(first, line=again.line, phase=again.phase)
+    if culprit_line and culprit_line != first.line:
+        first = replace(first, line=culprit_line)
+    return first

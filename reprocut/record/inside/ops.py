@@ -290,6 +290,7 @@ class OpRecorder(TorchDispatchMode):
             call_site=call_site,
             loop=where.loops.from_view(view.user),
             after_loop=where.loops.training.after_view(view.user),
+            test_line=state.test_line(view.user[0][0] if view.user else None),
         )
         state.snapshots.append(snapshot)
         return snapshot
@@ -337,6 +338,7 @@ class OpRecorder(TorchDispatchMode):
                 call_site=self._call_site(),
                 loop=where.loops.read(sys._getframe(1)),
                 after_loop=where.loops.training.after_frame(sys._getframe(1)),
+                test_line=state.test_line(sys._getframe(1)),
             )
         )
 

@@ -41,6 +41,8 @@ class PytestWatch:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         if self.test is None:
+            function = getattr(item, "function", None)
+            self.state.test_code = getattr(function, "__code__", None)  # its line, per op
             self.state.culprit = None  # noted in an earlier test that did not fail by it
             self.state.culprit_error = None
             self.state.light_culprit = None

@@ -35,6 +35,7 @@ class Snapshot:
     call_site: SourceLocation | None = None  # the line outside torch that called its API
     loop: dict[str, int] = field(default_factory=dict)  # the user's loop counters (loops.py)
     after_loop: dict[str, Any] | None = None  # ran after the training loop (loops.py)
+    test_line: int | None = None  # under pytest: the test's own line that led to the op
 
     def captured_keys(self) -> Iterator[str]:
         """The store keys of its host copies."""
@@ -57,6 +58,7 @@ class Snapshot:
             "call_site": None if self.call_site is None else self.call_site.to_json(),
             "loop": self.loop,
             "after_loop": self.after_loop,
+            "test_line": self.test_line,
         }
 
 
@@ -78,6 +80,7 @@ class Culprit:
     call_site: SourceLocation | None = None  # the line outside torch that called its API
     loop: dict[str, int] = field(default_factory=dict)  # the user's loop counters (loops.py)
     after_loop: dict[str, Any] | None = None  # ran after the training loop (loops.py)
+    test_line: int | None = None  # under pytest: the test's own line that led to the op
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,4 +100,5 @@ class Culprit:
             "call_site": None if self.call_site is None else self.call_site.to_json(),
             "loop": self.loop,
             "after_loop": self.after_loop,
+            "test_line": self.test_line,
         }

@@ -9,6 +9,7 @@ none of them: each is handed this one object, so none needs the recorder.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import torch
@@ -55,6 +56,9 @@ class RunState:
     # the outermost public call in flight (calls.py), its arguments captured once asked for
     public_stack: list[PublicEntry] = field(default_factory=list)
     public_captured: dict[int, HeldCall] = field(default_factory=dict)
+    # under pytest: the running test function's code (pytest_watch.py), whose line an op's
+    # record keeps (an asynchronous CUDA error is met at the test's teardown, past its lines)
+    test_code: Any = None
 
     def phase(self) -> str:
         if self.in_optimizer:
@@ -62,6 +66,16 @@ class RunState:
         if torch._C._current_graph_task_id() != -1:
             return "backward"
         return "forward"
+
+    def test_line(self, frame: FrameType | None) -> int | None:
+        """The running test's line on the stack from `frame` outward (None: not under pytest,
+        or not called from the test's own body)."""
+        code = self.test_code
+        while code is not None and frame is not None:
+            if frame.f_code is code:
+                return frame.f_lineno
+            frame = frame.f_back
+        return None
 
     def all_snapshots(self) -> list[Snapshot]:
         """Snapshots of every step not yet known to have completed, oldest first."""

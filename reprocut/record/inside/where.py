@@ -93,6 +93,7 @@ class Where:
             call_site=self.frames.call_site(sys._getframe(2)),
             loop=self.loops.read(sys._getframe(2)),
             after_loop=self.loops.training.after_frame(sys._getframe(2)),
+            test_line=state.test_line(sys._getframe(2)),
         )
 
 
