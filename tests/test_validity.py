@@ -249,3 +249,49 @@ def test_a_failing_call_whose_callee_is_bound_to_a_module_or_a_literal_is_reject
     assert rules.rejects(best.replace(made, "KERNEL = cupy.RawKernel(SOURCE)\n"), best) == [
         "TypeError: cupy.RawKernel() without its 2 argument(s)"
     ]
+
+
+TRITON_BEST = """\
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def add_kernel(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        for k in range(2):
+            offs = offs + k
+        tl.store(o_ptr + offs, tl.load(x_ptr + offs))
+
+x = torch.randn(64, device="cuda")
+out = torch.empty_like(x)
+add_kernel[(4,)](x, out, 64, BLOCK=16)
+"""
+
+
+def test_a_triton_kernel_reading_a_name_nothing_binds_is_rejected_unrun() -> None:
+    """A @triton.jit body is compiled at its launch, the failing call: a name nothing binds
+    raises a compile error there instead of the fault."""
+    rules = Rules(memory_fault=True, focus="add_kernel[(4,)](x, out, 64, BLOCK=16)")
+    assert rules.rejects(TRITON_BEST, TRITON_BEST) == []
+    no_pid = TRITON_BEST.replace("        pid = tl.program_id(0)\n", "")
+    assert rules.rejects(no_pid, TRITON_BEST) == ["NameError: pid in kernel add_kernel"]
+    # a parameter, a loop target and the module's guarded imports bind what they name
+    no_loop = TRITON_BEST.replace("        for k in range(2):\n            offs = offs + k\n", "")
+    assert rules.rejects(no_loop, TRITON_BEST) == []
+    no_param = TRITON_BEST.replace("x_ptr, o_ptr, n,", "o_ptr, n,").replace(
+        "add_kernel[(4,)](x, out,", "add_kernel[(4,)](out,"
+    )
+    focus = "add_kernel[(4,)](out, 64, BLOCK=16)"
+    assert Rules(memory_fault=True, focus=focus).rejects(no_param, TRITON_BEST) == [
+        "NameError: x_ptr in kernel add_kernel"
+    ]
+    plain = TRITON_BEST.replace("    @triton.jit\n", "")  # a plain function runs when called
+    assert rules.rejects(plain.replace("        pid = tl.program_id(0)\n", ""), plain) == []

@@ -21,7 +21,7 @@ compound statements (loops, branches, `with`, definitions) count as binding ever
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import libcst as cst
 
@@ -62,7 +62,75 @@ _EMPTY = cst.Module([])
 
 def raises_before_the_call(module: cst.Module, focus: str | None) -> list[str]:
     """Why `module` raises before its failing call (empty: it may reach it)."""
-    return [*unbound_names(module, focus), *missing_arguments(module)]
+    return [*unbound_names(module, focus), *missing_arguments(module), *unbound_in_kernels(module)]
+
+
+def unbound_in_kernels(module: cst.Module) -> list[str]:
+    """`NameError: x in kernel k` for each name a Triton kernel's body reads that neither its
+    parameters, its own statements nor the module bind. A `@triton.jit` function is compiled
+    at its launch, the failing call, which then raises a compile error instead of the fault: a
+    deleted `pid = tl.program_id(0)` whose `pid` the offsets still read."""
+    if _binds_unseen(module):
+        return []
+    kernels = [
+        node for node in all_nodes(module)
+        if isinstance(node, cst.FunctionDef) and any(_is_jit(d) for d in node.decorators)
+    ]  # fmt: skip
+    if not kernels:
+        return []
+    known = _ALWAYS_BOUND | _bound_in(module.body)
+    found = []
+    for kernel in kernels:
+        params = kernel.params
+        local = {p.name.value for p in (*params.posonly_params, *params.params,
+                                         *params.kwonly_params)}  # fmt: skip
+        local |= {p.name.value for p in (params.star_arg, params.star_kwarg)
+                  if isinstance(p, cst.Param)}  # fmt: skip
+        body = kernel.body.body
+        bound = known | local | _bound_in(body)
+        found += [
+            f"NameError: {name} in kernel {kernel.name.value}"
+            for statement in body
+            for name in _reads(statement)
+            if name not in bound
+        ]
+    return list(dict.fromkeys(found))
+
+
+def _is_jit(decorator: cst.Decorator) -> bool:
+    """`@triton.jit`, `@jit` (from triton), or either called with options."""
+    expression = decorator.decorator
+    if isinstance(expression, cst.Call):
+        expression = expression.func
+    return dotted(expression) in ("triton.jit", "jit")
+
+
+def _bound_in(statements: Sequence[cst.CSTNode]) -> set[str]:
+    """Every name the statements bind, in their blocks too (`if`, `try`, `for`, `with`):
+    assignments, imports, loop and `with` targets, handlers' names, definitions' names; not
+    what the bodies of the functions and classes they define bind."""
+    names: set[str] = set()
+    for statement in statements:
+        if isinstance(statement, cst.SimpleStatementLine):
+            names |= _binds(statement)
+            names |= {n.target.value for n in walk(statement)
+                      if isinstance(n, cst.NamedExpr) and isinstance(n.target, cst.Name)}  # fmt: skip
+            continue
+        if isinstance(statement, cst.FunctionDef | cst.ClassDef):
+            names.add(statement.name.value)
+            continue
+        if isinstance(statement, cst.For):
+            names |= _target_names(statement.target)
+        elif isinstance(statement, cst.With):
+            for item in statement.items:
+                if item.asname is not None:
+                    names |= _target_names(item.asname.name)
+        elif isinstance(statement, cst.ExceptHandler) and statement.name is not None:
+            names |= _target_names(statement.name.name)
+        names |= _bound_in(
+            [c for c in child_nodes(statement) if not isinstance(c, cst.BaseExpression)]
+        )
+    return names
 
 
 def unbound_names(module: cst.Module, focus: str | None) -> list[str]:
