@@ -295,3 +295,48 @@ def test_a_triton_kernel_reading_a_name_nothing_binds_is_rejected_unrun() -> Non
     ]
     plain = TRITON_BEST.replace("    @triton.jit\n", "")  # a plain function runs when called
     assert rules.rejects(plain.replace("        pid = tl.program_id(0)\n", ""), plain) == []
+
+
+def test_a_triton_kernel_that_cannot_compile_or_a_launch_short_of_a_parameter_is_rejected() -> None:
+    """What ended 87 of 172 checks of a Triton reduction on the H200 in a CompilationError or a
+    TypeError at the launch: a call hoisted to its module, a `tl` function short of an
+    argument, a launch without one of the kernel's parameters."""
+    rules = Rules(memory_fault=True, focus="add_kernel[(4,)](x, out, 64, BLOCK=16)")
+    hoisted = TRITON_BEST.replace("tl.arange(0, BLOCK)", "tl")
+    assert rules.rejects(hoisted, TRITON_BEST) == [
+        "CompilationError: module tl as a value in kernel add_kernel"
+    ]
+    short = TRITON_BEST.replace("tl.arange(0, BLOCK)", "tl.arange(0)")
+    assert rules.rejects(short, TRITON_BEST) == [
+        "CompilationError: tl.arange() without its 2 argument(s) in kernel add_kernel"
+    ]
+    unmasked = TRITON_BEST.replace("tl.load(x_ptr + offs)", "tl.load(x_ptr + offs, mask=None)")
+    assert rules.rejects(unmasked, TRITON_BEST) == []  # keywords count, defaults may go
+    for launch in ("add_kernel[(4,)](x, out, 64)", "add_kernel[(4,)](x, out, BLOCK=16)"):
+        unpassed = TRITON_BEST.replace("add_kernel[(4,)](x, out, 64, BLOCK=16)", launch)
+        missing = "BLOCK" if "BLOCK" not in launch else "n"
+        got = Rules(memory_fault=True, focus=launch).rejects(unpassed, TRITON_BEST)
+        assert got == [f"TypeError: add_kernel launched without {missing}"], launch
+    # an autotuned kernel takes parameters from its configs: its launches are left to the run
+    tuned = TRITON_BEST.replace("    @triton.jit\n", "    @triton.autotune(configs=[], key=[])\n    @triton.jit\n")  # fmt: skip
+    short_tuned = tuned.replace("x, out, 64, BLOCK=16)", "x, out, 64)")
+    assert Rules(focus="add_kernel[(4,)](x, out, 64)").rejects(short_tuned, tuned) == []
+
+
+def test_a_decorator_reading_a_deleted_import_or_a_cpu_view_handed_to_a_kernel_is_rejected() -> (
+    None
+):
+    """`@triton.jit` reads `triton` when the `def` runs; `torch.randn(n).as_strided(...)` is a
+    CPU tensor however it is viewed (Triton: "Pointer argument cannot be accessed")."""
+    flat = TRITON_BEST.replace(
+        "try:\n    import triton\n    import triton.language as tl\nexcept ImportError:\n    triton = None\n\nif triton is not None:\n\n",
+        "import triton\nimport triton.language as tl\n\n",
+    ).replace("\n    ", "\n")
+    rules = Rules(memory_fault=True, focus="add_kernel[(4,)](x, out, 64, BLOCK=16)")
+    assert rules.rejects(flat, flat) == []
+    assert rules.rejects(flat.replace("import triton\n", "", 1), flat) == ["NameError: triton"]
+    view = 'torch.randn(4096, device="cuda").as_strided((64,), (0,))'
+    best = flat.replace('x = torch.randn(64, device="cuda")', f"x = {view}")
+    on_cpu = best.replace('torch.randn(4096, device="cuda")', "torch.randn(4096)")
+    assert rules.rejects(best, best) == []
+    assert rules.rejects(on_cpu, best) == ["a CPU tensor handed to add_kernel: x"]

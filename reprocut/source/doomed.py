@@ -21,7 +21,7 @@ compound statements (loops, branches, `with`, definitions) count as binding ever
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import libcst as cst
 
@@ -34,7 +34,7 @@ _MODULE_NAMES = frozenset({
     "__name__", "__file__", "__doc__", "__builtins__", "__spec__", "__loader__", "__package__",
     "__annotations__", "__cached__",
 })  # fmt: skip
-_ALWAYS_BOUND = frozenset(dir(builtins)) | _MODULE_NAMES
+ALWAYS_BOUND = frozenset(dir(builtins)) | _MODULE_NAMES
 # names through which a script can bind globals that no statement shows
 _DYNAMIC = frozenset({"globals", "exec", "eval", "vars", "locals", "setattr", "__import__"})
 _SCOPES = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
@@ -62,75 +62,7 @@ _EMPTY = cst.Module([])
 
 def raises_before_the_call(module: cst.Module, focus: str | None) -> list[str]:
     """Why `module` raises before its failing call (empty: it may reach it)."""
-    return [*unbound_names(module, focus), *missing_arguments(module), *unbound_in_kernels(module)]
-
-
-def unbound_in_kernels(module: cst.Module) -> list[str]:
-    """`NameError: x in kernel k` for each name a Triton kernel's body reads that neither its
-    parameters, its own statements nor the module bind. A `@triton.jit` function is compiled
-    at its launch, the failing call, which then raises a compile error instead of the fault: a
-    deleted `pid = tl.program_id(0)` whose `pid` the offsets still read."""
-    if _binds_unseen(module):
-        return []
-    kernels = [
-        node for node in all_nodes(module)
-        if isinstance(node, cst.FunctionDef) and any(_is_jit(d) for d in node.decorators)
-    ]  # fmt: skip
-    if not kernels:
-        return []
-    known = _ALWAYS_BOUND | _bound_in(module.body)
-    found = []
-    for kernel in kernels:
-        params = kernel.params
-        local = {p.name.value for p in (*params.posonly_params, *params.params,
-                                         *params.kwonly_params)}  # fmt: skip
-        local |= {p.name.value for p in (params.star_arg, params.star_kwarg)
-                  if isinstance(p, cst.Param)}  # fmt: skip
-        body = kernel.body.body
-        bound = known | local | _bound_in(body)
-        found += [
-            f"NameError: {name} in kernel {kernel.name.value}"
-            for statement in body
-            for name in _reads(statement)
-            if name not in bound
-        ]
-    return list(dict.fromkeys(found))
-
-
-def _is_jit(decorator: cst.Decorator) -> bool:
-    """`@triton.jit`, `@jit` (from triton), or either called with options."""
-    expression = decorator.decorator
-    if isinstance(expression, cst.Call):
-        expression = expression.func
-    return dotted(expression) in ("triton.jit", "jit")
-
-
-def _bound_in(statements: Sequence[cst.CSTNode]) -> set[str]:
-    """Every name the statements bind, in their blocks too (`if`, `try`, `for`, `with`):
-    assignments, imports, loop and `with` targets, handlers' names, definitions' names; not
-    what the bodies of the functions and classes they define bind."""
-    names: set[str] = set()
-    for statement in statements:
-        if isinstance(statement, cst.SimpleStatementLine):
-            names |= _binds(statement)
-            names |= {n.target.value for n in walk(statement)
-                      if isinstance(n, cst.NamedExpr) and isinstance(n.target, cst.Name)}  # fmt: skip
-            continue
-        if isinstance(statement, cst.FunctionDef | cst.ClassDef):
-            names.add(statement.name.value)
-            continue
-        if isinstance(statement, cst.For):
-            names |= _target_names(statement.target)
-        elif isinstance(statement, cst.With):
-            for item in statement.items:
-                if item.asname is not None:
-                    names |= _target_names(item.asname.name)
-        elif isinstance(statement, cst.ExceptHandler) and statement.name is not None:
-            names |= _target_names(statement.name.name)
-        names |= _bound_in(
-            [c for c in child_nodes(statement) if not isinstance(c, cst.BaseExpression)]
-        )
-    return names
+    return [*unbound_names(module, focus), *missing_arguments(module)]
 
 
 def unbound_names(module: cst.Module, focus: str | None) -> list[str]:
@@ -139,10 +71,10 @@ def unbound_names(module: cst.Module, focus: str | None) -> list[str]:
     (a hoisted kernel source, `_KERNEL = cupy`); nothing when the call is not made at top
     level or names may be bound unseen."""
     calls = focus_calls(module, focus)
-    if not calls or _binds_unseen(module):
+    if not calls or binds_unseen(module):
         return []
     inside = {id(node) for call in calls for node in walk(call)}
-    bound = set(_ALWAYS_BOUND)
+    bound = set(ALWAYS_BOUND)
     kinds: dict[str, str] = {}  # what each name was last bound to: "module", "literal", ""
     found = []
     for statement in module.body:
@@ -150,21 +82,42 @@ def unbound_names(module: cst.Module, focus: str | None) -> list[str]:
         if holds_call:
             if isinstance(statement, cst.SimpleStatementLine):
                 call = next(c for c in calls if any(n is c for n in walk(statement)))
-                found += [f"NameError: {n}" for n in _reads(call) if n not in bound]
+                found += [f"NameError: {n}" for n in reads(call) if n not in bound]
                 if isinstance(call.func, cst.Name) and kinds.get(call.func.value):
                     found.append(f"TypeError: {call.func.value} is a {kinds[call.func.value]}")
             break
         if isinstance(statement, cst.SimpleStatementLine) and not any(
             isinstance(node, cst.NamedExpr) for node in walk(statement)
         ):
-            found += [f"NameError: {n}" for n in _reads(statement) if n not in bound]
-            bound |= _binds(statement)
+            found += [f"NameError: {n}" for n in reads(statement) if n not in bound]
+            bound |= binds(statement)
             kinds.update(_bound_kinds(statement, kinds))
-        else:  # a block, a definition: every name in it may be bound by it, to anything
+        elif isinstance(statement, cst.FunctionDef | cst.ClassDef):
+            # a definition reads its decorators (and a class its bases) when it runs, and
+            # binds its own name only: its body runs later, if at all
+            found += [f"NameError: {n}" for n in _definition_reads(statement) if n not in bound]
+            bound.add(statement.name.value)
+            kinds[statement.name.value] = ""
+        else:  # a block: every name in it may be bound by it, to anything
             names = {node.value for node in walk(statement) if isinstance(node, cst.Name)}
             bound |= names
             kinds.update(dict.fromkeys(names, ""))
     return list(dict.fromkeys(found))
+
+
+def _definition_reads(statement: cst.FunctionDef | cst.ClassDef) -> Iterator[str]:
+    """What a `def` or `class` statement reads as it runs: its decorators, a function's
+    defaults, a class's bases and keywords (not annotations: they may be strings, or deferred)."""
+    for decorator in statement.decorators:
+        yield from reads(decorator.decorator)
+    if isinstance(statement, cst.ClassDef):
+        for arg in (*statement.bases, *statement.keywords):
+            yield from reads(arg.value)
+        return
+    params = statement.params
+    for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+        if param.default is not None:
+            yield from reads(param.default)
 
 
 _LITERALS = (
@@ -176,7 +129,7 @@ _LITERALS = (
 def _bound_kinds(statement: cst.SimpleStatementLine, kinds: dict[str, str]) -> dict[str, str]:
     """The names this statement binds, each to "module" (`import x`, `k = x` for such an x),
     "literal" (`k = "..."`, `k = None`) or "" (anything else)."""
-    found = dict.fromkeys(_binds(statement), "")
+    found = dict.fromkeys(binds(statement), "")
     for small in statement.body:
         if isinstance(small, cst.Import):
             found.update({_alias_name(a, first=True): "module" for a in small.names})
@@ -272,7 +225,7 @@ def _wrapper_of(value: cst.BaseExpression) -> str | None:
     return None
 
 
-def _binds_unseen(module: cst.Module) -> bool:
+def binds_unseen(module: cst.Module) -> bool:
     for node in all_nodes(module):
         if isinstance(node, cst.Global | cst.Nonlocal | cst.ImportStar):
             return True
@@ -281,7 +234,7 @@ def _binds_unseen(module: cst.Module) -> bool:
     return False
 
 
-def _reads(node: cst.CSTNode) -> Iterator[str]:
+def reads(node: cst.CSTNode) -> Iterator[str]:
     """The names `node` reads when it runs (not a lambda's, a comprehension's or a keyword's,
     not an attribute's own name, not what an assignment binds)."""
     if isinstance(node, cst.Name):
@@ -289,21 +242,21 @@ def _reads(node: cst.CSTNode) -> Iterator[str]:
     elif isinstance(node, (*_SCOPES, cst.Import, cst.ImportFrom, cst.Del)):
         return
     elif isinstance(node, cst.Attribute | cst.Arg):  # not `x.attr`'s attr, not `f(key=)`'s key
-        yield from _reads(node.value)
+        yield from reads(node.value)
     elif isinstance(node, cst.Assign):
-        yield from _reads(node.value)
+        yield from reads(node.value)
         for target in node.targets:
             yield from _target_reads(target.target)
     elif isinstance(node, cst.AnnAssign):
         if node.value is not None:
-            yield from _reads(node.value)
+            yield from reads(node.value)
         yield from _target_reads(node.target)
     elif isinstance(node, cst.AugAssign):
-        yield from _reads(node.value)
-        yield from _reads(node.target)  # `x += 1` reads x
+        yield from reads(node.value)
+        yield from reads(node.target)  # `x += 1` reads x
     else:
         for child in child_nodes(node):
-            yield from _reads(child)
+            yield from reads(child)
 
 
 def _target_reads(target: cst.CSTNode) -> Iterator[str]:
@@ -314,22 +267,22 @@ def _target_reads(target: cst.CSTNode) -> Iterator[str]:
     elif isinstance(target, cst.StarredElement):
         yield from _target_reads(target.value)
     elif isinstance(target, cst.Attribute):
-        yield from _reads(target.value)
+        yield from reads(target.value)
     elif isinstance(target, cst.Subscript):
-        yield from _reads(target.value)
+        yield from reads(target.value)
         for element in target.slice:
-            yield from _reads(element)
+            yield from reads(element)
 
 
-def _binds(statement: cst.SimpleStatementLine) -> set[str]:
+def binds(statement: cst.SimpleStatementLine) -> set[str]:
     """The names a simple statement binds."""
     names: set[str] = set()
     for small in statement.body:
         if isinstance(small, cst.Assign):
             for target in small.targets:
-                names |= _target_names(target.target)
+                names |= target_names(target.target)
         elif isinstance(small, cst.AnnAssign | cst.AugAssign):
-            names |= _target_names(small.target)
+            names |= target_names(small.target)
         elif isinstance(small, cst.Import):
             for alias in small.names:
                 names.add(_alias_name(alias, first=True))
@@ -339,13 +292,13 @@ def _binds(statement: cst.SimpleStatementLine) -> set[str]:
     return names
 
 
-def _target_names(target: cst.CSTNode) -> set[str]:
+def target_names(target: cst.CSTNode) -> set[str]:
     if isinstance(target, cst.Name):
         return {target.value}
     if isinstance(target, cst.Tuple | cst.List):
-        return {n for e in target.elements for n in _target_names(e.value)}
+        return {n for e in target.elements for n in target_names(e.value)}
     if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
+        return target_names(target.value)
     return set()
 
 

@@ -17,7 +17,9 @@ candidate before it is run and reject one that breaks a rule the current best ke
 - random tensors stay seeded: a top-level `torch.manual_seed` the best has stays while torch's
   random generators are called (else each run draws other values: another bug, or none);
 - nothing raises before the failing call: no name read before it is bound, no factory without
-  its size, no CuPy array argument handed over bare (reprocut.source.doomed).
+  its size, no CuPy array argument handed over bare (reprocut.source.doomed);
+- a Triton kernel still compiles and is launched with all its parameters
+  (reprocut.source.uncompilable).
 
 The sanitizer at the end (reprocut.check.sanitizer) is the final word; these rules only keep
 the search away from candidates no sanitizer run should be spent on.
@@ -44,12 +46,19 @@ from reprocut.source.passes import (
     sibling_imports,
 )
 from reprocut.source.passes.launches import bindings, invalid_configurations, launches
+from reprocut.source.uncompilable import uncompilable_kernels
 
 # passes allowed to change a launch's grid or block (none of today's passes is one)
 RESHAPING_PASSES: frozenset[str] = frozenset()
 FACTORIES = frozenset({
     "empty", "zeros", "ones", "full", "rand", "randn", "randint", "randperm", "arange",
     "linspace", "tensor", "as_tensor", "from_numpy", "eye",
+})  # fmt: skip
+# tensor methods whose result is on the tensor's own device
+SAME_DEVICE_METHODS = frozenset({
+    "as_strided", "view", "expand", "expand_as", "reshape", "contiguous", "t", "transpose",
+    "permute", "flatten", "unsqueeze", "squeeze", "narrow", "clone", "float", "half",
+    "bfloat16", "int", "long", "repeat",
 })  # fmt: skip
 _EMPTY = cst.Module([])
 UNSEEDED = "random tensors without a seed"
@@ -76,6 +85,12 @@ def builds_on_cpu(value: cst.BaseExpression) -> bool:
         return False
     func = _code(value.func)
     if func.endswith(".cpu"):
+        return True
+    if (  # a view or a new layout of a CPU tensor: `torch.randn(n).as_strided(...)`
+        isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in SAME_DEVICE_METHODS
+        and builds_on_cpu(value.func.value)
+    ):
         return True
     if func.endswith(".to") and value.args and _is_cpu_string(value.args[0].value):
         return True
@@ -156,6 +171,7 @@ class Rules:
         if module is None:
             return Counter()
         found: Counter[str] = Counter(raises_before_the_call(module, self.focus))
+        found.update(uncompilable_kernels(module))
         if not seeds_its_randomness(module):
             found[UNSEEDED] += 1
         if self.memory_fault:

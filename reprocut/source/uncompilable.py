@@ -1,0 +1,169 @@
+"""Triton kernels that cannot compile, seen without running them.
+
+A `@triton.jit` function is compiled at its launch, the failing call: a candidate whose kernel
+does not compile raises a CompilationError there instead of the fault. On the H200, 72 of the
+172 checks of a Triton memory-fault reduction (`cuda_triton_expand_bias`) ended so, and 15 more
+in a launch missing one of the kernel's parameters: `tl.arange(0)` without its end, `offs =
+tl` (a call hoisted to its module), `pid * BLOCK` with `pid` deleted, `k[grid](x, out)` without
+`n`. Each still paid a CUDA context and the launch's compile (1.4 s alone).
+
+Only what certainly fails is named, for kernels decorated with `triton.jit` alone (an autotuned
+kernel takes some parameters from its configs): a name that neither the kernel's parameters, its
+body nor the module bind; a module (`tl`, `triton`) used as a value; a `tl` function called
+with fewer arguments than it requires; a launch that leaves a parameter without a default
+unpassed. The validity rules (reprocut.source.validity) reject a candidate for a problem its
+best does not have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import libcst as cst
+
+from reprocut.source.doomed import ALWAYS_BOUND, binds, binds_unseen, reads, target_names
+from reprocut.source.passes.tree import dotted
+from reprocut.source.passes.walk import all_nodes, child_nodes, walk
+
+# triton.language functions and the arguments they require (keywords count: `tl.zeros(shape,
+# dtype=...)` has its two)
+REQUIRED_ARGUMENTS = {
+    "program_id": 1, "num_programs": 1, "arange": 2, "load": 1, "store": 2, "where": 3,
+    "zeros": 2, "full": 3, "maximum": 2, "minimum": 2, "atomic_add": 2, "atomic_max": 2,
+    "atomic_min": 2, "atomic_cas": 3, "atomic_xchg": 2, "dot": 2, "cdiv": 2, "exp": 1,
+    "log": 1, "sqrt": 1, "abs": 1, "sum": 1, "max": 1, "min": 1, "broadcast_to": 2,
+    "reshape": 2, "multiple_of": 2, "max_contiguous": 2,
+}  # fmt: skip
+_LANGUAGE = ("tl.", "triton.language.")
+
+
+def uncompilable_kernels(module: cst.Module) -> list[str]:
+    """Why a Triton kernel of `module` cannot compile (empty: it may)."""
+    kernels = [node for node in all_nodes(module) if isinstance(node, cst.FunctionDef)
+               and node.decorators and all(_is_jit(d) for d in node.decorators)]  # fmt: skip
+    if not kernels or binds_unseen(module):
+        return []
+    known = ALWAYS_BOUND | bound_in(module.body)
+    modules = _module_names(module)
+    found: list[str] = []
+    for kernel in kernels:
+        local = _parameters(kernel) | bound_in(kernel.body.body)
+        name = kernel.name.value
+        body = kernel.body.body
+        found += [f"NameError: {n} in kernel {name}" for statement in body
+                  for n in reads(statement) if n not in known | local]  # fmt: skip
+        found += [f"CompilationError: module {n} as a value in kernel {name}"
+                  for n in _bare_names(body) if n in modules - local]  # fmt: skip
+        found += [f"CompilationError: {call}() without its {needed} argument(s) in kernel {name}"
+                  for call, needed in _short_calls(body)]  # fmt: skip
+        found += _unpassed(module, kernel)
+    return list(dict.fromkeys(found))
+
+
+def _is_jit(decorator: cst.Decorator) -> bool:
+    """`@triton.jit`, `@jit` (from triton), or either called with options."""
+    expression = decorator.decorator
+    if isinstance(expression, cst.Call):
+        expression = expression.func
+    return dotted(expression) in ("triton.jit", "jit")
+
+
+def bound_in(statements: Sequence[cst.CSTNode]) -> set[str]:
+    """Every name the statements bind, in their blocks too (`if`, `try`, `for`, `with`):
+    assignments, imports, loop and `with` targets, handlers' names, definitions' names; not
+    what the bodies of the functions and classes they define bind."""
+    names: set[str] = set()
+    for statement in statements:
+        if isinstance(statement, cst.SimpleStatementLine):
+            names |= binds(statement)
+            names |= {n.target.value for n in walk(statement)
+                      if isinstance(n, cst.NamedExpr) and isinstance(n.target, cst.Name)}  # fmt: skip
+            continue
+        if isinstance(statement, cst.FunctionDef | cst.ClassDef):
+            names.add(statement.name.value)
+            continue
+        if isinstance(statement, cst.For):
+            names |= target_names(statement.target)
+        elif isinstance(statement, cst.With):
+            for item in statement.items:
+                if item.asname is not None:
+                    names |= target_names(item.asname.name)
+        elif isinstance(statement, cst.ExceptHandler) and statement.name is not None:
+            names |= target_names(statement.name.name)
+        blocks = [c for c in child_nodes(statement) if not isinstance(c, cst.BaseExpression)]
+        names |= bound_in(blocks)
+    return names
+
+
+def _parameters(kernel: cst.FunctionDef) -> set[str]:
+    params = kernel.params
+    names = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+    for star in (params.star_arg, params.star_kwarg):
+        if isinstance(star, cst.Param):
+            names.add(star.name.value)
+    return names
+
+
+def _module_names(module: cst.Module) -> set[str]:
+    """Names `import x` / `import x.y as z` bind to a module, outside function bodies."""
+    names: set[str] = set()
+    for node in _outside_functions(module):
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    names.add(alias.asname.name.value)
+                else:
+                    names.add(cst.Module([]).code_for_node(alias.name).split(".")[0])
+    return names
+
+
+def _outside_functions(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    for child in child_nodes(node):
+        if isinstance(child, cst.FunctionDef):
+            continue
+        yield child
+        yield from _outside_functions(child)
+
+
+def _bare_names(body: Sequence[cst.CSTNode]) -> Iterator[str]:
+    """Names the body uses as values: not an attribute's owner (`tl` of `tl.load`)."""
+    owners = {id(n.value) for s in body for n in walk(s) if isinstance(n, cst.Attribute)}
+    for statement in body:
+        for node in walk(statement):
+            if isinstance(node, cst.Name) and id(node) not in owners:
+                yield node.value
+
+
+def _short_calls(body: Sequence[cst.CSTNode]) -> Iterator[tuple[str, int]]:
+    for statement in body:
+        for node in walk(statement):
+            if not isinstance(node, cst.Call) or any(a.star for a in node.args):
+                continue
+            name = dotted(node.func) or ""
+            if not name.startswith(_LANGUAGE):
+                continue
+            needed = REQUIRED_ARGUMENTS.get(name.rsplit(".", 1)[-1])
+            if needed is not None and len(node.args) < needed:
+                yield name, needed
+
+
+def _unpassed(module: cst.Module, kernel: cst.FunctionDef) -> list[str]:
+    """`k[grid](...)` launches of the kernel that leave a parameter without a default out."""
+    params = kernel.params
+    if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.star_kwarg is not None:
+        return []
+    ordered = [*params.posonly_params, *params.params]
+    required = [p.name.value for p in (*ordered, *params.kwonly_params) if p.default is None]
+    found = []
+    for node in all_nodes(module):
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Subscript)):
+            continue
+        if dotted(node.func.value) != kernel.name.value or any(a.star for a in node.args):
+            continue
+        positional = [a for a in node.args if a.keyword is None]
+        passed = {p.name.value for p in ordered[: len(positional)]}
+        passed |= {a.keyword.value for a in node.args if a.keyword is not None}
+        missing = [n for n in required if n not in passed]
+        if missing:
+            found.append(f"TypeError: {kernel.name.value} launched without {', '.join(missing)}")
+    return found
