@@ -15,8 +15,10 @@ finish is listed in the report as skipped, with its reason.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -79,6 +81,17 @@ def rerun_limit(timeout: float | None, first_seconds: float | None) -> float | N
     return timeout if bound is None else min(timeout, bound)
 
 
+def warm_meta_kernels() -> None:
+    """Import what the failing op's run on the meta device needs, beside the memory rerun: an
+    elementwise op's meta kernel is a Python reference that imports torch._dynamo on its first
+    call (4.5 s on the 2-core CPU machine, past REQUEST_SECONDS under load), which the parent
+    would otherwise pay inside the request's explanation, after the rerun or the read of the
+    memory watch's findings."""
+    threading.Thread(
+        target=importlib.import_module, args=("torch._dynamo",), name="reprocut-warm", daemon=True
+    ).start()
+
+
 def memory_rerun(
     options: LocalizeOptions, progress: Progress, why: str, first_seconds: float | None
 ) -> tuple[RunResult, list[Skipped], list[tuple[str, float]]]:
@@ -121,6 +134,7 @@ def oom_in_light_step(
 ) -> Failure:
     """No op owned the allocation failure in the first run (it failed in a step not watched,
     or reads as a CUDA error, as cuBLAS's does): one rerun names it and the holders."""
+    warm_meta_kernels()
     second, skipped, seconds = memory_rerun(
         options,
         progress,
@@ -142,6 +156,7 @@ def with_memory(
     first_seconds: float | None = None,
 ) -> Failure:
     """`failure` (an OOM) with its MemoryReport: from this run's memory watch, or a rerun."""
+    warm_meta_kernels()
     data = read_memory(options.run_dir) if options.memory else {}
     skipped: list[Skipped] = []
     seconds: list[tuple[str, float]] = []
