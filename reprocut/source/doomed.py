@@ -15,7 +15,8 @@ failing call's statement (or by the failing call's own callee and arguments) and
 statement before it; a factory call missing a positional argument it requires; a CuPy launch
 argument the best wrapped in `cupy.asarray(...)` that the candidate no longer wraps. Anything that
 could bind names unseen (`global`, star imports, `exec`, `globals()`) turns the name rule off;
-compound statements (loops, branches, `with`, definitions) count as binding every name in them.
+compound statements (loops, branches, `with`) count as binding every name in them; a `def` or
+`class` binds its own name and reads its decorators (`@triton.jit` with `triton` deleted).
 """
 
 from __future__ import annotations
