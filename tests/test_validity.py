@@ -340,3 +340,18 @@ def test_a_decorator_reading_a_deleted_import_or_a_cpu_view_handed_to_a_kernel_i
     on_cpu = best.replace('torch.randn(4096, device="cuda")', "torch.randn(4096)")
     assert rules.rejects(best, best) == []
     assert rules.rejects(on_cpu, best) == ["a CPU tensor handed to add_kernel: x"]
+
+
+def test_a_kernels_attribute_names_keywords_and_one_line_bodies_are_not_read_as_values() -> None:
+    """`tl.math.exp`'s `math` is an attribute's name even where `import math` binds a module,
+    `mask=` a keyword; a one-line kernel binds what its statements assign."""
+    rules = Rules(memory_fault=True, focus="add_kernel[(4,)](x, out, 64, BLOCK=16)")
+    best = "import math\n" + TRITON_BEST.replace(
+        "tl.load(x_ptr + offs)", "tl.math.exp(tl.load(x_ptr + offs, mask=offs < n))"
+    )
+    assert rules.rejects(best, best) == []
+    one_line = best.replace(
+        "    def add_kernel(x_ptr, o_ptr, n, BLOCK: tl.constexpr):\n",
+        "    def add_kernel(x_ptr, o_ptr, n, BLOCK: tl.constexpr): pid = tl.program_id(0); tl.store(o_ptr + pid, 1.0)\n\n    def unused(x_ptr, o_ptr, n, BLOCK: tl.constexpr):\n",
+    )  # fmt: skip
+    assert rules.rejects(one_line, best) == []

@@ -74,6 +74,8 @@ def bound_in(statements: Sequence[cst.CSTNode]) -> set[str]:
     what the bodies of the functions and classes they define bind."""
     names: set[str] = set()
     for statement in statements:
+        if isinstance(statement, cst.BaseSmallStatement):  # a one-line body's: `def f(): x = 1`
+            statement = cst.SimpleStatementLine([statement])
         if isinstance(statement, cst.SimpleStatementLine):
             names |= binds(statement)
             names |= {n.target.value for n in walk(statement)
@@ -126,12 +128,20 @@ def _outside_functions(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
 
 
 def _bare_names(body: Sequence[cst.CSTNode]) -> Iterator[str]:
-    """Names the body uses as values: not an attribute's owner (`tl` of `tl.load`)."""
-    owners = {id(n.value) for s in body for n in walk(s) if isinstance(n, cst.Attribute)}
-    for statement in body:
-        for node in walk(statement):
-            if isinstance(node, cst.Name) and id(node) not in owners:
-                yield node.value
+    """Names the body uses as values: not an attribute's owner (`tl` of `tl.load`) or its own
+    name (`math` of `tl.math.exp`), not a keyword's, a parameter's or a definition's name."""
+    nodes = [node for statement in body for node in walk(statement)]
+    named: set[int] = set()
+    for node in nodes:
+        if isinstance(node, cst.Attribute):
+            named |= {id(node.value), id(node.attr)}
+        elif isinstance(node, cst.Arg) and node.keyword is not None:
+            named.add(id(node.keyword))
+        elif isinstance(node, cst.Param | cst.FunctionDef | cst.ClassDef):
+            named.add(id(node.name))
+    for node in nodes:
+        if isinstance(node, cst.Name) and id(node) not in named:
+            yield node.value
 
 
 def _short_calls(body: Sequence[cst.CSTNode]) -> Iterator[tuple[str, int]]:
