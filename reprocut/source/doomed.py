@@ -133,7 +133,7 @@ def _bound_kinds(statement: cst.SimpleStatementLine, kinds: dict[str, str]) -> d
     found = dict.fromkeys(binds(statement), "")
     for small in statement.body:
         if isinstance(small, cst.Import):
-            found.update({_alias_name(a, first=True): "module" for a in small.names})
+            found.update({alias_name(a, first=True): "module" for a in small.names})
         elif isinstance(small, cst.Assign) and len(small.targets) == 1:
             target, value = small.targets[0].target, small.value
             if not isinstance(target, cst.Name):
@@ -286,10 +286,10 @@ def binds(statement: cst.SimpleStatementLine) -> set[str]:
             names |= target_names(small.target)
         elif isinstance(small, cst.Import):
             for alias in small.names:
-                names.add(_alias_name(alias, first=True))
+                names.add(alias_name(alias, first=True))
         elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
             for alias in small.names:
-                names.add(_alias_name(alias, first=False))
+                names.add(alias_name(alias, first=False))
     return names
 
 
@@ -303,7 +303,7 @@ def target_names(target: cst.CSTNode) -> set[str]:
     return set()
 
 
-def _alias_name(alias: cst.ImportAlias, *, first: bool) -> str:
+def alias_name(alias: cst.ImportAlias, *, first: bool) -> str:
     if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
         return alias.asname.name.value
     dotted = _EMPTY.code_for_node(alias.name)

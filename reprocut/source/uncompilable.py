@@ -21,7 +21,14 @@ from collections.abc import Iterator, Sequence
 
 import libcst as cst
 
-from reprocut.source.doomed import ALWAYS_BOUND, binds, binds_unseen, reads, target_names
+from reprocut.source.doomed import (
+    ALWAYS_BOUND,
+    alias_name,
+    binds,
+    binds_unseen,
+    reads,
+    target_names,
+)
 from reprocut.source.passes.tree import dotted
 from reprocut.source.passes.walk import all_nodes, child_nodes, walk
 
@@ -111,11 +118,7 @@ def _module_names(module: cst.Module) -> set[str]:
     names: set[str] = set()
     for node in _outside_functions(module):
         if isinstance(node, cst.Import):
-            for alias in node.names:
-                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                    names.add(alias.asname.name.value)
-                else:
-                    names.add(cst.Module([]).code_for_node(alias.name).split(".")[0])
+            names |= {alias_name(alias, first=True) for alias in node.names}
     return names
 
 

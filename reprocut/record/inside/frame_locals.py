@@ -33,11 +33,6 @@ def local_values(frame: FrameType) -> Mapping[str, Any]:
     if not _SNAPSHOTS or not frame.f_code.co_flags & inspect.CO_OPTIMIZED:
         return values  # a live view (3.13), or a module's or class body's own namespace
     copied = dict(values)
-    if sys.gettrace() is None and _no_thread_tracer():
+    if sys.gettrace() is None and threading.gettrace() is None:
         values.clear()
     return copied
-
-
-def _no_thread_tracer() -> bool:
-    gettrace = getattr(threading, "gettrace", None)  # Python 3.10+
-    return gettrace is None or gettrace() is None

@@ -117,11 +117,12 @@ def _variable_name(module: torch.nn.Module, frame: FrameType | None) -> str | No
     """The name the user's code holds the module by: a variable, or an attribute of a plain
     object's `self` (`self.model` of a training class)."""
     for user_frame in _user_frames(frame):
-        for scope in (local_values(user_frame), user_frame.f_globals):
+        local = local_values(user_frame)
+        for scope in (local, user_frame.f_globals):
             for name, value in scope.items():
                 if value is module and not name.startswith("_") and name != "self":
                     return name
-        owner = local_values(user_frame).get("self")
+        owner = local.get("self")
         if owner is not None and owner is not module and not isinstance(owner, torch.nn.Module):
             for name, value in getattr(owner, "__dict__", {}).items():
                 if value is module:
