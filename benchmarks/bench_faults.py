@@ -129,7 +129,8 @@ def run_reprocut_shrink(
 ) -> tuple[RunOutput, Reduced]:
     out = scratch / "repro"
     limit = (options.max_time or DEFAULT_LIMIT) + options.tail
-    shrunk = run_json(shrink_command(run_dir, out, options.max_time), scratch, limit)
+    log = None if options.logs is None else options.logs / f"{scratch.name}.shrink.log"
+    shrunk = run_json(shrink_command(run_dir, out, options.max_time), scratch, limit, log)
     data = shrunk.data or {}
     repro = out / "repro.py"
     code = repro.read_text() if repro.exists() else None
@@ -192,6 +193,7 @@ def record_case(case: CorpusCase, root: Path, options: argparse.Namespace) -> tu
         record_command(case, options.device, [], options.record_timeout),
         scratch,
         options.record_timeout + 30,
+        None if options.logs is None else options.logs / f"{case.name}.record.log",
     )
     run_dir = (record.data or {}).get("run_dir")
     if not (run_dir and record.returncode == 0):
@@ -258,6 +260,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-generic", dest="generic", action="store_false")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument(
+        "--logs", type=Path, default=None,
+        help="write each record's and shrink's stderr here as it runs, lines stamped in seconds",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -270,6 +276,8 @@ def _recorded(case: CorpusCase, root: Path, options: argparse.Namespace) -> tupl
 
 def main(argv: list[str] | None = None) -> int:
     options = parse_args(argv)
+    if options.logs is not None:
+        options.logs.mkdir(parents=True, exist_ok=True)
     wanted = set(options.cases)
     cases = [c for c in load_cases(options.corpus) if c.name in wanted]
     cases = [c for c in cases if c.applies_to(options.device)]

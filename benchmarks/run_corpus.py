@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import io
 import json
 import os
 import signal
@@ -54,8 +55,10 @@ ENV_PROBE = (
 )
 
 
-def run_json(command: list[str], cwd: Path, timeout: float) -> RunOutput:
-    """Run `command`, kill its whole process group after `timeout`, parse its JSON stdout."""
+def run_json(command: list[str], cwd: Path, timeout: float, log: Path | None = None) -> RunOutput:
+    """Run `command`, kill its whole process group after `timeout`, parse its JSON stdout.
+    `log`: its stderr is also written there as it comes, each line stamped with the seconds
+    since the start, so a run killed by an outer limit still shows how far it got."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     start = time.perf_counter()
@@ -68,6 +71,8 @@ def run_json(command: list[str], cwd: Path, timeout: float) -> RunOutput:
         text=True,
         start_new_session=True,
     )
+    if log is not None:
+        return _run_logged(process, log, timeout, start)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
         returncode: int | None = process.returncode
@@ -77,6 +82,38 @@ def run_json(command: list[str], cwd: Path, timeout: float) -> RunOutput:
         returncode = None
     seconds = time.perf_counter() - start
     return RunOutput(returncode, parse_json(stdout), seconds, stderr[-2000:])
+
+
+def _run_logged(
+    process: subprocess.Popen[str], log: Path, timeout: float, start: float
+) -> RunOutput:
+    """`run_json`'s wait with stderr copied line by line, stamped, to `log`."""
+    lines: list[str] = []
+    stdout: list[str] = []
+
+    def copy_stderr() -> None:
+        with log.open("w", buffering=1) as out:
+            for line in process.stderr or ():
+                lines.append(line)
+                out.write(f"[{time.perf_counter() - start:7.1f} s] {line}")
+
+    readers = [
+        threading.Thread(target=copy_stderr, daemon=True),
+        threading.Thread(target=lambda: stdout.append((process.stdout or io.StringIO()).read()),
+                         daemon=True),
+    ]  # fmt: skip
+    for reader in readers:
+        reader.start()
+    try:
+        returncode: int | None = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        returncode = None
+    for reader in readers:
+        reader.join(timeout=10)
+    seconds = time.perf_counter() - start
+    return RunOutput(returncode, parse_json("".join(stdout)), seconds, "".join(lines)[-2000:])
 
 
 def parse_json(stdout: str) -> dict[str, Any] | None:
