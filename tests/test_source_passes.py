@@ -19,6 +19,7 @@ from reprocut.source.passes import (
     candidates,
     delete_statements,
     drop_arguments,
+    fold_tensor_facts,
     hoist_subexpressions,
     inline_calls,
     inline_names,
@@ -568,6 +569,39 @@ def test_simplify_expressions_and_hoist_subexpressions():
         data = 0
         model(0)
     """)
+
+
+def test_facts_of_literal_tensors_fold_to_literals():
+    """On the H200 a CuPy reduction kept `n = torch.randn((256, 256, 4096)).numel()`: a 1 GiB
+    tensor drawn on the CPU by every later check, for one integer."""
+    source = code("""
+        import torch
+        n = torch.randn((256, 256, 4096)).numel()
+        rows = torch.zeros(64, 8, device="cuda").shape[0]
+        dims = torch.randn((1024,)).as_strided((4, 256), (256, 1)).dim()
+        width = torch.randint(0, 5, (3, 7)).size(-1)
+        if n != 268435456 or rows != 64 or dims != 2 or width != 7:
+            raise ValueError("bad")
+        raise ValueError("bad")
+    """)
+    changed = list(candidates(fold_tensor_facts, source, PassContext()))
+    assert changed[0] == source.replace(
+        "torch.randn((256, 256, 4096)).numel()", "268435456"
+    ).replace('torch.zeros(64, 8, device="cuda").shape[0]', "64").replace(
+        "torch.randn((1024,)).as_strided((4, 256), (256, 1)).dim()", "2"
+    ).replace("torch.randint(0, 5, (3, 7)).size(-1)", "7")  # all at once, then one by one
+    assert len(changed) == 5
+    for folded_code in changed:  # each fold counts as smaller in the size order
+        assert sort_key(folded_code) < sort_key(source)
+    # shapes not written as literals stay
+    kept = code("""
+        import torch
+        x = torch.randn(8)
+        n = x.numel()
+        m = torch.randn(8).view(-1, 2).size(0)
+        raise ValueError("bad")
+    """)
+    assert list(candidates(fold_tensor_facts, kept, PassContext())) == []
 
 
 MEMORY_FAULT_LAUNCH = code("""

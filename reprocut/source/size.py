@@ -17,6 +17,7 @@ import libcst as cst
 
 from reprocut.source.passes import (
     COMPOUND,
+    folded,
     integer_value,
     is_constant,
     parse,
@@ -49,7 +50,9 @@ class _Measure:
         elif isinstance(node, cst.BaseSmallStatement):
             self.small += 1
         if isinstance(node, cst.BaseExpression | cst.Arg):
-            self.nodes += 1
+            # a fact of a literal tensor (`torch.randn(4, 8).numel()`) is the tensor and a
+            # computation: more than the literal it folds to (passes.tensor_facts)
+            self.nodes += 2 if folded(node) is not None else 1
         if isinstance(node, cst.Name):
             self.names += 1
         elif isinstance(node, cst.Integer):

@@ -39,6 +39,7 @@ from reprocut.source.passes.statements import (
     strip_comments,
     unwrap_blocks,
 )
+from reprocut.source.passes.tensor_facts import fold_tensor_facts, folded
 from reprocut.source.passes.tree import (
     COMPOUND,
     PassContext,
@@ -64,6 +65,7 @@ PASSES: tuple[SourcePass, ...] = (
     simplify_expressions,
     inline_names,
     hoist_subexpressions,
+    fold_tensor_facts,
     drop_arguments,
     shrink_integers,
 )
@@ -78,6 +80,8 @@ __all__ = [
     "delete_statements",
     "drop_arguments",
     "focus_callee",
+    "fold_tensor_facts",
+    "folded",
     "hoist_subexpressions",
     "import_module_name",
     "inline_calls",
