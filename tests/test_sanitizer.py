@@ -340,3 +340,41 @@ def test_memcheck_that_ends_on_its_own_keeps_its_total(tmp_path, monkeypatch) ->
     evidence = run_memcheck(script, sanitizer=str(tool), timeout=240)
     assert evidence.status == "found" and not evidence.stopped_early
     assert evidence.findings[-1] == "237795 error(s) in all"
+
+
+def test_a_script_reductions_original_memcheck_starts_with_the_reduction(
+    tmp_path, monkeypatch
+) -> None:
+    """The user's script under memcheck, from its own folder with its own arguments, begun
+    before any candidate exists; its report kept as sanitizer-original.log in the output."""
+    from reprocut.model.case import Signature
+    from reprocut.model.recording import ErrorInfo, Failure
+    from reprocut.pipeline.same_bug import ORIGINAL_LOG, start_script_memcheck
+
+    stand_in(tmp_path, STAND_IN)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("STAND_IN_NAMED", str(tmp_path / "named.txt"))
+    folder = tmp_path / "project"
+    folder.mkdir()
+    script = folder / "train.py"
+    script.write_text(
+        "import sys\nimport torch\nassert sys.argv[1:] == ['--steps', '2']\n"
+        "table = torch.zeros(8, 4)\n"
+    )
+    fault = Signature("AcceleratorError", None, 700, "an illegal memory access was encountered")
+    failure = Failure("outside-dispatcher", ErrorInfo("AcceleratorError", fault.kind), fault,
+                      kernel="gather_kernel", device="cuda:0", script=str(script),
+                      argv=("--steps", "2"), cwd=str(folder))  # fmt: skip
+    out = tmp_path / "out"
+    started = start_script_memcheck(out, failure, timeout=120)
+    assert started is not None
+    evidence = started.result(timeout=120)
+    assert evidence.status == "found", evidence  # the stand-in ran the script, its asserts held
+    assert (out / ORIGINAL_LOG).read_text().startswith("========= Invalid __global__ read")
+    # not a memory fault on the GPU: nothing to start
+    cpu = Failure("localized", failure.error, fault, device="cpu", script=str(script))
+    assert start_script_memcheck(out, cpu, timeout=120) is None
+    other = Signature("RuntimeError", "aten::mm", None, "shape mismatch")
+    assert start_script_memcheck(out, Failure("localized", failure.error, other,
+                                              device="cuda:0", script=str(script)),
+                                 timeout=120) is None  # fmt: skip

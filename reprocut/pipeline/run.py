@@ -47,6 +47,7 @@ from reprocut.pipeline.request_repro import (
 from reprocut.pipeline.same_bug import (
     same_bug_after_verification,
     start_original_memcheck,
+    start_script_memcheck,
     stopped_note,
 )
 from reprocut.pipeline.settings import STANDBY_DEPTH, ShrinkSettings, limits_json
@@ -128,6 +129,10 @@ def shrink_recording(
             except BaseException:
                 oracle.close(wait=False)
                 raise
+        # a script reduction's original memcheck needs no candidate: it runs beside the reduction
+        script_memcheck = start_script_memcheck(
+            _out(run_dir, settings), failure, timeout=settings.timeout * 3
+        ) if source else None  # fmt: skip
         shrinking = Shrinking(
             run_dir, failure, inputs, environment, oracle, settings, phases, on_event, console,
             out=_out(run_dir, settings), source=source, log=log,
@@ -154,7 +159,7 @@ def shrink_recording(
             memcheck = start_memcheck(pool, repro, failure, timeout=settings.timeout * 3)
             original = start_original_memcheck(
                 pool, repro, failure, log, source=outcome.from_script, render=render_case,
-                inputs=inputs, timeout=settings.timeout * 3,
+                inputs=inputs, timeout=settings.timeout * 3, started=script_memcheck,
             )  # fmt: skip
             with phases.phase(VERIFY):
                 verification = verify(

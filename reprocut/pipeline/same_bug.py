@@ -13,6 +13,8 @@ plain runs compare its error code or type and kind, the shrinker's checks the op
 from __future__ import annotations
 
 import shutil
+import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -32,6 +34,7 @@ from reprocut.model.fingerprint import (
 )
 from reprocut.model.limits import MAX_CHECKS, MAX_TIME, SAFETY_CAP_HIT, TimeLimit
 from reprocut.model.recording import Failure
+from reprocut.model.signature import is_memory_error
 from reprocut.pipeline.cases import Outcome
 from reprocut.report.display.shrink import print_phase
 from reprocut.shrink.emitter import SIDECAR_NAME, count_statements
@@ -39,6 +42,41 @@ from reprocut.shrink.walkback import AcceptedLog, Render, WalkBack, install, wal
 
 ORIGINAL_LOG = "sanitizer-original.log"
 PLAIN_ONLY = "op: a plain run cannot see which op raised (the shrinker's checks compared it)"
+
+
+def start_script_memcheck(
+    out: Path, failure: Failure, *, timeout: float
+) -> Future[Evidence] | None:
+    """memcheck on the user's script, started as its reduction starts (None: not a memory fault
+    on the GPU, or no script). A script reduction's original is the script itself, known before
+    any candidate: its memcheck (the whole training run, the faulting kernel instrumented) then
+    runs beside the reduction instead of after it, where it was the last thing a CuPy shrink
+    waited for on the H200 (8-10 s after its verification)."""
+    script = Path(failure.script) if failure.script else None
+    if script is None or not script.is_file():
+        return None
+    if not (is_memory_error(failure.signature) and failure.device.startswith("cuda")):
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    return _in_daemon_thread(lambda: run_memcheck(
+        script.resolve(), timeout=timeout, kernel=failure.kernel, argv=list(failure.argv),
+        cwd=Path(failure.cwd or script.resolve().parent), log=out / ORIGINAL_LOG,
+    ))  # fmt: skip
+
+
+def _in_daemon_thread(work: Callable[[], Evidence]) -> Future[Evidence]:
+    """`work` on a daemon thread: a shrink that ends early (its original did not reproduce,
+    Ctrl-C) does not wait for a memcheck it no longer needs, as a pool's thread would make it."""
+    future: Future[Evidence] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work())
+        except BaseException as exc:  # the caller's .result() raises it
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="reprocut-original-memcheck", daemon=True).start()
+    return future
 
 
 def start_original_memcheck(
@@ -51,19 +89,20 @@ def start_original_memcheck(
     render: Render,
     inputs: dict[str, Any],
     timeout: float,
+    started: Future[Evidence] | None = None,
 ) -> Future[Evidence] | None:
-    """memcheck on the unshrunk failure, beside the verification (None: not a memory fault)."""
+    """memcheck on the unshrunk failure, beside the verification (None: not a memory fault).
+    `started`: the script's, begun with its reduction (start_script_memcheck)."""
     if not wants_evidence(repro, failure.signature):
         return None
-    log_file = repro.with_name(ORIGINAL_LOG)
+    if source and started is not None:
+        return started
     if source and failure.script and Path(failure.script).is_file():
-        script = Path(failure.script).resolve()
-        cwd = Path(failure.cwd or script.parent)
-        return pool.submit(run_memcheck, script, timeout=timeout, kernel=failure.kernel,
-                           argv=list(failure.argv), cwd=cwd, log=log_file)  # fmt: skip
+        return start_script_memcheck(repro.parent, failure, timeout=timeout)
     if not log.entries:
         return None
     first = log.script(log.entries[0], render, inputs)
+    log_file = repro.with_name(ORIGINAL_LOG)
     return pool.submit(run_memcheck, first, timeout=timeout, kernel=failure.kernel, log=log_file)
 
 
