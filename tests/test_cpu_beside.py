@@ -139,3 +139,35 @@ def test_case_checks_side_by_side_reach_the_one_at_a_time_repro(tmp_path: Path) 
     assert outcome.stopped == "fixed point"
     assert [spec.shape for _, spec in best.tensors()] == [(1, 1), (2, 1)]
     assert {spec.values for _, spec in best.tensors()} == {Generated("zeros")}
+
+
+def test_a_memory_faults_captured_call_goes_side_by_side_unless_its_tensors_are_large(
+    tmp_path: Path,
+) -> None:
+    """An access past a tensor faults in its own process, whatever the other slots hold: a
+    memory fault's checks go side by side (a Triton op's 68 checks took 266 s one at a time on
+    the H200), unless each slot would hold gigabytes; an out-of-memory never does."""
+    from dataclasses import replace
+
+    from reprocut.model.case import Signature
+    from reprocut.model.memory import MemoryReport
+    from reprocut.pipeline.case_checks import SIDE_BY_SIDE_BYTES, case_bytes, side_by_side
+
+    fault = Signature("AcceleratorError", None, 700, "an illegal memory access was encountered")
+    transposed = TensorSpec((8, 64, 1024, 16), stride=(1048576, 16, 1024, 1), device="cuda:0")
+    small = ReproCase("torch.ops.qknorm.rms_scale.default", (transposed, TensorSpec((16,))))
+    assert case_bytes(small) == (8 * 64 * 1024 * 16 + 16) * 4
+    large = ReproCase("torch.index_select", (TensorSpec((1 << 28,), device="cuda:0"),
+                                             TensorSpec((1 << 20,), dtype="int64")))  # fmt: skip
+    assert case_bytes(large) > SIDE_BY_SIDE_BYTES
+    failure = Failure("localized", ErrorInfo("AcceleratorError", fault.kind), fault,
+                      cases=(small,), device="cuda:0")  # fmt: skip
+    oracle = Oracle(timeout=60)
+    try:
+        assert side_by_side(oracle, failure, {}, fault, slots=4) is not None
+        assert side_by_side(oracle, replace(failure, cases=(large,)), {}, fault, slots=4) is None
+        oom = replace(failure, memory=MemoryReport(device="cuda:0", requested_bytes=1 << 34))
+        assert side_by_side(oracle, oom, {}, fault, slots=4) is None
+        assert side_by_side(oracle, failure, {}, fault, slots=1) is None
+    finally:
+        oracle.close()

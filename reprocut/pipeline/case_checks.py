@@ -7,8 +7,11 @@ reprocut.source.speculation.default_slots), and takes their verdicts in the pass
 the repro and the check count are those of one check at a time. Each slot's script is written
 in its own folder, its captured tensors' sidecar linked to the first folder's rather than
 written again; the plain-run confirmation (reprocut.check.agreement) comes in order, in
-`settle`. Not for memory at stake: an out-of-memory or a memory fault's check holds the user's
-inputs (up to gigabytes) on the GPU, and side by side they would share it.
+`settle`. Not for an out-of-memory (side by side, the checks would share the memory at stake),
+nor for a memory fault whose inputs are large (each slot holds its own copy on the GPU, up to
+gigabytes): a memory fault's call of up to SIDE_BY_SIDE_BYTES goes side by side (an access
+past a tensor faults in its own process's address space, whatever the others hold), which on
+the H200 was a Triton op's 68 checks one at a time, 266 s.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from reprocut.check.oracle import Oracle, Reproduced, Ticket, case_filename, emi
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.recording import Failure
 from reprocut.model.signature import is_memory_error
+from reprocut.model.tensors import to_dtype
 from reprocut.source.speculation import default_slots
+
+SIDE_BY_SIDE_BYTES = 1 << 30  # a memory fault's captured tensors, side by side up to this
 
 
 class OracleCaseChecks:
@@ -53,8 +59,23 @@ def side_by_side(
     slots: int | None = None,
 ) -> OracleCaseChecks | None:  # fmt: skip
     """The runner for this failure's case checks, or None (one at a time): forked checks,
-    more than one slot, no memory at stake."""
+    more than one slot, no out-of-memory, and a memory fault's tensors small enough to be held
+    once per slot."""
     slots = default_slots() if slots is None else slots
-    if not oracle.fork or slots < 2 or failure.memory is not None or is_memory_error(expected):
+    if not oracle.fork or slots < 2 or failure.memory is not None:
+        return None
+    if is_memory_error(expected) and not all(
+        case_bytes(case) <= SIDE_BY_SIDE_BYTES for case in failure.cases
+    ):
         return None
     return OracleCaseChecks(oracle, inputs, expected, slots)
+
+
+def case_bytes(case: ReproCase) -> int:
+    """The bytes a captured call's tensors take on the device: their storages (a view's whole
+    storage), a sparse tensor's parts."""
+    return sum(
+        part.storage_numel * to_dtype(part.dtype).itemsize
+        for _, spec in case.tensors()
+        for part in spec.parts or (spec,)
+    )
