@@ -306,6 +306,14 @@ def test_shrink_integers_bisects_to_a_threshold_in_logarithmic_checks():
     assert smaller_integers(1024) == [0, 1, 512, 768, 896, 960, 992, 1008, 1016, 1020, 1022, 1023]
     assert smaller_integers(600, low=512) == [556, 578, 589, 594, 597, 598, 599]
     assert smaller_integers(3, low=2) == [] and smaller_integers(1) == [0]
+    # four slots side by side: each round of four cuts the gap four ways, not in half, to the
+    # same threshold
+    assert reduce_with([shrink_integers], source, context=PassContext(ways=4)).startswith(
+        "n = 601\n"
+    )
+    assert smaller_integers(1024, ways=4)[:8] == [0, 1, 256, 512, 768, 832, 896, 960]
+    assert smaller_integers(600, low=512, ways=4) == [534, 556, 578, 583, 589, 594, 595, 597,
+                                                      598, 599]  # fmt: skip
 
 
 def test_shrink_integers_keeps_a_launchs_grid_and_block_at_one_or_more():

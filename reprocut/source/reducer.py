@@ -157,6 +157,7 @@ def _reduce(
         named_values=tuple(named_values),
         focus=focus,
         memory_fault=is_memory_error(expected),
+        ways=max(2, runner.slots),
     )
     check = partial(check_alone, runner)
     rules = validity_rules(expected, script_path, context.search_dirs, focus)

@@ -54,6 +54,8 @@ class PassContext:
     focus: str | None = None  # the failing source line's text (its call is tried first)
     # the failure is a memory fault: what reaches the failing call is not swapped for `0`
     memory_fault: bool = False
+    # candidates checked side by side: a search over an integer cuts its gap this many ways
+    ways: int = 2
 
 
 STATEMENT = (
