@@ -7,6 +7,7 @@ in the oracle's processes walks back to an earlier one that verifies."""
 from __future__ import annotations
 
 import io
+import itertools
 import subprocess
 import sys
 import time
@@ -403,3 +404,33 @@ def test_a_plain_run_that_would_go_past_the_bound_at_the_mean_so_far_is_not_star
         moved = fails.replace("zeros(10, 4)", 'zeros(10, 4, device="cpu")')  # a new fingerprint
         assert bounded(moved, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
         assert bounded.runs == 1
+
+
+@pytest.mark.parametrize("ways", [2, 4])
+@pytest.mark.parametrize("last_good", [0, 1, 7, 18, 28])
+def test_the_walk_back_finds_the_latest_candidate_that_reproduces_probing_each_once(
+    tmp_path: Path, ways: int, last_good: int
+) -> None:
+    """Candidates 0..last_good reproduce, later ones do not (the 30th, the final, is known not
+    to): the search settles on last_good, probes no candidate twice, and cut four ways (probes
+    side by side, on a machine with cores to spare) takes fewer rounds than a bisection."""
+    log = AcceptedLog(tmp_path / "accepted")
+    for index in range(30):
+        log.add_code(f"index = {index}\n")
+    probed: list[int] = []
+    rounds: list[float] = []
+
+    def reproduces(script: Path) -> bool:
+        index = int(script.read_text().split("=")[1])
+        probed.append(index)
+        rounds.append(time.monotonic())
+        time.sleep(0.05)  # the probes of one round overlap
+        return index <= last_good
+
+    walked = walk_back(log, reproduces=reproduces, verifies=lambda script: True, ways=ways)
+    assert walked.chosen is not None and walked.chosen.index == last_good
+    assert len(probed) == len(set(probed)) == walked.probes
+    assert walked.probes <= (2 + (29).bit_length() if ways == 2 else 3 * 4)
+    starts = sorted(rounds)  # the probes of one round start together
+    groups = 1 + sum(1 for a, b in itertools.pairwise(starts) if b - a > 0.03)
+    assert groups == walked.probes if ways == 2 else groups <= 4

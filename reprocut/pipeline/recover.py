@@ -36,6 +36,7 @@ from reprocut.shrink.walkback import (
     renderer,
     walk_back,
 )
+from reprocut.source.speculation import default_slots
 
 
 def agree(
@@ -113,9 +114,8 @@ def walk_back_outcome(
         seen[script] = verify(script, failure.signature, runs=runs, timeout=timeout)
         return seen[script].exit_code == ExitCode.OK
 
-    walked = walk_back(
-        log, reproduces=reproduces, verifies=verifies, render=renderer(header), inputs=inputs
-    )
+    walked = walk_back(log, reproduces=reproduces, verifies=verifies, render=renderer(header),
+                       inputs=inputs, ways=default_slots())  # fmt: skip
     walked = replace(walked, refused=_refused(outcome.code, verification, failure, out))
     if walked.chosen is None:
         return outcome, verification, walked

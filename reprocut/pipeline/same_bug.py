@@ -39,6 +39,7 @@ from reprocut.pipeline.cases import Outcome
 from reprocut.report.display.shrink import print_phase
 from reprocut.shrink.emitter import SIDECAR_NAME, count_statements
 from reprocut.shrink.walkback import AcceptedLog, Render, WalkBack, install, walk_back
+from reprocut.source.speculation import default_slots
 
 ORIGINAL_LOG = "sanitizer-original.log"
 PLAIN_ONLY = "op: a plain run cannot see which op raised (the shrinker's checks compared it)"
@@ -159,7 +160,8 @@ def walk_back_to_fingerprint(
         seen[script] = verify(script, failure.signature, runs=runs, timeout=timeout)
         return seen[script].exit_code == ExitCode.OK
 
-    walked = walk_back(log, reproduces=matches, verifies=verifies, render=render, inputs=inputs)
+    walked = walk_back(log, reproduces=matches, verifies=verifies, render=render, inputs=inputs,
+                       ways=default_slots())  # fmt: skip
     if walked.chosen is None:
         return outcome, None, walked
     code = install(walked.chosen, out)

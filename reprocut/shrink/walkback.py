@@ -5,15 +5,17 @@ output's `accepted/` folder as the script it would be: 0000.py is the unshrunk s
 file the final repro (`AcceptedLog`, fed by the shrink's own events). When the final repro.py
 does not verify under plain runs, `walk_back` looks through that list for the latest, that is
 smallest, candidate that does: the unshrunk one first (if it fails too, there is nothing to walk
-back to), then a binary search between the last candidate known to reproduce and the first known
-not to, one plain run a probe; the candidate it settles on then gets the full verification, and
-one that proves flaky moves the search back again.
+back to), then a search between the last candidate known to reproduce and the first known not to, one
+plain run a probe (a bisection, or on a machine with cores to spare several probes side by
+side); the candidate it settles on then gets the full verification, and one that proves flaky
+moves the search back again.
 """
 
 from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,36 +144,46 @@ def walk_back(
     render: Render | None = None,
     inputs: Mapping[str, Any] | None = None,
     final_failed: bool = True,
+    ways: int = 2,
 ) -> WalkBack:
     """The latest accepted candidate that verifies (see the module docstring). `reproduces`:
     one plain run fails with the signature; `verifies`: the full verification passes (the
     caller runs them: check/verify.py). `render`, `inputs`: for case candidates, their script
-    and captured tensors. `final_failed`: the last entry is known not to verify."""
+    and captured tensors. `final_failed`: the last entry is known not to verify. `ways`: the
+    search cuts the span between the last candidate known to reproduce and the first known not
+    to that many ways, probing the cuts side by side (2: a bisection, one probe at a time);
+    no candidate is probed twice."""
     entries = log.entries
-    probes = 0
+    seen: dict[int, bool] = {}
 
-    def probe(entry: Entry) -> bool:
-        nonlocal probes
-        probes += 1
-        return reproduces(log.script(entry, render, inputs or {}))
+    def probe_all(indices: list[int]) -> None:
+        wanted = [i for i in indices if i not in seen]
+        if len(wanted) == 1 or ways <= 2:
+            for i in wanted:
+                seen[i] = reproduces(log.script(entries[i], render, inputs or {}))
+            return
+        scripts = [log.script(entries[i], render, inputs or {}) for i in wanted]
+        with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
+            seen.update(zip(wanted, pool.map(reproduces, scripts), strict=True))
 
     if len(entries) < 2:
-        return WalkBack(None, probes, len(entries), "no earlier candidate was accepted")
+        return WalkBack(None, 0, len(entries), "no earlier candidate was accepted")
     bad = len(entries) - 1 if final_failed else len(entries)
     while bad > 0:
-        if not probe(entries[0]):
-            return WalkBack(None, probes, len(entries), "the unshrunk candidate does not verify")
+        probe_all([0])
+        if not seen[0]:
+            return WalkBack(None, len(seen), len(entries), "the unshrunk candidate does not verify")
         good = 0
         while bad - good > 1:
-            middle = (good + bad) // 2
-            if probe(entries[middle]):
-                good = middle
-            else:
-                bad = middle
+            cuts = sorted({good + (bad - good) * k // max(2, ways) for k in range(1, max(2, ways))}
+                          - {good})  # fmt: skip
+            probe_all(cuts)
+            good = max([good, *(i for i in cuts if seen[i])])
+            bad = min([bad, *(i for i in cuts if i > good and not seen[i])])
         if verifies(log.script(entries[good], render, inputs or {})):
-            return WalkBack(entries[good], probes, len(entries), "verified")
+            return WalkBack(entries[good], len(seen), len(entries), "verified")
         bad = good  # flaky: look further back
-    return WalkBack(None, probes, len(entries), "no accepted candidate verifies")
+    return WalkBack(None, len(seen), len(entries), "no accepted candidate verifies")
 
 
 def renderer(header: Header) -> Render:
