@@ -458,3 +458,34 @@ def test_a_captured_call_that_does_not_reproduce_says_why_before_the_script_is_r
     assert f"> {reason} (the script was reduced instead)" in shrunk.report
     found = run_repro(shrunk.repro)
     assert found is not None and found.error_type == "ZeroDivisionError"
+
+
+def test_the_fork_server_imports_what_a_custom_ops_definitions_import(tmp_path: Path) -> None:
+    """The definitions' installed packages (rich here, triton on the GPU) and the torch.library
+    machinery are imported once by the fork server, not by every check of the captured call;
+    the user's own modules never are."""
+    from reprocut.check.oracle import Oracle, Passed
+    from reprocut.model.recording import ErrorInfo, Failure
+    from reprocut.pipeline.run import preload_definitions
+
+    (tmp_path / "helpers.py").write_text("SCALE = 2\n")
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n")
+    definitions = (
+        "import rich.text\nimport torch\nimport helpers\n\n"
+        '@torch.library.custom_op("demo::twice", mutates_args=())\n'
+        "def twice(x: torch.Tensor) -> torch.Tensor:\n"
+        "    return x * helpers.SCALE if rich.text else x\n"
+    )
+    signature = Signature("IndexError", "demo::twice", None, "index 9 is out of bounds")
+    case = ReproCase("torch.ops.demo.twice.default", (), definitions=definitions)
+    failure = Failure("localized", ErrorInfo("IndexError", signature.kind), signature,
+                      cases=(case,), script=str(script), cwd=str(tmp_path))  # fmt: skip
+    with Oracle(timeout=60) as oracle:
+        preload_definitions(oracle, failure)
+        wanted = ("rich.text", "helpers", "torch._dynamo")
+        probe = f"import sys\nprint(sorted(m for m in {wanted!r} if m in sys.modules))\n"
+        verdict = oracle.check_source(probe, filename=str(tmp_path / "c.py"), cwd=tmp_path)
+        assert isinstance(verdict, Passed), verdict
+        assert verdict.stdout.strip() == "['rich.text', 'torch._dynamo']"
+        assert oracle.preloaded is not None and "helpers" not in oracle.preloaded["loaded"]

@@ -26,10 +26,12 @@ def candidate_path(script_path: Path, slot: int = 0) -> Path:
 
 
 def preload_imports(
-    oracle: Any, script_path: Path, cwd: Path, argv: Sequence[str]
+    oracle: Any, script_path: Path, cwd: Path, argv: Sequence[str], also: Sequence[Path] = ()
 ) -> PreloadChoice:
-    """Have the oracle's fork server import the script's installed packages ahead."""
-    choice = choose_preloads(script_path, tuple(dict.fromkeys((script_path.parent, cwd))))
+    """Have the oracle's fork server import the script's installed packages ahead. `also`:
+    more folders whose modules are the user's own (never preloaded)."""
+    dirs = tuple(dict.fromkeys((script_path.parent, cwd, *also)))
+    choice = choose_preloads(script_path, dirs)
     if choice.preloads and getattr(oracle, "fork", False):
         oracle.preload([p.to_json() for p in choice.preloads], filename=str(script_path),
                        cwd=str(cwd), argv=list(argv))  # fmt: skip
