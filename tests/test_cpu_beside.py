@@ -136,7 +136,7 @@ def test_case_checks_side_by_side_reach_the_one_at_a_time_repro(tmp_path: Path) 
         )  # fmt: skip
         assert (oracle.workdir / "slots" / "1").is_dir()  # the second slot's folder was used
     best = ReproCase.loads((tmp_path / BEST_FILE).read_text())
-    assert outcome.stopped == "fixed point"
+    assert outcome.stopped == "fixed point" and outcome.slots == 2  # (shrink's JSON: "slots")
     assert [spec.shape for _, spec in best.tensors()] == [(1, 1), (2, 1)]
     assert {spec.values for _, spec in best.tensors()} == {Generated("zeros")}
 

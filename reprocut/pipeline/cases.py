@@ -54,6 +54,7 @@ class Outcome:
     stopped: str = ""  # what ended the shrink: "fixed point", or the limit that stopped it
     cpu_checked_beside: bool = False  # the CPU answer came from a check beside the shrink
     declined: str = ""  # not reproduced from the capture: what the captured call did instead
+    slots: int = 1  # candidates checked side by side
 
 
 def _expected(case: ReproCase, failure: Failure) -> Signature:
@@ -148,10 +149,11 @@ def shrink_case(
         atomic_write(out / BEST_FILE, best.dumps())
         atomic_write(out / "repro.py", write_case(best, inputs, out, header).code)
 
+    runner = side_by_side(oracle, failure, inputs, expected, slots)
     shrinker = Shrinker(
         case,
         predicate,
-        runner=side_by_side(oracle, failure, inputs, expected, slots),
+        runner=runner,
         passes=PASSES,
         inputs=inputs,
         max_checks=max_checks,
@@ -199,6 +201,7 @@ def shrink_case(
         cpu_message=cpu_message,
         stopped=shrinker.stopped,
         cpu_checked_beside=answered is not None,
+        slots=1 if runner is None else runner.slots,
     )
 
 

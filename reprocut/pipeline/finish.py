@@ -71,6 +71,7 @@ def result_json(
         "statements": outcome.statements,
         "tensor_elements": outcome.tensor_elements,
         "checks": outcome.checks,
+        "slots": outcome.slots,  # candidates checked side by side
         "seconds": round(seconds, 3),
         "signature": {
             "error_type": signature.error_type,

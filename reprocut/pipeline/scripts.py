@@ -63,4 +63,5 @@ def shrink_source(
         passes=tuple((name, count) for name, count in result.accepted if count),
         from_script=True,
         stopped=result.stopped,
+        slots=result.parallel,
     )
