@@ -1,14 +1,13 @@
 """compute-sanitizer (memcheck):
   Invalid __global__ read of size 16 bytes in cmvn_vec4
-  thread (32,0,0) in block (0,0,0): reads 16 B 5.1 KiB into the 6.8 KiB storage of `x` (misaligned)
+  thread (0,0,0) in block (0,0,0): reads 16 B 0 B into the 2.2 KiB storage of `args[0]` (misaligned)
   host: __pyx_f_13cupy_backends_4cuda_3api_6driver_launchKernel < __pyx_f_4cupy_4cuda_8function__launch < __pyx_pw_4cupy_4cuda_8function_8Function_3__call__ < __pyx_pw_4cupy_5_core_3raw_9RawKernel_5__call__
-  at least 20 errors (memcheck stopped after printing them)
+  4 error(s) in all
 """
 
 import torch
 
 import cupy
-import numpy as np
 
 torch.manual_seed(0)
 
@@ -29,12 +28,8 @@ extern "C" __global__ void cmvn_vec4(const float* __restrict__ x, float* __restr
 }
 """
 _KERNEL = cupy.RawKernel(_SOURCE, "cmvn_vec4")
-x = torch.randn((1742,), dtype=torch.float32, device='cuda:0').as_strided((572,), (1,), 1170)
-mean, std = x.mean().item(), x.std().item()
-out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-n = x.numel()
-threads = 256
-blocks = (n // 4 + 4 + threads - 1) // threads
-args = (cupy.asarray(x), cupy.asarray(out), np.float32(mean), np.float32(1 / std), np.int32(n))
-_KERNEL((blocks,), (threads,), args)
+mean = torch.randn((1742,)).as_strided((572,), (1,)).mean().item()
+out = torch.randn((1742,)).as_strided((572,), (1,)).shape
+args = (cupy.asarray(torch.randn((1742,), device='cuda:0').as_strided((572,), (1,), 1170)), cupy.asarray(out), mean, 0, 4)
+_KERNEL((1,), (1,), args)
 torch.cuda.synchronize()
