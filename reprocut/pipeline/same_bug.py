@@ -4,9 +4,10 @@ to the last accepted candidate whose fingerprint matches when it is not.
 For a memory fault the original's fingerprint comes from memcheck on the unshrunk failure: the
 user's script itself for a script reduction (only the faulting kernel instrumented when record
 knows its name, so the steps before it run at nearly full speed), the captured call as recorded
-(accepted/0000.py) for an op-level shrink. It runs beside the repro's own memcheck and the plain
-verification runs, so it costs no wall time unless it is the slowest of them; and no candidate
-can have slid to another bug in it. Other classes keep their signature as the fingerprint: the
+(accepted/0000.py) for an op-level shrink. The script's starts with its reduction (it needs no
+candidate), the captured call's beside the repro's own memcheck and the plain verification
+runs, so neither costs wall time unless it is the slowest of what runs beside it; and no
+candidate can have slid to another bug in it. Other classes keep their signature as the fingerprint: the
 plain runs compare its error code or type and kind, the shrinker's checks the op.
 """
 
