@@ -610,6 +610,21 @@ def test_facts_of_literal_tensors_fold_to_literals():
         raise ValueError("bad")
     """)
     assert list(candidates(fold_tensor_facts, kept, PassContext())) == []
+    # a whole shape, as a tuple: `n_bags, bag = torch.randint(...).shape` (an H200 CuPy repro)
+    shapes = code("""
+        import torch
+        n_bags, bag = torch.randint(53, 1098525229974, (256, 7)).shape
+        m = torch.zeros(3, 4).size()
+        raise ValueError("bad")
+    """)
+    folds = list(candidates(fold_tensor_facts, shapes, PassContext()))
+    assert folds[0] == code("""
+        import torch
+        n_bags, bag = (256, 7)
+        m = (3, 4)
+        raise ValueError("bad")
+    """)
+    assert len(folds) == 3 and all(sort_key(f) < sort_key(shapes) for f in folds)
 
 
 MEMORY_FAULT_LAUNCH = code("""

@@ -50,13 +50,18 @@ class _Measure:
         elif isinstance(node, cst.BaseSmallStatement):
             self.small += 1
         if isinstance(node, cst.BaseExpression | cst.Arg):
-            # a fact of a literal tensor (`torch.randn(4, 8).numel()`) is the tensor and a
-            # computation: more than the literal it folds to (passes.tensor_facts)
-            self.nodes += 2 if folded(node) is not None else 1
+            # a fact of a literal tensor (`torch.randn(4, 8).numel()`, `.size()`) is the tensor
+            # and a computation: more than the literal it folds to (passes.tensor_facts)
+            literal = folded(node)
+            self.nodes += 1 if literal is None else 1 + _expressions(literal)
         if isinstance(node, cst.Name):
             self.names += 1
         elif isinstance(node, cst.Integer):
             self.integers += integer_value(node)
+
+
+def _expressions(node: cst.CSTNode) -> int:
+    return sum(1 for part in walk(node) if isinstance(part, cst.BaseExpression))
 
 
 def _literal_tensor(node: cst.CSTNode) -> bool:

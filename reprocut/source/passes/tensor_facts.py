@@ -17,6 +17,7 @@ from typing import Any
 
 import libcst as cst
 
+from reprocut.source.passes.specs import literal
 from reprocut.source.passes.tree import Options, PassContext, dotted, is_constant, parse, transform
 
 # factories whose shape is their positional integers, or one tuple or list of them
@@ -84,7 +85,8 @@ def literal_shape(node: cst.BaseExpression) -> tuple[int, ...] | None:
 
 def folded(node: cst.CSTNode) -> cst.BaseExpression | None:
     """The literal a fact of a literal tensor comes to: `T.numel()`, `T.dim()`, `T.size(k)`,
-    `T.shape[k]`, `T.ndim`, `len(T)` (None: `node` is none of these)."""
+    `T.shape[k]`, `T.ndim`, `len(T)`, and its whole shape `T.shape`, `T.size()` as a tuple
+    (None: `node` is none of these)."""
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
         shape = literal_shape(node.func.value)
         method, args = node.func.attr.value, _positional(node)
@@ -96,13 +98,17 @@ def folded(node: cst.CSTNode) -> cst.BaseExpression | None:
             return cst.Integer(str(len(shape)))
         if method == "size" and len(args) == 1:
             return _dimension(shape, _integer(args[0]))
+        if method == "size" and not args:
+            return literal(shape)
         return None
     if isinstance(node, cst.Call) and dotted(node.func) == "len" and len(node.args) == 1:
         shape = literal_shape(node.args[0].value)
         return _dimension(shape, 0) if shape else None
-    if isinstance(node, cst.Attribute) and node.attr.value == "ndim":
+    if isinstance(node, cst.Attribute) and node.attr.value in ("ndim", "shape"):
         shape = literal_shape(node.value)
-        return None if shape is None else cst.Integer(str(len(shape)))
+        if shape is None:
+            return None
+        return cst.Integer(str(len(shape))) if node.attr.value == "ndim" else literal(shape)
     if isinstance(node, cst.Subscript) and len(node.slice) == 1:
         value, index = node.value, node.slice[0].slice
         if not (isinstance(value, cst.Attribute) and value.attr.value == "shape"):
