@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reprocut.model.case import Generated, Literal, ReproCase, TensorSpec
-from reprocut.shrink.passes import PASSES
-from reprocut.shrink.shrinker import Shrinker, sort_key
+from reprocut.shrink.passes import PASSES, shrink_dimensions
+from reprocut.shrink.shrinker import Shrinker, ShrinkEvent, sort_key
 
 DTYPES = st.sampled_from(["float32", "float16", "float64", "int64", "int32"])
 
@@ -179,3 +180,25 @@ def test_checking_alternatives_side_by_side_gives_the_one_at_a_time_result(case,
         trails.append(trail)
     assert results[0] == results[1]
     assert trails[0] == trails[1]  # the same checks, accepted in the same order
+
+
+@pytest.mark.parametrize("threshold", [1, 3, 1000, 3000, 4095])
+def test_a_dimension_searched_four_ways_a_round_reaches_the_same_smallest_size(threshold) -> None:
+    """A memory fault's captured call checks for seconds (on the H200 a triton_op's 129
+    checks took 350 s): with four slots a dimension's span is cut four ways a round, the cuts
+    checked side by side, and the search ends at the same smallest size that still fails as
+    halving and walking down by one, one check at a time, in fewer rounds."""
+    case = ReproCase("torch.gather", (TensorSpec((4096,), values=Generated("randn")),))
+
+    def holds(candidate: ReproCase) -> bool:
+        return candidate.total_numel() >= threshold
+
+    results = {}
+    for ways, runner in ((1, None), (4, ThreadedChecks(holds, 4))):
+        steps: list[ShrinkEvent] = []
+        shrinker = Shrinker(case, holds, passes=[shrink_dimensions], runner=runner, ways=ways,
+                            on_event=steps.append)  # fmt: skip
+        best = shrinker.run()
+        results[ways] = (best.total_numel(), sum(1 for e in steps if e.kind == "accepted"))
+    assert results[1][0] == results[4][0] == threshold
+    assert results[4][1] <= results[1][1]  # accepted steps, each a round: at most as many

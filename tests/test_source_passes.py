@@ -35,10 +35,10 @@ from reprocut.source.passes import (
     strip_comments,
     unwrap_blocks,
 )
-from reprocut.source.passes.expressions import smaller_integers
 from reprocut.source.passes.specs import seeded
 from reprocut.source.passes.tree import focus_calls, names_reaching
 from reprocut.source.size import sort_key
+from reprocut.source.speculation import smaller_integers
 
 VALUE_ERROR = Signature("ValueError", None, None, "bad")
 

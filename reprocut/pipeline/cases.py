@@ -19,6 +19,7 @@ from reprocut.check.precision import float64_behaviour
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.errors import ExitCode, ReprocutError
 from reprocut.model.recording import Failure, atomic_write
+from reprocut.model.signature import is_memory_error
 from reprocut.pipeline.case_checks import side_by_side
 from reprocut.pipeline.cpu_check import CpuBeside, all_on_cpu, cpu_behaviour
 from reprocut.pipeline.declined import captured_call_declined
@@ -154,6 +155,8 @@ def shrink_case(
         case,
         predicate,
         runner=runner,
+        # a memory fault's checks take seconds: its dimensions are searched a round of slots at a time
+        ways=runner.slots if runner is not None and is_memory_error(expected) else 1,
         passes=PASSES,
         inputs=inputs,
         max_checks=max_checks,

@@ -109,9 +109,12 @@ class Shrinker:
         on_accept: Callable[[ReproCase], None] | None = None,
         cpu_visible: bool = False,
         runner: CaseChecks | None = None,
+        ways: int = 1,
     ) -> None:
         """`runner`: checks a pass's alternatives side by side (`consider_first`); its verdicts
-        are taken in order, so best and checks are those of one check at a time."""
+        are taken in order, so best and checks are those of one check at a time. `ways`: a
+        dimension's search cuts its span this many ways a round, the cuts checked side by side
+        (1: to 1, halving, then by one, as one check at a time would)."""
         self.best = initial
         self.predicate = predicate
         self.passes = list(passes)
@@ -129,6 +132,7 @@ class Shrinker:
         self._seen: set[ReproCase] = set()
         self._started = time.monotonic()
         self.runner = runner
+        self.ways = ways
         self._speculation: Speculation | None = None
 
     def consider(self, candidate: ReproCase) -> bool:
