@@ -7,6 +7,7 @@ import math
 import torch
 
 from reprocut.model.case import Captured, Generated, Literal, ReproCase, TensorSpec
+from reprocut.shrink.case_edits import slice_values
 from reprocut.shrink.passes import (
     cut_index_to_offender,
     drop_optional_kwargs,
@@ -17,7 +18,6 @@ from reprocut.shrink.passes import (
     replace_values_with_generator,
     shrink_dimensions,
     simplify_dtype,
-    slice_values,
     zero_storage_offset,
 )
 from reprocut.shrink.shrinker import Shrinker, find_integer, shrink

@@ -23,63 +23,17 @@ from reprocut.model.case import (
     TensorSpec,
 )
 from reprocut.model.nonfinite import offending
-from reprocut.shrink.shrinker import Shrinker, find_integer, keep_chunks, known_values
+from reprocut.shrink.case_edits import (
+    Path,
+    flat_values,
+    linked_dims,
+    spec_at,
+    with_dim,
+    with_dims,
+)
+from reprocut.shrink.shrinker import Shrinker, find_integer, keep_chunks
 from reprocut.shrink.sparse_passes import SPARSE_PASSES
 from reprocut.source.speculation import smaller_integers
-
-Path = tuple[Any, ...]
-
-
-# --- helpers on cases ------------------------------------------------------------------------
-
-
-def flat_values(shrinker: Shrinker, spec: TensorSpec) -> list[Any] | None:
-    """Row-major values of a tensor whose values are known (Literal, or Captured and loaded).
-    None for a sparse tensor: its data are its parts (sparse_passes.py cuts those)."""
-    return None if spec.is_sparse else known_values(shrinker, spec)
-
-
-def slice_values(values: Sequence[Any], shape: tuple[int, ...], dim: int, new: int) -> list[Any]:
-    """Row-major values of the tensor cut to its first `new` entries along `dim`."""
-    inner = math.prod(shape[dim + 1 :])
-    outer = math.prod(shape[:dim])
-    size = shape[dim]
-    kept: list[Any] = []
-    for o in range(outer):
-        start = o * size * inner
-        kept.extend(values[start : start + new * inner])
-    return kept
-
-
-def with_dim(shrinker: Shrinker, case: ReproCase, path: Path, dim: int, new: int) -> ReproCase:
-    """`case` with dimension `dim` of the tensor at `path` cut to `new` (values sliced)."""
-    spec = case.get(path)
-    assert isinstance(spec, TensorSpec)
-    shape = (*spec.shape[:dim], new, *spec.shape[dim + 1 :])
-    values = spec.values
-    known = flat_values(shrinker, spec)
-    if known is not None:
-        values = Literal(tuple(slice_values(known, spec.shape, dim, new)))
-    return case.with_arg(path, replace(spec, shape=shape, values=values))
-
-
-def linked_dims(case: ReproCase, size: int, skip: Path | None = None) -> list[tuple[Path, int]]:
-    """Every (tensor, dim) of `case` whose size equals `size`: dims that probably must agree."""
-    return [
-        (path, dim)
-        for path, spec in case.tensors()
-        if path != skip
-        for dim, extent in enumerate(spec.shape)
-        if extent == size
-    ]
-
-
-def with_dims(
-    shrinker: Shrinker, case: ReproCase, dims: list[tuple[Path, int]], new: int
-) -> ReproCase:
-    for path, dim in dims:
-        case = with_dim(shrinker, case, path, dim, new)
-    return case
 
 
 def op_name(case: ReproCase) -> str:
@@ -126,19 +80,11 @@ def shrink_dimensions(shrinker: Shrinker) -> None:
     for path in paths:
         dim = 0
         while True:
-            spec = _spec_at(shrinker.best, path)
+            spec = spec_at(shrinker.best, path)
             if spec is None or dim >= len(spec.shape):
                 break
             _shrink_one_dimension(shrinker, path, dim)
             dim += 1
-
-
-def _spec_at(case: ReproCase, path: Path) -> TensorSpec | None:
-    try:
-        spec = case.get(path)
-    except (IndexError, KeyError, AssertionError):
-        return None
-    return spec if isinstance(spec, TensorSpec) else None
 
 
 def _try_size(shrinker: Shrinker, path: Path, dim: int, new: int) -> bool:
@@ -148,7 +94,7 @@ def _try_size(shrinker: Shrinker, path: Path, dim: int, new: int) -> bool:
 def _sized(shrinker: Shrinker, path: Path, dim: int, new: int) -> list[ReproCase]:
     """The candidates with `path`'s dimension `dim` cut to `new`: in every tensor that shares
     its size, in the others that do, or alone."""
-    spec = _spec_at(shrinker.best, path)
+    spec = spec_at(shrinker.best, path)
     if spec is None or dim >= len(spec.shape) or not 1 <= new < spec.shape[dim]:
         return []
     size = spec.shape[dim]
@@ -171,14 +117,14 @@ def _shrink_one_dimension(shrinker: Shrinker, path: Path, dim: int) -> None:
     if _try_size(shrinker, path, dim, 1):
         return
     while True:
-        spec = _spec_at(shrinker.best, path)
+        spec = spec_at(shrinker.best, path)
         if (
             spec is None
             or spec.shape[dim] < 4
             or not _try_size(shrinker, path, dim, spec.shape[dim] // 2)
         ):
             break
-    spec = _spec_at(shrinker.best, path)
+    spec = spec_at(shrinker.best, path)
     if spec is None:
         return
     size = spec.shape[dim]
@@ -193,7 +139,7 @@ def _search_dimension(shrinker: Shrinker, path: Path, dim: int) -> None:
     seconds each on the H200 (a triton_op's 129 checks, 350 s)."""
     low = 0  # the largest size known not to fail
     while True:
-        spec = _spec_at(shrinker.best, path)
+        spec = spec_at(shrinker.best, path)
         if spec is None or dim >= len(spec.shape):
             return
         size = spec.shape[dim]
@@ -201,7 +147,7 @@ def _search_dimension(shrinker: Shrinker, path: Path, dim: int) -> None:
         candidates = [(new, case) for new in sizes for case in _sized(shrinker, path, dim, new)]
         if not shrinker.consider_first([case for _, case in candidates]):
             return
-        accepted = _spec_at(shrinker.best, path)
+        accepted = spec_at(shrinker.best, path)
         if accepted is None or dim >= len(accepted.shape):
             return
         low = max([low, *(new for new in sizes if new < accepted.shape[dim])])
@@ -322,7 +268,7 @@ def _with_kept(
 
 def _try_keep(shrinker: Shrinker, path: Path, *keeps: Sequence[int]) -> bool:
     """Keep the elements of the first of `keeps` that still fails (side by side if it can)."""
-    spec = _spec_at(shrinker.best, path)
+    spec = spec_at(shrinker.best, path)
     kept = [k for k in keeps if spec is not None and k and len(k) < spec.numel]
     return shrinker.consider_first([c for k in kept for c in _with_kept(shrinker, shrinker.best, path, k)])  # fmt: skip
 
@@ -332,7 +278,7 @@ def cut_index_to_offender(shrinker: Shrinker) -> None:
     NaN probabilities), then only the first of them; where no rule knows the range, try the
     extreme values alone, then bisect."""
     for path, _ in list(shrinker.best.tensors()):
-        spec = _spec_at(shrinker.best, path)
+        spec = spec_at(shrinker.best, path)
         if spec is None or spec.numel <= 1:
             continue
         values = flat_values(shrinker, spec)
@@ -354,7 +300,7 @@ def _bisect_elements(shrinker: Shrinker, path: Path, max_chunks: int = 8) -> Non
     shrink_dimensions still cuts a tensor whose failure needs many scattered elements."""
 
     def count() -> int | None:
-        spec = _spec_at(shrinker.best, path)
+        spec = spec_at(shrinker.best, path)
         if spec is None or spec.numel <= 1 or flat_values(shrinker, spec) is None:
             return None
         return spec.numel
@@ -378,7 +324,7 @@ def replace_values_with_generator(shrinker: Shrinker) -> None:
     repro should show the bad value, not a generator that happens to trip the same check.
     """
     for path, _ in list(shrinker.best.tensors()):
-        current = _spec_at(shrinker.best, path)
+        current = spec_at(shrinker.best, path)
         if current is None or current.is_sparse:
             continue  # a sparse tensor's values are its parts': generate_sparse_values
         known = flat_values(shrinker, current)
@@ -408,7 +354,7 @@ def _convert_values(values: Any, dtype: str) -> Any:
 def simplify_dtype(shrinker: Shrinker) -> None:
     """Each tensor to a simpler dtype of the same family (float16 -> float32, int32 -> int64)."""
     for path, _ in list(shrinker.best.tensors()):
-        spec = _spec_at(shrinker.best, path)
+        spec = spec_at(shrinker.best, path)
         if spec is None:
             continue
         family = (
@@ -434,14 +380,14 @@ def simplify_dtype(shrinker: Shrinker) -> None:
 def make_contiguous(shrinker: Shrinker) -> None:
     """Drop a tensor's explicit strides (values are row-major, so they carry over)."""
     for path, _ in list(shrinker.best.tensors()):
-        spec = _spec_at(shrinker.best, path)
+        spec = spec_at(shrinker.best, path)
         if spec is not None and not spec.is_contiguous:
             shrinker.consider(shrinker.best.with_arg(path, replace(spec, stride=None)))
 
 
 def zero_storage_offset(shrinker: Shrinker) -> None:
     for path, _ in list(shrinker.best.tensors()):
-        spec = _spec_at(shrinker.best, path)
+        spec = spec_at(shrinker.best, path)
         if spec is not None and spec.storage_offset:
             shrinker.consider(shrinker.best.with_arg(path, replace(spec, storage_offset=0)))
 
@@ -449,7 +395,7 @@ def zero_storage_offset(shrinker: Shrinker) -> None:
 def drop_requires_grad(shrinker: Shrinker) -> None:
     """A forward-only failure does not need autograd on its inputs."""
     for path, _ in list(shrinker.best.tensors()):
-        spec = _spec_at(shrinker.best, path)
+        spec = spec_at(shrinker.best, path)
         if spec is not None and spec.requires_grad:
             shrinker.consider(shrinker.best.with_arg(path, replace(spec, requires_grad=False)))
 
