@@ -144,8 +144,9 @@ def _search_dimension(shrinker: Shrinker, path: Path, dim: int) -> None:
             return
         size = spec.shape[dim]
         sizes = smaller_integers(size, low, shrinker.ways)
-        candidates = [(new, case) for new in sizes for case in _sized(shrinker, path, dim, new)]
-        if not shrinker.consider_first([case for _, case in candidates]):
+        if not shrinker.consider_first(
+            [c for new in sizes for c in _sized(shrinker, path, dim, new)]
+        ):
             return
         accepted = spec_at(shrinker.best, path)
         if accepted is None or dim >= len(accepted.shape):

@@ -23,6 +23,7 @@ from typing import Any
 from reprocut.model.case import ReproCase
 from reprocut.shrink.emitter import SIDECAR_NAME, emit, inline_captured
 from reprocut.shrink.header import Header
+from reprocut.source.speculation import span_cuts
 
 ACCEPTED_DIR = "accepted"
 # render(case, inputs) -> (repro.py text, captured keys it loads from the sidecar)
@@ -175,8 +176,7 @@ def walk_back(
             return WalkBack(None, len(seen), len(entries), "the unshrunk candidate does not verify")
         good = 0
         while bad - good > 1:
-            cuts = sorted({good + (bad - good) * k // max(2, ways) for k in range(1, max(2, ways))}
-                          - {good})  # fmt: skip
+            cuts = span_cuts(good, bad, ways)
             probe_all(cuts)
             good = max([good, *(i for i in cuts if seen[i])])
             bad = min([bad, *(i for i in cuts if i > good and not seen[i])])

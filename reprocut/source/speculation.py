@@ -206,13 +206,16 @@ def smaller_integers(value: int, low: int = -1, ways: int = 2) -> list[int]:
     check candidates side by side, one round of them cuts the gap `ways`-fold instead of in
     half: on the H200 a folded 268435456 took 28 accepted steps down to 5242881, one round
     each, by halves."""
-    ways = max(2, ways)
     options = [c for c in (0, 1) if low < c < value]
     floor = max(low, *options) if options else low
-    while value - floor > 1:
-        cuts = sorted({floor + (value - floor) * k // ways for k in range(1, ways)} - {floor})
-        if not cuts:
-            break
+    while cuts := span_cuts(floor, value, ways):
         options.extend(cuts)
         floor = cuts[-1]
     return options
+
+
+def span_cuts(low: int, high: int, ways: int) -> list[int]:
+    """The points strictly between `low` and `high` that cut the span into `ways` parts (at
+    least two: a bisection's middle), in order; none when nothing lies between."""
+    ways = max(2, ways)
+    return sorted({low + (high - low) * k // ways for k in range(1, ways)} - {low, high})

@@ -17,6 +17,7 @@ from typing import Any
 
 import libcst as cst
 
+from reprocut.source.passes.launches import integer
 from reprocut.source.passes.specs import literal
 from reprocut.source.passes.tree import Options, PassContext, dotted, is_constant, parse, transform
 
@@ -40,12 +41,8 @@ def _integers(node: cst.BaseExpression) -> tuple[int, ...] | None:
 
 
 def _integer(node: cst.BaseExpression) -> int | None:
-    if isinstance(node, cst.Integer):
-        return int(node.value.replace("_", ""), 0)
-    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
-        value = _integer(node.expression)
-        return None if value is None else -value
-    return None
+    """An integer the text fixes (`4`, `-1`, `2 * 8`), as a kernel launch's grid is read."""
+    return integer(node, {})
 
 
 def _positional(call: cst.Call) -> list[cst.BaseExpression]:
@@ -88,9 +85,11 @@ def folded(node: cst.CSTNode) -> cst.BaseExpression | None:
     `T.shape[k]`, `T.ndim`, `len(T)`, and its whole shape `T.shape`, `T.size()` as a tuple
     (None: `node` is none of these)."""
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-        shape = literal_shape(node.func.value)
         method, args = node.func.attr.value, _positional(node)
-        if shape is None or len(args) != len(node.args):
+        if method not in ("numel", "dim", "size") or len(args) != len(node.args):
+            return None  # (the size order asks this of every expression: the name first)
+        shape = literal_shape(node.func.value)
+        if shape is None:
             return None
         if method == "numel" and not args:
             return cst.Integer(str(math.prod(shape)))
