@@ -43,6 +43,7 @@ from benchmarks.corpus_score import (
     totals,
     with_audit,
 )
+from reprocut.check.check_log import LOG_ENV
 
 RESULTS = REPO / "benchmarks" / "results"
 ENV_PROBE = (
@@ -58,8 +59,12 @@ ENV_PROBE = (
 def run_json(command: list[str], cwd: Path, timeout: float, log: Path | None = None) -> RunOutput:
     """Run `command`, kill its whole process group after `timeout`, parse its JSON stdout.
     `log`: its stderr is also written there as it comes, each line stamped with the seconds
-    since the start, so a run killed by an outer limit still shows how far it got."""
+    since the start, so a run killed by an outer limit still shows how far it got, and each
+    check, pass and phase it ran goes beside it as JSON lines (`.checks.jsonl`, see
+    reprocut.check.check_log)."""
     env = dict(os.environ)
+    if log is not None:
+        env[LOG_ENV] = str(log.with_suffix(".checks.jsonl"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     start = time.perf_counter()
     process = subprocess.Popen(

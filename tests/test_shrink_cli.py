@@ -326,3 +326,23 @@ def test_the_note_says_which_limit_stopped_the_shrink_before_its_fixed_point() -
     assert "45 s limit (--max-time), before its fixed point" in user
     (checks,) = stopped_note("max checks", TimeLimit.from_option(None), 80)
     assert "80-check limit (--max-checks)" in checks
+
+
+@pytest.mark.slow
+def test_the_check_log_has_a_line_per_check_pass_and_phase(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "checks.jsonl"
+    monkeypatch.setenv("REPROCUT_CHECK_LOG", str(log))
+    run = embedding_recording(tmp_path)
+    code, result = run_shrink([str(run.path), "--runs", "1"], capsys)
+    assert code == ExitCode.OK, result
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    kinds = [event["kind"] for event in events]
+    checks = [event for event in events if event["kind"] == "check"]
+    assert len(checks) == result["checks"]
+    assert all(event["seconds"] > 0 and event["verdict"] for event in checks)
+    assert "Reproduced" in {event["verdict"] for event in checks}
+    assert "pass" in kinds and "accepted" in kinds and kinds[-1] == "phase"
+    phases = {event["phase"] for event in events if event["kind"] == "phase"}
+    assert {"first_check", "shrink", "verify"} <= phases

@@ -35,6 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from reprocut.check import check_log
 from reprocut.check.oracle import ForkOnly, Oracle, Reproduced, Verdict
 from reprocut.check.plainrun import PlainRunner
 from reprocut.model.case import ReproCase, Signature
@@ -167,6 +168,8 @@ class PlainAgreement:
         self.runs += 1
         self.seconds += outcome.seconds
         seen = outcome.signature
+        check_log.log("plain", seconds=round(outcome.seconds, 3), script=script.name,
+                      agreed=seen is not None and seen.matches(expected, compare_op=False))  # fmt: skip
         if seen is not None and seen.matches(expected, compare_op=False):
             self.confirmed = mark
             return verdict

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from reprocut.check import early_server
+from reprocut.check import check_log, early_server
 from reprocut.check.childenv import child_environment
 from reprocut.check.connection import (
     ForkUnsafeError,
@@ -241,6 +241,17 @@ class Oracle:
         verdict = verdict_from_reply(
             reply, expected, compare_op=self.compare_op, synchronized=self.launch_blocking
         )
+        if check_log.enabled():
+            check_log.log(
+                "check",
+                seconds=round(time.perf_counter() - started, 3),
+                child_seconds=reply.get("seconds"),
+                verdict=type(verdict).__name__,
+                fork=self.fork,
+                fresh_child=fresh_child,
+                lines=code.count("\n") + 1,
+                file=Path(filename).name,
+            )
         if confirm:
             verdict = self.confirm_verdict(code, str(filename), str(cwd), list(argv), verdict,
                                            expected)  # fmt: skip

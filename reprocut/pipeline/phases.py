@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from reprocut.check import check_log
+
 FORK_SERVER = "fork_server"  # until the fork server was ready (0 when it was already up)
 READ = "read"  # failure.json, inputs.pt (importing torch), the environment
 FIRST_CHECK = "first_check"  # the recorded call, checked from its captured inputs
@@ -42,6 +44,7 @@ class Phases:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         self.on_phase(PhaseEvent(name))
+        check_log.log("phase", phase=name)
         started = time.perf_counter()
         try:
             yield
@@ -52,6 +55,7 @@ class Phases:
         """A phase timed elsewhere (or again: the seconds add up)."""
         with self._lock:
             self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+        check_log.log("phase", phase=name, seconds=round(seconds, 3))
         self.on_phase(PhaseEvent(name, seconds))
 
     def to_json(self) -> dict[str, float]:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from reprocut.check import check_log
 from reprocut.model.case import Captured, Generated, Literal, ReproCase, TensorSpec
 from reprocut.model.limits import CHECK_CAP, FIXED_POINT, MAX_CHECKS, TimeLimit
 from reprocut.source.speculation import BudgetSpent, Speculation
@@ -213,6 +214,9 @@ class Shrinker:
         return self.best
 
     def _emit(self, kind: str) -> None:
+        if kind in ("pass", "accepted", "done"):
+            check_log.log(kind, reducer="case", pass_name=self.current_pass, checks=self.checks,
+                          size=self.best.total_numel())  # fmt: skip
         self.on_event(
             ShrinkEvent(kind, self.current_pass, self.best, self.checks, self.best.total_numel())
         )

@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from reprocut.check import check_log
 from reprocut.model.case import Signature
 from reprocut.model.limits import CHECK_CAP, FIXED_POINT, MAX_CHECKS, TimeLimit
 from reprocut.model.signature import NUMBER, same_numbers
@@ -152,6 +153,8 @@ class SourceReducer:
         lines = self.best_lines()
         self._emit(SourceChecked(pass_name, self.checks, ok, lines))
         if ok:
+            check_log.log("accepted", reducer="source", pass_name=pass_name, checks=self.checks,
+                          lines=lines)  # fmt: skip
             self._emit(SourceAccepted(pass_name, candidate, lines, self.checks))
         return ok
 
@@ -178,6 +181,8 @@ class SourceReducer:
 
     def run_pass(self, source_pass: SourcePass) -> None:
         name = self.current_pass = source_pass.__name__
+        check_log.log("pass", reducer="source", pass_name=name, checks=self.checks,
+                      lines=self.best_lines())  # fmt: skip
         generator = source_pass(self.best, self.context)
         try:
             step = next(generator)

@@ -1,0 +1,45 @@
+"""A JSON line per check, pass and phase, for seeing where a slow shrink's time goes.
+
+Set REPROCUT_CHECK_LOG=FILE and every check the oracle runs (forked or fresh, with its
+seconds and verdict), every plain-run confirmation, every pass the reducers start, every
+candidate they accept and every phase of the shrink is appended to FILE as it happens, stamped
+with the wall clock, process and thread. Off (and free) when the variable is unset; lines from
+several processes may share one file (each line is one `write`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any
+
+LOG_ENV = "REPROCUT_CHECK_LOG"
+
+_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(LOG_ENV))
+
+
+def log(kind: str, **fields: Any) -> None:
+    """Append one event (`kind`: check, plain, pass, accepted, phase) when the log is on."""
+    path = os.environ.get(LOG_ENV)
+    if not path:
+        return
+    line = {
+        "t": round(time.time(), 3),
+        "pid": os.getpid(),
+        "thread": threading.current_thread().name,
+        "kind": kind,
+        **fields,
+    }
+    text = json.dumps(line, default=str) + "\n"
+    with _lock:
+        try:
+            with open(path, "a", encoding="utf-8") as stream:
+                stream.write(text)
+        except OSError:  # a log that cannot be written must not fail the shrink
+            pass
