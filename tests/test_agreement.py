@@ -337,13 +337,31 @@ def test_a_first_plain_run_beside_the_shrink_that_disagrees_refuses_what_followe
         assert agreement.settle() is None
 
 
-def test_a_custom_op_candidate_is_still_confirmed_before_the_shrink_goes_on(tmp_path):
+def test_a_custom_op_candidates_first_plain_run_goes_beside_later_ones_come_first(tmp_path):
+    """The recorded call of a custom op is run plainly beside the shrink (its answer, from
+    settle, decides whether anything shrunk counts); a later candidate with a new
+    process-sensitive part waits for that answer, and is confirmed before the shrink goes on."""
     script = tmp_path / "repro.py"
     verdict = Reproduced(EMBEDDING, "index out of range in self", "", 1.0)
     custom = "import torch\n\ntorch.ops.mylib.pad_rows(torch.zeros(2))\n"
     with PlainAgreement(captured=True) as agreement:
-        seen = agreement(custom, str(script), str(tmp_path), [], verdict, EMBEDDING)
-        assert isinstance(seen, ForkOnly) and agreement.runs == 1  # ran now, and disagreed
+        assert agreement(custom, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
+        refused = agreement.settle()  # torch.ops.mylib does not exist in a plain run
+        assert isinstance(refused, ForkOnly) and agreement.runs == 1
+    with PlainAgreement(captured=True) as agreement:
+        agreement(custom, str(script), str(tmp_path), [], verdict, EMBEDDING)
+        later = custom.replace("torch.zeros(2)", 'torch.zeros(2, device="cpu")')
+        seen = agreement(later, str(script), str(tmp_path), [], verdict, EMBEDDING)
+        assert isinstance(seen, ForkOnly) and agreement.runs == 1  # waited for the first
+    fails = (  # a library that may read raw memory: not an aten call alone
+        'import ctypes\nimport torch\n\nids = torch.tensor([12], device="cpu")\n'
+        'torch.nn.functional.embedding(ids, torch.zeros(10, 4, device="cpu"))\n'
+    )
+    with PlainAgreement(captured=True) as agreement:
+        agreement(fails, str(script), str(tmp_path), [], verdict, EMBEDDING)
+        later = fails.replace("embedding(ids,", "embedding(ids.contiguous(),")
+        seen = agreement(later, str(script), str(tmp_path), [], verdict, EMBEDDING)
+        assert seen is verdict and agreement.runs == 2  # the first agreed; this one ran now
 
 
 def _warmed_at_a_cuda_error() -> Oracle:

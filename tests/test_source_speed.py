@@ -35,7 +35,7 @@ def test_installed_packages_are_preloaded_and_the_users_own_modules_are_not(tmp_
     )
     (tmp_path / "vendor").mkdir()
     (tmp_path / "vendor" / "fastext.py").write_text("import rich\n")
-    (tmp_path / "numpy.py").write_text("")  # never: the user's file shadows the installed one
+    (tmp_path / "triton.py").write_text("")  # never: the user's file shadows the installed one
     script = tmp_path / "train.py"
     script.write_text(
         code("""
@@ -111,6 +111,25 @@ def test_the_server_imports_what_is_safe_and_refuses_a_module_that_starts_a_thre
     assert oracle.preloaded is not None
     assert oracle.preloaded["loaded"] == ["calm"]
     assert oracle.preloaded["refused"] == {"spinner": "started a thread"}
+
+
+def test_a_trusted_module_imports_without_a_trial_and_the_server_still_refuses_to_fork_if_spoiled(
+    tmp_path: Path,
+):
+    """triton is imported with no trial child; one that starts a thread (here a file of that
+    name first on the path) leaves the server unfit, and it is replaced by one without preloads."""
+    (tmp_path / "triton.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+    )
+    script = tmp_path / "train.py"
+    probe = "import sys\nprint('triton' in sys.modules)\n"
+    with Oracle(timeout=60) as own:
+        own.preload([["triton", []]], filename=str(script), cwd=str(tmp_path), argv=[])
+        verdict = own.check_source(probe, filename=str(tmp_path / "c.py"), cwd=tmp_path)
+        assert isinstance(verdict, Passed), verdict
+        assert verdict.stdout.strip() == "False"  # the new server has no preloads
+        assert own.preloaded is not None and own.preloaded["unsafe"] == "started a thread"
+        assert own.preloaded["loaded"] == ["triton"] and own.preloaded["refused"] == {}
 
 
 def test_checks_run_side_by_side_and_one_can_be_cancelled(oracle: Oracle, tmp_path: Path):

@@ -15,8 +15,10 @@ half of a 60 s reduction); beyond that the final verification and the walk-back
 A captured call of aten ops alone (`captured=True`, no custom op, no raw pointer) is cheaper to
 trust: a shrink only removes from it, and removing a tensor or a view from an aten call cannot
 make it fail in a fork alone, so only a process-sensitive word that appears or grows asks for a
-plain run; and its first plain run goes beside the shrink instead of before it (`settle` gives
-its answer). On the H200 the plain runs of a single-op device assert took 6 of its 16 s.
+plain run. Every captured call's first plain run (the recorded call itself) goes beside the
+shrink instead of before it (`settle` gives its answer): on the H200 the plain runs of a
+single-op device assert took 6 of its 16 s, a triton_op's first one 8.4 s of a 26 s first
+check; a later candidate that needs a plain run waits for it.
 
 `reproducing_form` settles the one case where blocking launches are truly needed: a CUDA case
 that reproduces only with CUDA_LAUNCH_BLOCKING=1 gets it in its `env`, which the emitter writes
@@ -25,6 +27,7 @@ at the top of repro.py, so the oracle's children and the user's plain run both h
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
@@ -134,11 +137,13 @@ class PlainAgreement:
             return verdict
         if self.spent():
             return verdict
-        if trusted and self.confirmed is None and self._pending is None:
+        if self.captured and self.confirmed is None and self._pending is None:
             self.confirmed = mark  # for now: `settle` says whether the plain run agreed
             self._pending = self._beside(code, Path(filename), cwd, argv, verdict, expected)
             return verdict
-        self.settle()  # one plain run at a time
+        refused = self.settle()  # one plain run at a time
+        if refused is not None:  # the first candidate, beside until now, failed in a fork alone
+            return replace(refused, seconds=verdict.seconds)
         script = Path(filename)
         return self._confirm(code, script, Path(cwd), argv, verdict, expected, mark)
 
@@ -189,7 +194,7 @@ class PlainAgreement:
         rewrites its script and sidecar for the next candidate meanwhile)."""
         folder = Path(tempfile.mkdtemp(prefix="reprocut-first-"))
         for sidecar in script.parent.glob("*.pt"):
-            shutil.copyfile(sidecar, folder / sidecar.name)
+            _keep(sidecar, folder / sidecar.name)
         own = folder / script.name
         own_cwd = folder if Path(cwd).resolve() == script.parent.resolve() else Path(cwd)
         mark = self.confirmed or ()
@@ -239,6 +244,16 @@ class PlainAgreement:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _keep(sidecar: Path, to: Path) -> None:
+    """`sidecar` as it is now, at `to`: a hard link (the oracle replaces its own file for the
+    next candidate, a new file, so the link keeps this one's values; gigabytes of captured
+    tensors are not copied), a copy where the file system allows no link."""
+    try:
+        os.link(sidecar.resolve(), to)
+    except OSError:
+        shutil.copyfile(sidecar, to)
 
 
 def reproducing_form(

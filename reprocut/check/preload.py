@@ -52,6 +52,11 @@ class Preload:
 
 
 DYNAMO = Preload("torch._dynamo")
+# imported without a trial: every trial so far found them safe (no CUDA context, no thread), on
+# the H200 and on CPU, and a custom op's checks wait for them (the trial import of triton and
+# torch._dynamo took seconds of a triton_op's first check with four shrinks on the H200). The
+# server's own check after the imports (`_spoiled`) still refuses to fork if one ever is not.
+TRUSTED = frozenset({"torch._dynamo", "triton", "triton.language", "numpy"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,11 +221,13 @@ def _installed(top: str) -> bool:
 
 def preload_here(request: dict[str, Any]) -> dict[str, Any]:
     """Import the request's preloads in this process (the fork server), each only if a trial
-    import in a forked child found it safe. The reply: what was loaded, what was refused and why."""
+    import in a forked child found it safe (the TRUSTED ones without a trial). The reply: what
+    was loaded, what was refused and why."""
     started = time.perf_counter()
     preloads = [Preload(m, tuple(names)) for m, names in request["preload"]]
     refused: dict[str, str] = {}
-    safe: list[Preload] = []
+    safe = [p for p in preloads if p.module in TRUSTED]  # no trial: `_spoiled` still checks
+    preloads = [p for p in preloads if p.module not in TRUSTED]
     while preloads:
         verdicts = _trial(preloads, request)
         rest: list[Preload] = []
