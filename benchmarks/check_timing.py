@@ -84,10 +84,12 @@ def probe_checks(oracle: Oracle, folder: Path, count: int) -> list[dict[str, flo
     return rows
 
 
-def probe(together: int, count: int, work: Path) -> dict[str, Any]:
-    """The probe alone, then `together` oracles probing at once."""
+def probe(widths: list[int], count: int, work: Path) -> dict[str, Any]:
+    """The probe with each of `widths` oracles at once (each oracle a check at a time, as a
+    shrink of one slot would): every check's seconds, and the batch's wall time, whose checks
+    per second say how many CUDA checks the machine runs a second at that width."""
     results: dict[str, Any] = {}
-    for width in (1, together):
+    for width in widths:
         oracles = [Oracle(PROBE_SIGNATURE, timeout=60) for _ in range(width)]
         try:
             folders = []
@@ -97,13 +99,16 @@ def probe(together: int, count: int, work: Path) -> dict[str, Any]:
                 folders.append(folder)
                 oracle.warm_up()
                 probe_checks(oracle, folder, 1)  # the kernel cache warm, the server's imports
+            started = time.perf_counter()
             with ThreadPoolExecutor(width) as pool:
                 runs = list(
                     pool.map(
                         lambda of: probe_checks(*of, count), zip(oracles, folders, strict=True)
                     )
                 )
-            results[f"{width} at once"] = [row for rows in runs for row in rows]
+            wall = time.perf_counter() - started
+            rows = [row for rows in runs for row in rows]
+            results[f"{width} at once"] = {"rows": rows, "seconds": round(wall, 3)}
         finally:
             for oracle in oracles:
                 oracle.close()
@@ -193,10 +198,12 @@ def summary(numbers: list[float]) -> str:
 
 def markdown(probed: dict[str, Any], reduced: dict[str, Any] | None) -> str:
     lines = ["# Check timing", "", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), ""]
-    lines += ["## Probe checks (seconds)", "", "| | wall | cuda | compile | fault |", "|---|---|---|---|---|"]  # fmt: skip
-    for label, rows in probed.items():
+    lines += ["## Probe checks (seconds)", "", "| | checks/s | wall | cuda | compile | fault |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for label, batch in probed.items():
+        rows = batch["rows"]
+        rate = f"{len(rows) / batch['seconds']:.2f}" if batch["seconds"] else "·"
         cells = [summary([r.get(k, -1.0) for r in rows]) for k in ("wall", "cuda", "compile", "fault")]  # fmt: skip
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | {rate} | " + " | ".join(cells) + " |")
     if reduced is not None:
         rows = reduced["rows"]
         lines += ["", f"## {reduced['case']}: {reduced['checks']} checks, {reduced['seconds']} s, "
@@ -221,14 +228,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--case", default=None, help="a corpus case to reduce, every check timed")
     parser.add_argument("--slots", type=int, default=None, help="candidates at once (default: reprocut's)")  # fmt: skip
-    parser.add_argument("--together", type=int, default=16, help="oracles probing at once")
+    parser.add_argument("--together", default="1,16", help="oracles probing at once: widths, comma-separated")  # fmt: skip
     parser.add_argument("--count", type=int, default=4, help="probe checks per oracle")
     parser.add_argument("--out", type=Path, required=True)
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="check-timing-") as tmp:
         work = Path(tmp)
-        probed = probe(options.together, options.count, work) if options.count else {}
+        widths = [int(w) for w in options.together.split(",")]
+        probed = probe(widths, options.count, work) if options.count else {}
         reduced = reduce_timed(options.case, work, options.slots) if options.case else None
     (options.out / "check-timing.json").write_text(json.dumps({"probe": probed, "reduced": reduced}, indent=1))  # fmt: skip
     text = markdown(probed, reduced)

@@ -46,6 +46,8 @@
 #            assert on CUDA, the Triton memory fault with shrink and sanitize, the triton_op
 #            custom op), run as the docs show them, side by side (tests/test_docs.py -m cuda);
 #            ~3 min, at most DOCS_LIMIT; not in the default list: STAGES=docs
+#   timing   the probe of benchmarks/check_timing.py: CUDA checks a second with TIMING_WIDTHS
+#            (1,2,4,8,16) oracles at once, TIMING_COUNT (6) each; ~2 min: STAGES=timing
 # Stages run one after another, or all at once with PARALLEL=1; PACK=1 packs $OUT into one archive. Every part has its own timeout
 # (*_LIMIT, seconds). Result files go to $OUT (default benchmarks/results) under their current
 # names (faults-cuda.md, corpus-cuda.md, ...: the date is inside), overwriting the last run's;
@@ -222,6 +224,15 @@ stage_memory() {
     echo "bench_memory exit $?" >>"$LOGS/bench_memory.log"
     tail -n 3 "$LOGS/memory-cuda-tests.log"
     grep -hE "^\| |ok=|exit" "$LOGS/bench_memory.log"
+}
+
+stage_timing() {
+    # how many CUDA checks a second the machine runs with 1..16 at once (check_timing's probe)
+    timeout -k 10 "${TIMING_LIMIT:-240}" python3 benchmarks/check_timing.py \
+        --together "${TIMING_WIDTHS:-1,2,4,8,16}" --count "${TIMING_COUNT:-6}" \
+        --out "$OUT/timing" >"$LOGS/check_timing.log" 2>&1
+    echo "check_timing exit $?" >>"$LOGS/check_timing.log"
+    tail -12 "$LOGS/check_timing.log"
 }
 
 stage_faults() {

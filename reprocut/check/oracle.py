@@ -404,7 +404,9 @@ class Oracle:
             return True
         reply = replies.wait(sent, PRELOAD_TIMEOUT) or {"outcome": "error", "unsafe": None}
         self.preloaded = reply
-        check_log.log("preload", **{k: reply.get(k) for k in ("loaded", "refused", "unsafe", "seconds")})
+        check_log.log(
+            "preload", **{k: reply.get(k) for k in ("loaded", "refused", "unsafe", "seconds")}
+        )
         if not reply.get("unsafe"):
             return True
         self._preload = None  # never again: the next server imports torch only
