@@ -6,6 +6,11 @@ import os
 
 import pytest
 
+# The machine-wide limit on checks in flight (reprocut.check.machine_slots) is for shrinks that
+# share a machine; the suite's workers run unrelated tests, some of which time checks side by
+# side, so it is off here except where a test sets one of its own.
+os.environ.setdefault("REPROCUT_MACHINE_CHECKS", "0")
+
 
 def _has_cuda() -> bool:
     # NVML-based check: does not initialise CUDA in the pytest process, so tests that fork

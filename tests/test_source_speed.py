@@ -35,7 +35,7 @@ def test_installed_packages_are_preloaded_and_the_users_own_modules_are_not(tmp_
     )
     (tmp_path / "vendor").mkdir()
     (tmp_path / "vendor" / "fastext.py").write_text("import rich\n")
-    (tmp_path / "triton.py").write_text("")  # never: the user's file shadows the installed one
+    (tmp_path / "numpy.py").write_text("")  # never: the user's file shadows the installed one
     script = tmp_path / "train.py"
     script.write_text(
         code("""

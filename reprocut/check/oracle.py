@@ -37,6 +37,7 @@ from reprocut.check.connection import (
     start_server,
 )
 from reprocut.check.fresh import run_fresh, run_with_timeout
+from reprocut.check.machine_slots import MachineSlots
 from reprocut.check.verdicts import (
     Cancelled,
     Confirm,
@@ -145,6 +146,8 @@ class Oracle:
         # the shrink's first plain confirmation, which would otherwise wait for its torch import;
         # a check.plainrun.PlainRunner (plainrun imports this module, so not named in its type)
         self.plain_ahead: Any = None
+        # a check waits for one of the machine's check slots, shared by every shrink on it
+        self.machine_slots = MachineSlots()
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -231,12 +234,17 @@ class Oracle:
         started = time.perf_counter()
         if ticket is not None and ticket.cancelled:
             return Cancelled(0.0)
-        if self.fork:
-            reply = self._run_forked(request, ticket)
-            if not leave_standby:
-                self.prepare()  # the next check's child starts while this verdict is read
-        else:
-            reply = self._run_fresh(request)
+        # the server ready (its imports, a preload) before a slot is taken: no slot waits on it
+        ready = self._ready_server() if self.fork else None
+        with self.machine_slots.held(lambda: ticket is not None and ticket.cancelled) as waited:
+            if waited is None:  # cancelled while waiting for a slot: it never ran
+                return Cancelled(time.perf_counter() - started)
+            if ready is not None:
+                reply = self._run_forked(request, ready, ticket)
+            else:
+                reply = self._run_fresh(request)
+        if self.fork and not leave_standby:
+            self.prepare()  # the next check's child starts while this verdict is read
         expected = expected or self.expected
         verdict = verdict_from_reply(
             reply, expected, compare_op=self.compare_op, synchronized=self.launch_blocking
@@ -245,6 +253,7 @@ class Oracle:
             check_log.log(
                 "check",
                 seconds=round(time.perf_counter() - started, 3),
+                waited=round(waited, 3),
                 child_seconds=reply.get("seconds"),
                 verdict=type(verdict).__name__,
                 fork=self.fork,
@@ -413,7 +422,9 @@ class Oracle:
         self._stop_server()
         return False
 
-    def _run_forked(self, request: dict[str, Any], ticket: Ticket | None = None) -> dict[str, Any]:
+    def _ready_server(self) -> tuple[subprocess.Popen[str], Replies] | None:
+        """The running server and its replies, started (and its preload awaited) if need be;
+        None when it cannot fork (the oracle then runs fresh processes)."""
         with self._server_lock:
             for _ in range(2):
                 if self._server is None or self._server.poll() is not None:
@@ -422,12 +433,20 @@ class Oracle:
                     except ForkUnsafeError as exc:  # fall back to fresh processes, slower but safe
                         self.fork = False
                         self.fork_disabled = str(exc)
-                        return self._run_fresh(request)
+                        return None
                 assert self._replies is not None
                 if self._await_preload(self._replies):
                     break
-            server, replies = self._server, self._replies
-        assert replies is not None
+            assert self._server is not None and self._replies is not None
+            return self._server, self._replies
+
+    def _run_forked(
+        self,
+        request: dict[str, Any],
+        ready: tuple[subprocess.Popen[str], Replies],
+        ticket: Ticket | None = None,
+    ) -> dict[str, Any]:
+        server, replies = ready
         rid = replies.send(request)
         if rid is None:
             self._stop_server(only=server)

@@ -1,0 +1,101 @@
+"""The machine's check slots: shared by every process of a user, free to cancel while waiting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from reprocut.check.connection import Ticket
+from reprocut.check.machine_slots import MachineSlots
+from reprocut.check.oracle import Cancelled, Oracle, Passed
+
+HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_slot_held_by_another_process_is_waited_for_and_taken_when_it_dies(tmp_path: Path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path / "slot-0.lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        slots = MachineSlots(1, tmp_path)
+        deadline = time.monotonic() + 0.5
+        with slots.held(lambda: time.monotonic() > deadline) as waited:
+            assert waited is None  # still held elsewhere when the wait was given up
+        holder.kill()  # the kernel releases a dead process's lock
+        holder.wait()
+        with slots.held() as waited:
+            assert waited is not None and waited < 5
+    finally:
+        holder.kill()
+
+
+def test_two_slots_let_two_holders_in_and_the_third_waits(tmp_path: Path):
+    slots = MachineSlots(2, tmp_path)
+    inside = threading.Barrier(3, timeout=10)
+    release = threading.Event()
+    got: list[float | None] = []
+
+    def hold() -> None:
+        with slots.held() as waited:
+            got.append(waited)
+            inside.wait()
+            release.wait(10)
+
+    threads = [threading.Thread(target=hold) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    inside.wait()  # both are in
+    stop = threading.Event()
+    third: list[float | None] = []
+    waiter = threading.Thread(target=lambda: third.append(_hold_until(slots, stop)))
+    waiter.start()
+    time.sleep(0.3)
+    assert not third  # no third slot
+    release.set()
+    waiter.join(10)
+    assert third and third[0] is not None
+    for thread in threads:
+        thread.join(10)
+
+
+def _hold_until(slots: MachineSlots, stop: threading.Event) -> float | None:
+    with slots.held(stop.is_set) as waited:
+        return waited
+
+
+def test_a_check_cancelled_while_it_waits_for_a_slot_never_runs(tmp_path: Path):
+    with Oracle(timeout=60) as oracle:
+        oracle.machine_slots = MachineSlots(1, tmp_path / "slots")
+        script = tmp_path / "c.py"
+        seen: list[object] = []
+
+        def first() -> None:
+            code = "import time\ntime.sleep(3)\n"
+            seen.append(oracle.check_source(code, filename=str(script), cwd=tmp_path))
+
+        long = threading.Thread(target=first)
+        long.start()
+        time.sleep(1.0)  # the first holds the one slot
+        marker = tmp_path / "ran"
+        ticket = Ticket()
+        threading.Timer(0.5, ticket.cancel).start()
+        verdict = oracle.check_source(
+            f"open({str(marker)!r}, 'w').close()\n", filename=str(script), cwd=tmp_path,
+            ticket=ticket,
+        )  # fmt: skip
+        assert isinstance(verdict, Cancelled)
+        long.join(30)
+        assert seen and isinstance(seen[0], Passed)
+        assert not marker.exists()
+        assert oracle.checks == 1  # the cancelled one is not a check
