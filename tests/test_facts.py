@@ -253,7 +253,7 @@ def test_a_shrunk_index_repro_states_the_original_table_and_the_offending_ids(
         "  ids: index max 119 ≥ 100 rows at [0, 119]; 20 of 120 index values outside [0, 100)"
         in header
     )
-    assert "ids = torch.tensor([[100]])" in code  # minimal, as it should be
+    assert "ids = torch.tensor([100])" in code  # minimal, as it should be (one dimension)
 
 
 # --- failures after the training loop ---------------------------------------------------------

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reprocut.model.case import Generated, Literal, ReproCase, TensorSpec
+from reprocut.shrink.layout_passes import merge_dimensions
 from reprocut.shrink.passes import PASSES, shrink_dimensions
 from reprocut.shrink.shrinker import Shrinker, ShrinkEvent, sort_key
 
@@ -202,3 +203,33 @@ def test_a_dimension_searched_four_ways_a_round_reaches_the_same_smallest_size(t
         results[ways] = (best.total_numel(), sum(1 for e in steps if e.kind == "accepted"))
     assert results[1][0] == results[4][0] == threshold
     assert results[4][1] <= results[1][1]  # accepted steps, each a round: at most as many
+
+
+def test_a_tensor_that_fails_past_a_size_merges_its_dimensions_and_ends_at_that_size() -> None:
+    """A kernel reading numel() elements fails past a size however the tensor is shaped: as one
+    dimension the search ends at that size exactly; dimension by dimension it ends above it."""
+    case = ReproCase("torch.ops.fused.gated", (TensorSpec((8, 16, 32), values=Generated("randn")),))
+
+    def holds(candidate: ReproCase) -> bool:
+        return candidate.total_numel() >= 1000
+
+    merged = Shrinker(case, holds, passes=[merge_dimensions, shrink_dimensions]).run()
+    assert [spec.shape for _, spec in merged.tensors()] == [(1000,)]
+    apart = Shrinker(case, holds, passes=[shrink_dimensions]).run()
+    assert apart.total_numel() > 1000  # (e.g. 2 x 16 x 32 -> ...) no exact product
+
+
+def test_a_kernel_that_needs_the_shape_keeps_it_and_a_strided_or_captured_tensor_is_left_alone():
+    shaped = TensorSpec((4, 8), values=Generated("randn"))
+    strided = TensorSpec((4, 8), stride=(1, 4), values=Generated("randn"))
+    case = ReproCase("torch.mm", (shaped, strided))
+    seen: list[ReproCase] = []
+
+    def holds(candidate: ReproCase) -> bool:
+        seen.append(candidate)
+        return all(len(spec.shape) == 2 for _, spec in candidate.tensors())
+
+    best = Shrinker(case, holds, passes=[merge_dimensions]).run()
+    assert best == case
+    assert all(spec.shape in ((4, 8), (32,)) for c in seen for _, spec in c.tensors())
+    assert all(c.args[1] == strided for c in seen)  # its strides are its layout

@@ -43,3 +43,21 @@ def log(kind: str, **fields: Any) -> None:
                 stream.write(text)
         except OSError:  # a log that cannot be written must not fail the shrink
             pass
+
+
+def log_check(
+    verdict: Any, reply: dict[str, Any], seconds: float, waited: float, code: str, **fields: Any
+) -> None:
+    """One check's line: its seconds (`waited` of them for a machine slot, `child_seconds` in
+    the process that ran it), its verdict, the candidate's lines."""
+    if not enabled():
+        return
+    log(
+        "check",
+        seconds=round(seconds, 3),
+        waited=round(waited, 3),
+        child_seconds=reply.get("seconds"),
+        verdict=type(verdict).__name__,
+        lines=code.count("\n") + 1,
+        **{**fields, "filename": os.path.basename(str(fields.get("filename", "")))},
+    )

@@ -38,6 +38,7 @@ from reprocut.check.connection import (
 )
 from reprocut.check.fresh import run_fresh, run_with_timeout
 from reprocut.check.machine_slots import MachineSlots
+from reprocut.check.sidecars import Sidecars
 from reprocut.check.verdicts import (
     Cancelled,
     Confirm,
@@ -51,7 +52,7 @@ from reprocut.check.verdicts import (
     verdict_from_reply,
 )
 from reprocut.model.case import ReproCase, Signature
-from reprocut.shrink.emitter import SIDECAR_NAME, Emitted, emit, inline_captured
+from reprocut.shrink.emitter import Emitted, emit, inline_captured
 from reprocut.shrink.header import Header
 
 __all__ = [
@@ -132,7 +133,7 @@ class Oracle:
         self.preloaded: dict[str, Any] | None = None  # the server's reply: loaded, refused
         self._counts = threading.Lock()
         self.fork_disabled: str | None = None  # why the oracle fell back to fresh processes
-        self._sidecar_keys: dict[Path, tuple[tuple[str, ...], int]] = {}  # what each folder has
+        self.sidecars = Sidecars()  # the captured tensors each check's folder holds
         self.standby_cuda = standby_cuda
         # how many such children wait at once: each check of a device assert ends its child's
         # context, and a child's CUDA start (0.3 s on an H200) is longer than the check itself
@@ -173,12 +174,9 @@ class Oracle:
         folder = workdir or self.workdir
         emitted = emitted_case(case, inputs)
         if emitted.sidecar_keys and sidecar_file is not None:
-            link = folder / SIDECAR_NAME
-            link.unlink(missing_ok=True)
-            link.symlink_to(sidecar_file.resolve())
-            self._sidecar_keys.pop(folder, None)
+            self.sidecars.link(folder, sidecar_file)
         elif emitted.sidecar_keys:
-            self._write_sidecar(emitted.sidecar_keys, inputs or {}, folder)
+            self.sidecars.write(emitted.sidecar_keys, inputs or {}, folder)
         filename = case_filename(case, emitted.code, folder)
         if case.definitions:  # a custom op's code: `@triton.jit` reads its source from the file
             filename.write_text(emitted.code)
@@ -249,18 +247,8 @@ class Oracle:
         verdict = verdict_from_reply(
             reply, expected, compare_op=self.compare_op, synchronized=self.launch_blocking
         )
-        if check_log.enabled():
-            check_log.log(
-                "check",
-                seconds=round(time.perf_counter() - started, 3),
-                waited=round(waited, 3),
-                child_seconds=reply.get("seconds"),
-                verdict=type(verdict).__name__,
-                fork=self.fork,
-                fresh_child=fresh_child,
-                lines=code.count("\n") + 1,
-                file=Path(filename).name,
-            )
+        check_log.log_check(verdict, reply, time.perf_counter() - started, waited, code,
+                            filename=str(filename), fork=self.fork, fresh_child=fresh_child)  # fmt: skip
         if confirm:
             verdict = self.confirm_verdict(code, str(filename), str(cwd), list(argv), verdict,
                                            expected)  # fmt: skip
@@ -349,31 +337,6 @@ class Oracle:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # --- sidecar ------------------------------------------------------------------------------
-
-    def _write_sidecar(
-        self, keys: tuple[str, ...], inputs: Mapping[str, Any], folder: Path
-    ) -> None:
-        if self._sidecar_keys.get(folder) == (keys, id(inputs)):
-            return
-        held = list(self._sidecar_keys.items())  # other slots' checks may add theirs meanwhile
-        written = next((f for f, k in held if k == (keys, id(inputs)) and f != folder), None)
-        if written is not None and (written / SIDECAR_NAME).is_file():  # another slot's folder
-            path = folder / SIDECAR_NAME  # has it: a link, not gigabytes written once more
-            path.unlink(missing_ok=True)
-            path.symlink_to((written / SIDECAR_NAME).resolve())
-            self._sidecar_keys[folder] = (keys, id(inputs))
-            return
-        import torch
-
-        missing = [key for key in keys if key not in inputs]
-        if missing:
-            raise KeyError(f"captured tensors missing from the inputs file: {missing}")
-        path = folder / SIDECAR_NAME
-        path.unlink(missing_ok=True)  # a link to a recording's file is replaced, not written to
-        torch.save({key: inputs[key].detach().cpu() for key in keys}, path)
-        self._sidecar_keys[folder] = (keys, id(inputs))
 
     # --- fork server ----------------------------------------------------------------------------
 

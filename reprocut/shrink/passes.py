@@ -31,6 +31,7 @@ from reprocut.shrink.case_edits import (
     with_dim,
     with_dims,
 )
+from reprocut.shrink.layout_passes import make_contiguous, merge_dimensions, zero_storage_offset
 from reprocut.shrink.shrinker import Shrinker, find_integer, keep_chunks
 from reprocut.shrink.sparse_passes import SPARSE_PASSES
 from reprocut.source.speculation import smaller_integers
@@ -378,21 +379,6 @@ def simplify_dtype(shrinker: Shrinker) -> None:
         shrinker.consider_first(candidates)
 
 
-def make_contiguous(shrinker: Shrinker) -> None:
-    """Drop a tensor's explicit strides (values are row-major, so they carry over)."""
-    for path, _ in list(shrinker.best.tensors()):
-        spec = spec_at(shrinker.best, path)
-        if spec is not None and not spec.is_contiguous:
-            shrinker.consider(shrinker.best.with_arg(path, replace(spec, stride=None)))
-
-
-def zero_storage_offset(shrinker: Shrinker) -> None:
-    for path, _ in list(shrinker.best.tensors()):
-        spec = spec_at(shrinker.best, path)
-        if spec is not None and spec.storage_offset:
-            shrinker.consider(shrinker.best.with_arg(path, replace(spec, storage_offset=0)))
-
-
 def drop_requires_grad(shrinker: Shrinker) -> None:
     """A forward-only failure does not need autograd on its inputs."""
     for path, _ in list(shrinker.best.tensors()):
@@ -418,6 +404,7 @@ PASSES = [
     cut_index_to_offender,
     *SPARSE_PASSES,
     replace_values_with_generator,
+    merge_dimensions,
     shrink_dimensions,
     simplify_dtype,
     make_contiguous,
