@@ -217,6 +217,8 @@ def test_a_tensor_that_fails_past_a_size_merges_its_dimensions_and_ends_at_that_
     assert [spec.shape for _, spec in merged.tensors()] == [(1000,)]
     apart = Shrinker(case, holds, passes=[shrink_dimensions]).run()
     assert apart.total_numel() > 1000  # (e.g. 2 x 16 x 32 -> ...) no exact product
+    default = Shrinker(case, holds, passes=PASSES, cpu_visible=True).run()  # merged after a round
+    assert [spec.shape for _, spec in default.tensors()] == [(1000,)]
 
 
 def test_a_kernel_that_needs_the_shape_keeps_it_and_a_strided_or_captured_tensor_is_left_alone():

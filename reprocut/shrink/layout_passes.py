@@ -16,10 +16,10 @@ from reprocut.shrink.shrinker import Shrinker
 def merge_dimensions(shrinker: Shrinker) -> None:
     """Contiguous tensors of several dimensions as one dimension of the same elements: all at
     once, else each alone. A kernel that reads `numel()` elements fails past a size, however it
-    is shaped: searched as one dimension that size is found in one search, where three were
-    found in turn, each round shaving the others' (the triton_op of cuda_triton_op_compiled
-    took 100 s of such rounds for the last 1.5% of its elements on the H200). A kernel that
-    needs the shape keeps it (the check says so)."""
+    is shaped: searched as one dimension (the next round's shrink_dimensions) that size is
+    found in one search, where three were found in turn, each round shaving the others' (the
+    triton_op of cuda_triton_op_compiled took 100 s of such rounds for the last 1.5% of its
+    elements on the H200). A kernel that needs the shape keeps it (the check says so)."""
     flat = [
         (path, replace(spec, shape=(spec.numel,), stride=None))
         for path, spec in shrinker.best.tensors()

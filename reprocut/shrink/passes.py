@@ -404,8 +404,10 @@ PASSES = [
     cut_index_to_offender,
     *SPARSE_PASSES,
     replace_values_with_generator,
-    merge_dimensions,
     shrink_dimensions,
+    merge_dimensions,  # after: a kernel's overrun depends on its tensors' sizes together, and
+    # the dimensions searched first keep the path to the smallest (on the H200 a triton_op's
+    # tensor merged first ended at 19.4 M elements, searched first then merged at 0.53 M)
     simplify_dtype,
     make_contiguous,
     zero_storage_offset,
