@@ -3,18 +3,19 @@
 Expected: AcceleratorError (CUDA error 700) in fused::gated: an illegal memory access was encountered
 Message: CUDA error: an illegal memory access was encountered
 Call: torch.ops.fused.gated.default
+Original: t0 (128, 256, 4096), t1 (128, 256, 4096)
 Data: synthetic (generated tensors)
 CPU: reproduces too (ValueError: Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?))
 
 Seen on:
   torch 2.11.0+cu130, CUDA 13.0, driver 580.159.04
-  GPU NVIDIA H200, Python 3.12.3, Linux-6.18.44-fc-v973-gpu-x86_64-with-glibc2.39
+  GPU NVIDIA H200, Python 3.12.3, Linux-6.18.44-fc-v1252-gpu-x86_64-with-glibc2.39
 
 Run: python repro.py
 
 compute-sanitizer (memcheck):
   Invalid __global__ read of size 16 bytes in gated_kernel
-  thread (96,0,0) in block (76,0,0): reads 16 B at 289.5 KiB after the end of `t1` (arg 1)
+  thread (96,0,0) in block (8,0,0): reads 16 B at 33.5 KiB after the end of `t1` (arg 1)
   host: launch < pybind11::object pybind11::detail::object_api<pybind11::handle>::operator < torch::impl::dispatch::PythonKernelHolder::operator < pybind11::object pybind11::detail::argument_loader<pybind11::object const&, c10::DispatchKeySet, pybind11::args, pybind11::kwargs const&>::call_impl<pybind11::object, torch::impl::dispatch::initDispatchBindings
   at least 20 errors (memcheck stopped after printing them)
 """
@@ -55,8 +56,8 @@ gated.register_autograd(_backward, setup_context=_setup)
 
 
 def main():
-    t0 = torch.zeros(32, 256, 4096, device="cuda:0", requires_grad=True)
-    t1 = torch.zeros(4096, device="cuda:0").as_strided((32, 256, 4096), (0, 0, 1))
+    t0 = torch.zeros(1, 190, 3072, device="cuda:0", requires_grad=True)
+    t1 = torch.zeros(1, device="cuda:0").as_strided((23, 3, 1), (0, 0, 1))
     torch.ops.fused.gated.default(t0, t1)
     torch.cuda.synchronize()
 
