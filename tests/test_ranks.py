@@ -452,3 +452,31 @@ def test_a_failure_with_ranks_round_trips_through_json(vocab_job):
     failure = RunDir(Path(vocab_job["run_dir"])).read_failure()
     assert failure.rank == 1 and failure.world_size == 2 and len(failure.ranks) == 2
     assert Failure.from_json(json.loads(json.dumps(failure.to_json()))) == failure
+
+
+def test_torchruns_signal_during_a_write_of_rank_json_leaves_the_newest_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bootstrap's signal handler runs inside the main thread, possibly in the middle of
+    its write of rank.json: that write once ended as half of each record. Now the handler's
+    write is left to the one it interrupted, which writes again."""
+    from reprocut.record.ranks import rank as rank_module
+
+    process = rank_module.RankProcess(tmp_path, {"rank": 0, "terminated_by": None})
+    real = rank_module.atomic_write
+    texts: list[str] = []
+
+    def interrupted(path: Path, text: str) -> None:
+        texts.append(text)
+        if len(texts) == 1:  # torchrun's SIGTERM arrives while this write is under way
+            process.record["terminated_by"] = "SIGTERM"
+            process.write()
+        real(path, text)
+
+    monkeypatch.setattr(rank_module, "atomic_write", interrupted)
+    process.record["ended"] = 1.0
+    process.write()
+    written = json.loads((tmp_path / "rank.json").read_text())
+    assert written == {"rank": 0, "terminated_by": "SIGTERM", "ended": 1.0}
+    assert len(texts) == 2
+    assert not list(tmp_path.glob(".*.tmp"))  # no temporary file left behind

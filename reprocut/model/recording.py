@@ -11,6 +11,7 @@ Layout of `.reprocut/runs/<id>/`:
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -364,8 +365,17 @@ class RunDir:
         return data
 
 
+_WRITES = itertools.count()  # each write's temporary file is its own
+
+
 def atomic_write(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a crash never leaves half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Write via a temporary file and rename, so a crash never leaves half a file. The
+    temporary file is this call's own: two writes of one file at once (threads, or a signal
+    handler's write inside the main thread's) never write into each other's."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{next(_WRITES)}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

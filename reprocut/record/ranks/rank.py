@@ -49,10 +49,26 @@ class RankProcess:
         self.record = record
         self.path = folder / rank_file(attempt)
         self.child: subprocess.Popen[bytes] | None = None
+        self._writing = False  # torchrun's signal may come while the main thread writes
+        self._again = False
         self.write()
 
     def write(self) -> None:
-        atomic_write(self.path, json.dumps(self.record, indent=1))
+        """The record as it is now. A write from the signal handler while the main thread is
+        writing (the handler runs inside it) is left to that write, which then writes again:
+        the last file written always has the newest record."""
+        if self._writing:
+            self._again = True
+            return
+        self._writing = True
+        try:
+            while True:
+                self._again = False
+                atomic_write(self.path, json.dumps(self.record, indent=1))
+                if not self._again:
+                    return
+        finally:
+            self._writing = False
 
     def started(self, child: subprocess.Popen[bytes]) -> None:
         self.child = child
