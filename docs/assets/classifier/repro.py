@@ -3,12 +3,14 @@
 Expected: IndexError in aten::nll_loss_forward: Target <n> is out of bounds.
 Message: Target 10 is out of bounds.
 Call: torch.nn.functional.cross_entropy
+Original: x (16, 10), target (16,)
+  target: target max 10 ≥ 10 classes at [5]; 1 of 16 target values outside [0, 10)
 Data: mixed: captured values where they matter, generated elsewhere
 CPU: reproduces too (same signature)
 
 Seen on:
   torch 2.13.0+cpu, CUDA none, driver none
-  GPU none, Python 3.11.7, Linux-6.18.44-fc-v1045-x86_64-with-glibc2.36
+  GPU none, Python 3.11.7, Linux-6.18.44-fc-v1098-x86_64-with-glibc2.36
 
 Run: python repro.py
 """

@@ -1,7 +1,4 @@
-import argparse
-
 import torch
-from torch import nn
 
 
 @torch.library.custom_op("corpus::trim_last", mutates_args=())
@@ -11,12 +8,12 @@ def trim_last(x: torch.Tensor) -> torch.Tensor:
 
 @trim_last.register_fake
 def _(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)
+    return x
 
 
 @torch.compile
 def pooled_stats(hidden: torch.Tensor) -> torch.Tensor:
-    return trim_last(hidden).abs().mean(0)
+    return trim_last(hidden)
 
 
-pooled_stats(torch.randn((8, 4), dtype=torch.float32))
+pooled_stats(torch.randn((8, 4)))

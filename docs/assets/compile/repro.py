@@ -3,12 +3,14 @@
 Expected: IndexError in aten::embedding: index out of range in self
 Message: index out of range in self
 Call: torch.nn.functional.embedding
+Original: ids (4, 11), weight (64, 16)
+  ids: index max 64 ≥ 64 rows at [0, 6]; 4 of 44 index values outside [0, 64)
 Data: mixed: captured values where they matter, generated elsewhere
 CPU: reproduces too (same signature)
 
 Seen on:
   torch 2.13.0+cpu, CUDA none, driver none
-  GPU none, Python 3.11.7, Linux-6.18.44-fc-v1045-x86_64-with-glibc2.36
+  GPU none, Python 3.11.7, Linux-6.18.44-fc-v1098-x86_64-with-glibc2.36
 
 Run: python repro.py
 """
@@ -17,7 +19,7 @@ import torch
 
 
 def main():
-    ids = torch.tensor([[64]])
+    ids = torch.tensor([64])
     weight = torch.zeros(1, 1)
     torch.nn.functional.embedding(ids, weight)
 

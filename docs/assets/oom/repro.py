@@ -9,7 +9,7 @@ CPU: reproduces too (same signature)
 
 Seen on:
   torch 2.13.0+cpu, CUDA none, driver none
-  GPU none, Python 3.11.7, Linux-6.18.44-fc-v1045-x86_64-with-glibc2.36
+  GPU none, Python 3.11.7, Linux-6.18.44-fc-v1098-x86_64-with-glibc2.36
 
 Run: python repro.py
 """
