@@ -5,6 +5,9 @@ shrinks it with the named passes against the fork-server oracle, writes repro.py
 then runs repro.py three times with plain `python`, side by side, to verify it. The seconds of
 each phase go to meta.json and --json (`phases`).
 Custom kernels (and --source) go through source-level reduction of the original script instead.
+REPROCUT_CHECK_LOG=FILE appends a JSON line per check, pass and phase to FILE (where a slow
+shrink's time goes); shrinks on one machine share REPROCUT_MACHINE_CHECKS checks in flight
+(default: half the cores; 0: no limit).
 """
 
 from __future__ import annotations
