@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from reprocut.model.case import TensorSpec
+from reprocut.localize.explain import explain_inputs
+from reprocut.model.case import Generated, TensorSpec, arg_to_json
 from reprocut.report.diagnosis import explain, layout_facts, range_facts
 
 
@@ -85,3 +86,23 @@ def test_a_custom_op_argument_gets_the_layout_a_flat_buffer_kernel_misreads():
     assert facts[1] == (
         "stride 0 in dims 0, 1 (an expand()ed view): 1024 elements over 64 of storage",
     )
+
+
+def test_a_call_too_big_to_make_still_says_how_its_inputs_are_laid_out() -> None:
+    """A custom op's inputs recorded without values, too big to generate just to look at, keep
+    the facts their specs say alone: the gate `expand()`ed over the input (stride 0)."""
+    x = TensorSpec((128, 256, 4096), device="cuda", values=Generated("randn"))
+    gate = TensorSpec((128, 256, 4096), stride=(0, 0, 1), device="cuda", values=Generated("randn"))
+    culprit = {
+        "op": "fused::gated",
+        "call": {"args": [arg_to_json(x), arg_to_json(gate)], "kwargs": [], "names": ["x", "gate"]},
+    }
+    illegal = "CUDA error: an illegal memory access was encountered"
+    rows, _ = explain_inputs(culprit, {}, illegal)
+    facts = {row.name: row.facts for row in rows}
+    assert facts["x"] == ()
+    assert facts["gate"] == (
+        "stride 0 in dims 0, 1 (an expand()ed view): 134217728 elements over 4096 of storage",
+    )
+    rows, _ = explain_inputs(culprit, {}, "Expected size 3 but got size 4")  # not about layout
+    assert all(row.facts == () for row in rows)

@@ -17,7 +17,7 @@ import torch
 from reprocut.model.case import ArgList, Generated, TensorSpec, arg_from_json
 from reprocut.model.recording import TensorReport
 from reprocut.model.tensors import materialize_arg
-from reprocut.report.diagnosis import DIAGNOSES, explain
+from reprocut.report.diagnosis import DIAGNOSES, explain, layout_bears_on, layout_facts
 
 
 def plain(value: Any) -> bool:
@@ -36,7 +36,8 @@ def explain_inputs(
     raw_args = [arg_from_json(a) for a in call["args"]]
     raw_kwargs = {k: arg_from_json(v) for k, v in call["kwargs"] if plain(v)}
     if any(_too_big_to_make(a) for a in (*raw_args, *raw_kwargs.values())):
-        return _table(raw_args, raw_kwargs, {}, call.get("names", ())), ""
+        facts = layout_only(raw_args, raw_kwargs) if layout_bears_on(message) else {}
+        return _table(raw_args, raw_kwargs, facts, call.get("names", ())), ""
     public = None if use_public else culprit.get("public")
     if public and any(_too_big_to_make(arg_from_json(a)) for a in public["args"]):
         public = None  # the public call's arguments would be made only to be looked at
@@ -89,6 +90,20 @@ def _too_big_to_make(arg: Any) -> bool:
         and isinstance(arg.values, Generated)
         and arg.storage_numel > _MADE_LIMIT
     )
+
+
+def layout_only(args: Sequence[Any], kwargs: dict[str, Any]) -> dict[int | str, tuple[str, ...]]:
+    """The facts a tensor's spec says without its values (stride 0, a layout a flat kernel
+    misreads, int32 offsets, a storage offset), for a call whose tensors are too big to make:
+    on the H200 a triton_op's gate `expand()`ed over a (128, 256, 4096) input lost its "stride
+    0" fact so, where the same call on the CPU, small enough to make, kept it."""
+    facts: dict[int | str, tuple[str, ...]] = {}
+    for key, arg in (*enumerate(args), *kwargs.items()):
+        if isinstance(arg, TensorSpec) and not arg.is_sparse and not arg.is_contiguous:
+            found = layout_facts(arg)
+            if found:
+                facts[key] = found
+    return facts
 
 
 def on_cpu(arg: Any) -> Any:
