@@ -77,16 +77,21 @@ def _hold_until(slots: MachineSlots, stop: threading.Event) -> float | None:
 def test_a_check_cancelled_while_it_waits_for_a_slot_never_runs(tmp_path: Path):
     with Oracle(timeout=60) as oracle:
         oracle.machine_slots = MachineSlots(1, tmp_path / "slots")
+        oracle.warm_up()
         script = tmp_path / "c.py"
+        running = tmp_path / "running"
         seen: list[object] = []
 
         def first() -> None:
-            code = "import time\ntime.sleep(3)\n"
+            code = f"import time\nopen({str(running)!r}, 'w').close()\ntime.sleep(5)\n"
             seen.append(oracle.check_source(code, filename=str(script), cwd=tmp_path))
 
         long = threading.Thread(target=first)
         long.start()
-        time.sleep(1.0)  # the first holds the one slot
+        deadline = time.monotonic() + 60
+        while not running.exists() and time.monotonic() < deadline:  # it holds the one slot
+            time.sleep(0.05)
+        assert running.exists()
         marker = tmp_path / "ran"
         ticket = Ticket()
         threading.Timer(0.5, ticket.cancel).start()
