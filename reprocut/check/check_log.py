@@ -59,5 +59,5 @@ def log_check(
         child_seconds=reply.get("seconds"),
         verdict=type(verdict).__name__,
         lines=code.count("\n") + 1,
-        **{**fields, "filename": os.path.basename(str(fields.get("filename", "")))},
+        **fields,
     )

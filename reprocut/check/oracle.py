@@ -248,7 +248,7 @@ class Oracle:
             reply, expected, compare_op=self.compare_op, synchronized=self.launch_blocking
         )
         check_log.log_check(verdict, reply, time.perf_counter() - started, waited, code,
-                            filename=str(filename), fork=self.fork, fresh_child=fresh_child)  # fmt: skip
+                            filename=Path(filename).name, fork=self.fork, fresh_child=fresh_child)  # fmt: skip
         if confirm:
             verdict = self.confirm_verdict(code, str(filename), str(cwd), list(argv), verdict,
                                            expected)  # fmt: skip

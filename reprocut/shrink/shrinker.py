@@ -214,12 +214,11 @@ class Shrinker:
         return self.best
 
     def _emit(self, kind: str) -> None:
+        size = self.best.total_numel()
         if kind in ("pass", "accepted", "done"):
             check_log.log(kind, reducer="case", pass_name=self.current_pass, checks=self.checks,
-                          size=self.best.total_numel())  # fmt: skip
-        self.on_event(
-            ShrinkEvent(kind, self.current_pass, self.best, self.checks, self.best.total_numel())
-        )
+                          size=size)  # fmt: skip
+        self.on_event(ShrinkEvent(kind, self.current_pass, self.best, self.checks, size))
 
 
 def known_values(shrinker: Shrinker, spec: TensorSpec) -> list[Any] | None:
