@@ -46,6 +46,8 @@
 #            assert on CUDA, the Triton memory fault with shrink and sanitize, the triton_op
 #            custom op), run as the docs show them, side by side (tests/test_docs.py -m cuda);
 #            ~3 min, at most DOCS_LIMIT; not in the default list: STAGES=docs
+#   start    benchmarks/cuda_start_probe.py: a check process's context start, kernel and
+#            teardown, START_WIDTHS (1,8) at once, default vs START_ENV; ~1 min: STAGES=start
 #   timing   the probe of benchmarks/check_timing.py: CUDA checks a second with TIMING_WIDTHS
 #            (1,2,4,8,16) oracles at once, TIMING_COUNT (6) each; ~2 min: STAGES=timing
 # Stages run one after another, or all at once with PARALLEL=1; PACK=1 packs $OUT into one archive. Every part has its own timeout
@@ -233,6 +235,17 @@ stage_timing() {
         --out "$OUT/timing" >"$LOGS/check_timing.log" 2>&1
     echo "check_timing exit $?" >>"$LOGS/check_timing.log"
     tail -12 "$LOGS/check_timing.log"
+}
+
+stage_start() {
+    # what a check's process costs (context start, kernel, teardown) with START_WIDTHS at once,
+    # by default and under START_ENV settings (benchmarks/cuda_start_probe.py); ~1 min
+    timeout -k 10 "${START_LIMIT:-150}" python3 benchmarks/cuda_start_probe.py \
+        --together "${START_WIDTHS:-1,8}" --count "${START_COUNT:-3}" \
+        --env "${START_ENV:-CUDA_DEVICE_MAX_CONNECTIONS=1}" \
+        --out "$OUT/start" >"$LOGS/cuda_start_probe.log" 2>&1
+    echo "cuda_start_probe exit $?" >>"$LOGS/cuda_start_probe.log"
+    tail -12 "$LOGS/cuda_start_probe.log"
 }
 
 stage_faults() {
