@@ -104,3 +104,86 @@ def test_a_check_cancelled_while_it_waits_for_a_slot_never_runs(tmp_path: Path):
         assert seen and isinstance(seen[0], Passed)
         assert not marker.exists()
         assert oracle.checks == 1  # the cancelled one is not a check
+
+
+def test_slots_are_ranked_by_how_far_ahead_of_its_turn_a_check_runs(tmp_path: Path):
+    slots = MachineSlots(8, tmp_path)
+    assert [slots.allowed(ahead) for ahead in range(5)] == [8, 4, 2, 1, 1]
+    assert MachineSlots(2, tmp_path).allowed(1) == 1
+
+
+def test_a_bet_waits_for_the_low_slots_and_takes_any_once_its_turn_comes(tmp_path: Path):
+    slots = MachineSlots(4, tmp_path)
+    inside = threading.Barrier(3, timeout=10)
+    release = threading.Event()
+
+    def hold() -> None:  # the lowest two: all a check one step ahead may take
+        with slots.held(ahead=lambda: 1):
+            inside.wait()
+            release.wait(10)
+
+    holders = [threading.Thread(target=hold) for _ in range(2)]
+    for thread in holders:
+        thread.start()
+    inside.wait()
+    ahead = [1]
+    got: list[float | None] = []
+    waiter = threading.Thread(target=lambda: got.append(_hold_ahead(slots, ahead)))
+    waiter.start()
+    time.sleep(0.3)
+    assert not got  # two slots free, but not for a bet one step ahead
+    ahead[0] = 0  # the check before it was answered: now it is the one its shrink waits on
+    waiter.join(10)
+    assert got and got[0] is not None
+    release.set()
+    for thread in holders:
+        thread.join(10)
+
+
+def _hold_ahead(slots: MachineSlots, ahead: list[int]) -> float | None:
+    with slots.held(ahead=lambda: ahead[0]) as waited:
+        return waited
+
+
+def test_speculation_tells_each_check_how_far_ahead_of_its_turn_it_runs():
+    from reprocut.source.speculation import Speculation
+
+    started = threading.Barrier(3, timeout=10)
+    seen: dict[str, list[int]] = {}
+    lock = threading.Lock()
+
+    class Recording:
+        slots = 3
+
+        def run(self, code: str, slot: int, ticket: Ticket | None) -> bool:
+            assert ticket is not None
+            with lock:
+                seen[code] = [ticket.ahead]
+            if code in "abc":
+                started.wait()  # the first three in flight together
+            time.sleep({"a": 0.2, "b": 1.0}.get(code, 0.5))  # c looks while b still runs
+            with lock:
+                seen[code].append(ticket.ahead)
+            return code == "d"
+
+        def settle(self, code: str, slot: int, verdict: bool) -> bool:
+            return verdict
+
+    class Reducer:
+        def admissible(self, candidate: str) -> bool:
+            return True
+
+        def out_of_budget(self, in_flight: int) -> str | None:
+            return None
+
+        def take(self, candidate: str, verdict: bool, pass_name: str) -> bool:
+            return verdict
+
+    speculation = Speculation(Recording())
+    try:
+        chosen = speculation.first_accepted(Reducer(), [(c, c) for c in "abcd"], "p")
+    finally:
+        speculation.close()
+    assert chosen == ("d", "d")
+    assert [seen[c][0] for c in "abc"] == [0, 1, 2]  # at the start: its place in the queue
+    assert seen["b"][1] == 0 and seen["c"][1] == 1  # "a" answered (rejected): one step nearer

@@ -172,6 +172,9 @@ class Ticket:
         self._lock = threading.Lock()
         self._sent: tuple[Replies, int] | None = None
         self.cancelled = False
+        # checks of the same reducer before this one, not yet taken: 0 for the one it waits
+        # on, more for one run ahead of its turn (reprocut.check.machine_slots ranks by it)
+        self.ahead = 0
 
     def bind(self, replies: Replies, rid: int) -> None:
         with self._lock:

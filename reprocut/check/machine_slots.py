@@ -9,6 +9,14 @@ paid. So a check first takes one of the machine's check slots: a lock file in a 
 folder, held (flock) while the check runs and released by the kernel if its process dies. A
 check waiting for one is cancelled for free: it never started.
 
+A check that runs ahead of its turn (its shrink's candidates before it not yet answered) is a
+bet: it is wasted if one of them is accepted. So the slots are ranked: a check with `ahead`
+checks of its own shrink before it may take only the lowest `count >> ahead` slots (8 slots:
+any of 8 for the check a shrink waits on, the lowest 4 one step ahead, 2, then 1), and looks
+from the top of its range down. A shrink alone on the machine still runs its candidates side
+by side; with several, the checks each one waits on are not kept waiting behind bets, and few
+bets more than a step ahead run at all.
+
 REPROCUT_MACHINE_CHECKS sets how many (0: no limit); the default is `default_count()`.
 """
 
@@ -16,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -63,15 +70,22 @@ class MachineSlots:
     def enabled(self) -> bool:
         return self.count > 0 and fcntl is not None
 
+    def allowed(self, ahead: int) -> int:
+        """How many slots (the lowest) a check with `ahead` of its own before it may take."""
+        return max(1, self.count >> max(0, ahead))
+
     @contextlib.contextmanager
-    def held(self, cancelled: Callable[[], bool] = lambda: False) -> Iterator[float | None]:
+    def held(
+        self, cancelled: Callable[[], bool] = lambda: False, ahead: Callable[[], int] = lambda: 0
+    ) -> Iterator[float | None]:
         """Hold a slot for the block: yields the seconds waited for it, or None when
-        `cancelled()` became true first (the block then runs no check)."""
+        `cancelled()` became true first (the block then runs no check). `ahead()`: the checks of
+        the same shrink before this one, asked again while it waits (they get answered)."""
         if not self.enabled:
             yield 0.0
             return
         started = time.perf_counter()
-        held = self._wait(cancelled)
+        held = self._wait(cancelled, ahead)
         if held is None:
             yield None
             return
@@ -80,11 +94,9 @@ class MachineSlots:
         finally:
             os.close(held)  # closing the file releases its lock
 
-    def _wait(self, cancelled: Callable[[], bool]) -> int | None:
-        order = list(range(self.count))
+    def _wait(self, cancelled: Callable[[], bool], ahead: Callable[[], int]) -> int | None:
         while True:
-            random.shuffle(order)  # no slot is everyone's first try
-            for index in order:
+            for index in reversed(range(self.allowed(ahead()))):  # the lowest left to bets
                 taken = self._try(index)
                 if taken is not None:
                     return taken

@@ -234,7 +234,10 @@ class Oracle:
             return Cancelled(0.0)
         # the server ready (its imports, a preload) before a slot is taken: no slot waits on it
         ready = self._ready_server() if self.fork else None
-        with self.machine_slots.held(lambda: ticket is not None and ticket.cancelled) as waited:
+        with self.machine_slots.held(
+            lambda: ticket is not None and ticket.cancelled,
+            ahead=lambda: 0 if ticket is None else ticket.ahead,
+        ) as waited:
             if waited is None:  # cancelled while waiting for a slot: it never ran
                 return Cancelled(time.perf_counter() - started)
             if ready is not None:

@@ -142,11 +142,14 @@ class Speculation:
                         if not flying:
                             raise BudgetSpent(reason)
                         break
-                    flying.append(self._start(*held))
+                    flying.append(self._start(*held, ahead=len(flying)))
                     held = None
                 if not flying:
                     return None
                 head = flying.popleft()
+                head.ticket.ahead = 0  # the one the reducer waits on; the head before it answered
+                for ahead, flight in enumerate(flying, start=1):
+                    flight.ticket.ahead = ahead
                 verdict = head.result()
                 if contended(verdict) and self.checks.slots > 1:
                     for other in flying:  # let the others finish, then run it again alone
@@ -175,9 +178,10 @@ class Speculation:
                 return tag, candidate
         return None
 
-    def _start(self, tag: Any, candidate: str) -> _Flight:
+    def _start(self, tag: Any, candidate: str, ahead: int = 0) -> _Flight:
         slot = self._free.pop()
         flight = _Flight(tag, candidate, slot, Ticket())
+        flight.ticket.ahead = ahead
         if self._pool is None:
             flight.verdict = self.checks.run(candidate, slot, flight.ticket)
         else:
