@@ -205,6 +205,21 @@ def test_a_dimension_searched_four_ways_a_round_reaches_the_same_smallest_size(t
     assert results[4][1] <= results[1][1]  # accepted steps, each a round: at most as many
 
 
+def test_a_size_the_failure_needs_costs_three_checks_a_round_with_four_slots() -> None:
+    """1, half and one less rejected: the dimension is left, where a round of four-way cuts
+    asked six (on the H200 every round of passes asked them again for each such size)."""
+    case = ReproCase("torch.gather", (TensorSpec((4096,), values=Generated("randn")),))
+    seen: list[ReproCase] = []
+
+    def holds(candidate: ReproCase) -> bool:
+        seen.append(candidate)
+        return candidate.total_numel() == 4096
+
+    shrinker = Shrinker(case, holds, passes=[shrink_dimensions], ways=4)
+    assert shrinker.run() == case
+    assert [c.total_numel() for c in seen] == [1, 2048, 4095]
+
+
 def test_a_tensor_that_fails_past_a_size_merges_its_dimensions_and_ends_at_that_size() -> None:
     """A kernel reading numel() elements fails past a size however the tensor is shaped: as one
     dimension the search ends at that size exactly; dimension by dimension it ends above it."""

@@ -38,7 +38,7 @@ from reprocut.source.passes import (
 from reprocut.source.passes.specs import seeded
 from reprocut.source.passes.tree import focus_calls, names_reaching
 from reprocut.source.size import sort_key
-from reprocut.source.speculation import smaller_integers
+from reprocut.source.speculation import first_integers, smaller_integers
 
 VALUE_ERROR = Signature("ValueError", None, None, "bad")
 
@@ -331,7 +331,31 @@ def test_a_stuck_integer_costs_one_round_not_a_bisection_up_to_it():
         return raises_bad(candidate)
 
     assert reduce_with([shrink_integers], source, counted) == source
-    assert len(runs) <= 2 * 4  # two integers of 4096, one round of four candidates each
+    assert len(runs) == 2 * 3  # two integers of 4096: 0, half and one less each
+    # with four slots too: not the six of a round of cuts (0, 1, three cuts, one less)
+    runs.clear()
+    assert reduce_with([shrink_integers], source, counted, context=PassContext(ways=4)) == source
+    assert len(runs) == 2 * 3
+    assert first_integers(4096) == [0, 2048, 4095] and first_integers(4096, low=0) == [
+        1,
+        2048,
+        4095,
+    ]
+    assert first_integers(3) == [0, 1, 2] and first_integers(5, low=4) == []
+
+
+def test_an_integer_halves_and_then_searches_the_span_below_the_one_less_it_took():
+    """first_integers halves while half still fails; once only one less does, the span
+    between the last rejected half and it is searched: the same threshold as before."""
+    source = code("""
+        n = 4096
+        if n > int("600"):
+            raise ValueError("bad")
+    """)
+    for ways in (2, 4):
+        assert reduce_with([shrink_integers], source, context=PassContext(ways=ways)).startswith(
+            "n = 601\n"
+        )
 
 
 def test_shrink_integers_keeps_a_launchs_grid_and_block_at_one_or_more():

@@ -49,7 +49,7 @@ def spawn() -> None:
     with _lock:
         if _slot is not None:
             return
-        env = child_environment(blocking=False)
+        env = child_environment(blocking=False, one_connection=True)
         folder = tempfile.TemporaryDirectory(prefix="reprocut-oracle-")
         try:
             server = spawn_server(Path(folder.name), env)

@@ -62,7 +62,17 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
             "traceback": traceback.format_exc()[-TAIL_BYTES:],
         }
     verdict["seconds"] = time.perf_counter() - started
+    verdict["cuda"] = _cuda_started()
     return verdict
+
+
+def _cuda_started() -> bool:
+    """Did this child start CUDA (its own check, or the standby it ran in)?"""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # a torch half torn down by the candidate: say no
+        return False
 
 
 def _error(raised: Any) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from reprocut.check import check_log, early_server
-from reprocut.check.childenv import child_environment
+from reprocut.check.childenv import ONE_CONNECTION, child_environment
 from reprocut.check.connection import (
     ForkUnsafeError,
     Replies,
@@ -115,8 +115,12 @@ class Oracle:
         self.seconds = 0.0
         self._created = time.monotonic()
         # `reprocut shrink`'s server, started before the command's imports: its folder is ours
+        # checks run with one CUDA connection (childenv.ONE_CONNECTION) until a first check
+        # that did not reproduce with it reproduces without it
+        self.one_connection = True
+        self._connection_tried = False
         self._early = (
-            early_server.take(child_environment(blocking=False))
+            early_server.take(child_environment(blocking=False, one_connection=True))
             if fork and not launch_blocking
             else None
         )
@@ -250,6 +254,7 @@ class Oracle:
         verdict = verdict_from_reply(
             reply, expected, compare_op=self.compare_op, synchronized=self.launch_blocking
         )
+        verdict = self._first_verdict(request, reply, verdict, expected)
         check_log.log_check(verdict, reply, time.perf_counter() - started, waited, code,
                             filename=Path(filename).name, fork=self.fork, fresh_child=fresh_child)  # fmt: skip
         if confirm:
@@ -356,7 +361,7 @@ class Oracle:
             return early.server
         if early is not None:  # it died before it was needed: start another
             kill_server(early.server)
-        server, ready = start_server(self.workdir, child_environment(blocking=self.launch_blocking))
+        server, ready = start_server(self.workdir, self._environment())
         self.server_seconds = ready.get("seconds") or {}
         return server
 
@@ -443,4 +448,41 @@ class Oracle:
     # --- fresh processes ------------------------------------------------------------------------
 
     def _run_fresh(self, request: dict[str, Any]) -> dict[str, Any]:
-        return run_fresh(request, self.workdir, child_environment(blocking=self.launch_blocking))
+        return run_fresh(request, self.workdir, self._environment())
+
+    def _environment(self, one_connection: bool | None = None) -> dict[str, str]:
+        if one_connection is None:
+            one_connection = self.one_connection
+        return child_environment(blocking=self.launch_blocking, one_connection=one_connection)
+
+    def _first_verdict(
+        self,
+        request: dict[str, Any],
+        reply: dict[str, Any],
+        verdict: Verdict,
+        expected: Signature | None,
+    ) -> Verdict:
+        """The first check decides whether checks keep one CUDA connection: one that did not
+        reproduce with it runs once more, in a fresh process without it (a failure that needs
+        kernels of two streams to overlap cannot with one queue). If that one reproduces, the
+        server is replaced by one without it and that verdict stands."""
+        with self._counts:
+            if self._connection_tried or not self.one_connection:
+                return verdict
+            self._connection_tried = True
+        if isinstance(verdict, (Reproduced, Cancelled)) or expected is None:
+            return verdict
+        if not (reply.get("verdict") or {}).get("cuda"):  # no CUDA: the setting changed nothing
+            return verdict
+        if child_environment(blocking=False).get(ONE_CONNECTION[0]):  # the user set it
+            return verdict
+        reply = run_fresh(request, self.workdir, self._environment(one_connection=False))
+        again = verdict_from_reply(
+            reply, expected, compare_op=self.compare_op, synchronized=self.launch_blocking
+        )
+        check_log.log("connections", first=type(verdict).__name__, without=type(again).__name__)
+        if isinstance(again, Reproduced):
+            self.one_connection = False
+            self._stop_server()
+            return again
+        return verdict

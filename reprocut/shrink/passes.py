@@ -34,7 +34,7 @@ from reprocut.shrink.case_edits import (
 from reprocut.shrink.layout_passes import make_contiguous, merge_dimensions, zero_storage_offset
 from reprocut.shrink.shrinker import Shrinker, find_integer, keep_chunks
 from reprocut.shrink.sparse_passes import SPARSE_PASSES
-from reprocut.source.speculation import smaller_integers
+from reprocut.source.speculation import first_integers, smaller_integers
 
 
 def op_name(case: ReproCase) -> str:
@@ -133,18 +133,24 @@ def _shrink_one_dimension(shrinker: Shrinker, path: Path, dim: int) -> None:
 
 
 def _search_dimension(shrinker: Shrinker, path: Path, dim: int) -> None:
-    """The smallest size that still fails, its span cut `shrinker.ways` ways a round and the
-    cuts checked side by side (smallest first: the first accepted in order is the smallest that
-    failed). With four slots a size of 4096 takes about six rounds, where halving then walking
-    down by one took a dozen one check after another: a memory fault's captured call checks for
-    seconds each on the H200 (a triton_op's 129 checks, 350 s)."""
+    """The smallest size that still fails. First 1, half and one less (`first_integers`): all
+    three rejected, the size is one the failure needs, three checks; half accepted, the same
+    from there. Once one less is accepted, the span above the last rejected cut is cut
+    `shrinker.ways` ways a round and the cuts checked side by side (smallest first: the first
+    accepted in order is the smallest that failed). A memory fault's captured call checks for
+    seconds each on the H200 (a triton_op's 129 checks, 350 s), and a size its layout needs was
+    searched again every round of passes at `ways` + 2 checks."""
     low = 0  # the largest size known not to fail
+    searching = False
     while True:
         spec = spec_at(shrinker.best, path)
         if spec is None or dim >= len(spec.shape):
             return
         size = spec.shape[dim]
-        sizes = smaller_integers(size, low, shrinker.ways)
+        if searching:
+            sizes = smaller_integers(size, low, shrinker.ways)
+        else:
+            sizes = first_integers(size, low)
         if not shrinker.consider_first(
             [c for new in sizes for c in _sized(shrinker, path, dim, new)]
         ):
@@ -152,7 +158,9 @@ def _search_dimension(shrinker: Shrinker, path: Path, dim: int) -> None:
         accepted = spec_at(shrinker.best, path)
         if accepted is None or dim >= len(accepted.shape):
             return
-        low = max([low, *(new for new in sizes if new < accepted.shape[dim])])
+        new = accepted.shape[dim]
+        low = max([low, *(tried for tried in sizes if tried < new)])
+        searching = searching or (new == size - 1 and new > size // 2)
 
 
 # --- pass: cut_index_to_offender ----------------------------------------------------------------

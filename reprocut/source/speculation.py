@@ -219,6 +219,20 @@ def smaller_integers(value: int, low: int = -1, ways: int = 2) -> list[int]:
     return options
 
 
+def first_integers(value: int, low: int = -1) -> list[int]:
+    """An integer's first candidates, before any search: its smallest value (0, or 1 where 0 is
+    known not to fail), half of it, and one less. All three rejected: the integer is taken as
+    stuck after three checks, where a round of `smaller_integers` costs `ways` + 2 (six on the
+    H200, paid again every round of passes: most integers a fault script keeps are sizes its
+    kernel's layout needs). Half accepted: the same three again from there (halving); one less
+    accepted: the span between half and it is searched (`smaller_integers`)."""
+    options = [c for c in (0, 1) if low < c < value][:1]
+    for candidate in (value // 2, value - 1):
+        if candidate > max(low, *options, -1) and candidate < value:
+            options.append(candidate)
+    return options
+
+
 def span_cuts(low: int, high: int, ways: int) -> list[int]:
     """The points strictly between `low` and `high` that cut the span into `ways` parts (at
     least two: a bisection's middle), in order; none when nothing lies between."""

@@ -22,7 +22,7 @@ from reprocut.source.passes.tree import (
     transform,
     variable_counts,
 )
-from reprocut.source.speculation import smaller_integers
+from reprocut.source.speculation import first_integers, smaller_integers
 
 # --- shrink_integers -------------------------------------------------------------------------
 
@@ -60,25 +60,29 @@ def integer_value(node: cst.Integer) -> int:
 
 
 def shrink_integers(code: str, context: PassContext) -> Generator[Any, Any, None]:
-    """Make integer constants (epochs, batch and hidden sizes) small: 0, 1, then by bisection;
-    those a kernel launch's grid or block is made of no smaller than 1 (a launch of 0 blocks or
-    threads is an invalid configuration, not a smaller repro)."""
+    """Make integer constants (epochs, batch and hidden sizes) small: 0, half, one less
+    (`first_integers`), then the span below one less searched when it was accepted; those a
+    kernel launch's grid or block is made of no smaller than 1 (a launch of 0 blocks or threads
+    is an invalid configuration, not a smaller repro)."""
     module = parse(code)
     if module is None:
         return
     i = len(integers_of(module)) - 1
     lows: dict[int, int] = {}  # per integer: the largest value known not to fail
+    searching: set[int] = set()  # integers whose one less was accepted: a span to search
     while i >= 0:
-        accepted = yield Options(_smaller_integers_from(code, i, lows, context))
+        accepted = yield Options(_smaller_integers_from(code, i, lows, searching, context))
         if accepted is None:
             return
-        (i, low), code = accepted  # stay at that integer: the new value may shrink further
+        (i, low, search), code = accepted  # stay at that integer: the new value may shrink further
         lows[i] = low
+        if search:
+            searching.add(i)
 
 
 def _smaller_integers_from(
-    code: str, last: int, lows: dict[int, int], context: PassContext
-) -> Iterator[tuple[tuple[int, int], str | None]]:
+    code: str, last: int, lows: dict[int, int], searching: set[int], context: PassContext
+) -> Iterator[tuple[tuple[int, int, bool], str | None]]:
     module = parse(code)
     if module is None:
         return
@@ -86,9 +90,15 @@ def _smaller_integers_from(
     configuring = configuration_integers(module)
     for i in range(min(last, len(found) - 1), -1, -1):
         low = max(lows.get(i, -1), 0 if id(found[i]) in configuring else -1)
-        for value in smaller_integers(integer_value(found[i]), low, context.ways):
-            yield (i, low), transform(code, _SetInteger(found[i], value), module)
-            low = value  # offered after this one only if this one was rejected
+        value = integer_value(found[i])
+        if i in searching:
+            values = smaller_integers(value, low, context.ways)
+        else:
+            values = first_integers(value, low)
+        for new in values:
+            search = i in searching or (new == value - 1 and new > value // 2)
+            yield (i, low, search), transform(code, _SetInteger(found[i], new), module)
+            low = new  # offered after this one only if this one was rejected
 
 
 # --- drop_arguments --------------------------------------------------------------------------
