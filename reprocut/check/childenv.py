@@ -2,6 +2,13 @@
 
 Apart from oracle.py so that the `reprocut` command can start the fork server before it imports
 anything heavy (see check/early_server.py): stdlib only.
+
+The kernel caches (TRITON_CACHE_DIR, TORCH_EXTENSIONS_DIR) are left as the user's environment
+has them, and so are the children of plain runs, verification and compute-sanitizer: every
+process of a shrink finds its kernels where the user's own runs, the recording's included, put
+them (Triton's and torch's default folders unless the shell set others). A folder of reprocut's
+own was cold at a shrink's first check: on the H200 a `load_inline` extension's first check
+built it again for 41 s after the recording had built it.
 """
 
 from __future__ import annotations
@@ -9,7 +16,6 @@ from __future__ import annotations
 import os
 
 from reprocut import PACKAGE_DIR
-from reprocut.check.kernel_caches import with_kernel_caches
 
 FORK_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # torch.cuda.is_available() without CUDA
 BLOCKING_ENV = {"CUDA_LAUNCH_BLOCKING": "1", **FORK_ENV}
@@ -28,11 +34,10 @@ def package_root() -> str:
 
 
 def child_environment(*, blocking: bool = True, one_connection: bool = False) -> dict[str, str]:
-    """The environment of reprocut's child processes, reprocut importable, the kernel caches
-    shared (check/kernel_caches.py); with `blocking` (probes and localization), blocking
+    """The environment of reprocut's child processes, reprocut importable; with `blocking` (probes and localization), blocking
     launches, else the user's own environment as it is; `one_connection`: a check's
     (ONE_CONNECTION, unless the user's environment sets it)."""
-    env = with_kernel_caches(os.environ)
+    env = dict(os.environ)
     env.update(BLOCKING_ENV if blocking else FORK_ENV)
     if one_connection:
         env.setdefault(*ONE_CONNECTION)

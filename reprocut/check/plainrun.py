@@ -21,7 +21,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from reprocut.check.kernel_caches import with_kernel_caches
 from reprocut.check.oracle import run_with_timeout
 from reprocut.check.verify import RunOutcome, signature_from_stderr
 
@@ -51,7 +50,7 @@ class _Standby:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
-                env=with_kernel_caches() if env is None else env,  # as `python repro.py`
+                env=env,  # None: this process's, as `python repro.py` has it
                 start_new_session=True,
                 text=True,
             )

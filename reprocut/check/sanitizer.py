@@ -27,7 +27,6 @@ from typing import Any
 
 import libcst as cst
 
-from reprocut.check.kernel_caches import with_kernel_caches
 from reprocut.check.memcheck import (
     MemcheckError,
     MemcheckReport,
@@ -241,7 +240,7 @@ def _memcheck(repro: Path, exe: str, timeout: float, options: list[str], where: 
         command = [exe, "--tool", "memcheck", "--print-limit", str(PRINT_LIMIT), "--padding",
                    str(PADDING), *options, "--log-file",
                    str(log), sys.executable, "-c", _WRAPPER, str(repro), *where.argv]  # fmt: skip
-        env = {**with_kernel_caches(), "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
+        env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
                MAP_ENV: str(tensor_map)}  # fmt: skip
         with output.open("w") as sink:
             try:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Protocol
 
 from reprocut.check import lifeline
-from reprocut.check.kernel_caches import with_kernel_caches
 from reprocut.check.oracle import run_with_timeout
 from reprocut.model.case import Signature
 from reprocut.model.errors import ExitCode
@@ -80,7 +79,7 @@ def run_plain(
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env=with_kernel_caches() if env is None else env,
+        env=env,
         start_new_session=True,
     )
     stderr_bytes = b""

@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from reprocut.check.kernel_caches import with_kernel_caches
 from reprocut.check.plainrun import PlainRunner
 from reprocut.check.verify import RunOutcome, Verification, run_plain, verify
 from reprocut.model.case import Signature, TensorSpec, spec_from_json
@@ -175,9 +174,9 @@ def _jump(
 
 
 def _environment(*, compiled: bool) -> dict[str, str]:
-    """A check's or verification's: torch.compile on or off, the kernel caches of every check
-    shared (each candidate's Inductor kernels and the user's Triton kernels stay compiled)."""
-    return with_kernel_caches(compile_environment(compiled=compiled))
+    """A check's or verification's: torch.compile on or off, the rest as the user's (the
+    kernel caches included: see check/childenv.py)."""
+    return compile_environment(compiled=compiled)
 
 
 def _signature(outcome: RunOutcome) -> Signature | None:
