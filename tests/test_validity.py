@@ -355,3 +355,31 @@ def test_a_kernels_attribute_names_keywords_and_one_line_bodies_are_not_read_as_
         "    def add_kernel(x_ptr, o_ptr, n, BLOCK: tl.constexpr): pid = tl.program_id(0); tl.store(o_ptr + pid, 1.0)\n\n    def unused(x_ptr, o_ptr, n, BLOCK: tl.constexpr):\n",
     )  # fmt: skip
     assert rules.rejects(one_line, best) == []
+
+
+def test_none_or_a_number_where_a_kernel_needs_a_value_or_a_pointer_is_rejected() -> None:
+    """What simplify_expressions made of a Triton kernel on the H200 (30 of one reduction's 42
+    candidates, each a CompilationError after its CUDA start): `x = None`, `tl.load(0)`,
+    `tl.store(None, v)`, `tl.store(p, None)`. A keyword's None and a plain 0 value are left."""
+    rules = Rules(memory_fault=True, focus="add_kernel[(4,)](x, out, 64, BLOCK=16)")
+    store = "tl.store(o_ptr + offs, tl.load(x_ptr + offs))"
+    assert store in TRITON_BEST
+    made = {
+        "None assigned": TRITON_BEST.replace("pid = tl.program_id(0)", "pid = None"),
+        "tl.load() of a constant, not a pointer": TRITON_BEST.replace(
+            "tl.load(x_ptr + offs)", "tl.load(0)"
+        ),
+        "tl.store() of a constant, not a pointer": TRITON_BEST.replace(
+            store, "tl.store(None, tl.load(x_ptr + offs))"
+        ),
+        "tl.store() of None": TRITON_BEST.replace(store, "tl.store(o_ptr + offs, None)"),
+    }
+    for why, candidate in made.items():
+        assert rules.rejects(candidate, TRITON_BEST) == [
+            f"CompilationError: {why} in kernel add_kernel"
+        ]
+    for fine in (
+        "tl.store(o_ptr + offs, 0)",
+        "tl.store(o_ptr + offs, tl.load(x_ptr + offs, mask=None))",
+    ):
+        assert rules.rejects(TRITON_BEST.replace(store, fine), TRITON_BEST) == [], fine

@@ -10,8 +10,9 @@ tl` (a call hoisted to its module), `pid * BLOCK` with `pid` deleted, `k[grid](x
 Only what certainly fails is named, for kernels decorated with `triton.jit` alone (an autotuned
 kernel takes some parameters from its configs): a name that neither the kernel's parameters, its
 body nor the module bind; a module (`tl`, `triton`) used as a value; a `tl` function called
-with fewer arguments than it requires; a launch that leaves a parameter without a default
-unpassed. The validity rules (reprocut.source.validity) reject a candidate for a problem its
+with fewer arguments than it requires; None or a number where a value or a pointer is needed
+(`x = None`, `tl.load(0)`: on the H200 30 of one reduction's 42 expression simplifications);
+a launch that leaves a parameter without a default unpassed. The validity rules (reprocut.source.validity) reject a candidate for a problem its
 best does not have.
 """
 
@@ -63,6 +64,7 @@ def uncompilable_kernels(module: cst.Module) -> list[str]:
                   for n in _bare_names(body) if n in modules - local]  # fmt: skip
         found += [f"CompilationError: {call}() without its {needed} argument(s) in kernel {name}"
                   for call, needed in _short_calls(body)]  # fmt: skip
+        found += [f"CompilationError: {why} in kernel {name}" for why in _no_values(body)]
         found += _unpassed(module, kernel)
     return list(dict.fromkeys(found))
 
@@ -158,6 +160,41 @@ def _short_calls(body: Sequence[cst.CSTNode]) -> Iterator[tuple[str, int]]:
             needed = REQUIRED_ARGUMENTS.get(name.rsplit(".", 1)[-1])
             if needed is not None and len(node.args) < needed:
                 yield name, needed
+
+
+# triton.language functions whose first argument is a pointer (and, for stores, the second the
+# value written)
+_POINTER_FIRST = ("load", "store", "atomic_add", "atomic_max", "atomic_min", "atomic_cas",
+                  "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor")  # fmt: skip
+
+
+def _no_values(body: Sequence[cst.CSTNode]) -> Iterator[str]:
+    """None where a kernel needs a value, or a number where it needs a pointer: `x = None`,
+    `tl.load(0)`, `tl.store(None, v)`, `tl.store(p, None)` (a simplification of the kernel's
+    expressions; Triton refuses them at compile time). A keyword's None (`mask=None`) and a
+    comparison with None are left: they are how optional arguments are written."""
+    for statement in body:
+        for node in walk(statement):
+            if isinstance(node, cst.Assign) and _is_none(node.value):
+                yield "None assigned"
+            if not isinstance(node, cst.Call) or any(a.star for a in node.args):
+                continue
+            name = dotted(node.func) or ""
+            if not name.startswith(_LANGUAGE) or name.rsplit(".", 1)[-1] not in _POINTER_FIRST:
+                continue
+            positional = [a.value for a in node.args if a.keyword is None]
+            if positional and _is_constant(positional[0]):
+                yield f"{name}() of a constant, not a pointer"
+            if name.endswith(".store") and len(positional) > 1 and _is_none(positional[1]):
+                yield f"{name}() of None"
+
+
+def _is_none(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
+
+
+def _is_constant(node: cst.BaseExpression) -> bool:
+    return _is_none(node) or isinstance(node, cst.Integer | cst.Float)
 
 
 def _unpassed(module: cst.Module, kernel: cst.FunctionDef) -> list[str]:
