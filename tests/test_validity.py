@@ -383,3 +383,25 @@ def test_none_or_a_number_where_a_kernel_needs_a_value_or_a_pointer_is_rejected(
         "tl.store(o_ptr + offs, tl.load(x_ptr + offs, mask=None))",
     ):
         assert rules.rejects(TRITON_BEST.replace(store, fine), TRITON_BEST) == [], fine
+
+
+def test_a_load_of_no_parameter_or_a_kernel_called_without_its_grid_is_rejected() -> None:
+    """A kernel's pointers come from its parameters: `tl.load(offs)` with `offs` made from
+    `tl.program_id` cannot compile; `kernel(...)` without `[grid]` raises before any launch
+    (hoist_subexpressions made both of a Triton fault script on the H200)."""
+    rules = Rules(memory_fault=True, focus="add_kernel[(4,)](x, out, 64, BLOCK=16)")
+    load = "tl.load(x_ptr + offs)"
+    no_pointer = TRITON_BEST.replace(load, "tl.load(offs)")
+    assert rules.rejects(no_pointer, TRITON_BEST) == [
+        "CompilationError: tl.load() of no pointer in kernel add_kernel"
+    ]
+    derived = TRITON_BEST.replace(
+        "offs = pid * BLOCK", "base = x_ptr + pid\n        offs = pid * BLOCK"
+    )
+    assert rules.rejects(derived.replace(load, "tl.load(base)"), derived) == []  # via a name
+    ungridded = TRITON_BEST.replace(
+        "add_kernel[(4,)](x, out, 64, BLOCK=16)", "add_kernel(x, out, 64, BLOCK=16)"
+    )
+    assert "RuntimeError: add_kernel called without a grid" in Rules(
+        memory_fault=True, focus="add_kernel(x, out, 64, BLOCK=16)"
+    ).rejects(ungridded, TRITON_BEST)

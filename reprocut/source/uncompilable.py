@@ -65,7 +65,10 @@ def uncompilable_kernels(module: cst.Module) -> list[str]:
         found += [f"CompilationError: {call}() without its {needed} argument(s) in kernel {name}"
                   for call, needed in _short_calls(body)]  # fmt: skip
         found += [f"CompilationError: {why} in kernel {name}" for why in _no_values(body)]
+        found += [f"CompilationError: {call}() of no pointer in kernel {name}"
+                  for call in _pointerless(kernel, modules)]  # fmt: skip
         found += _unpassed(module, kernel)
+        found += _called_without_grid(module, kernel)
     return list(dict.fromkeys(found))
 
 
@@ -187,6 +190,88 @@ def _no_values(body: Sequence[cst.CSTNode]) -> Iterator[str]:
                 yield f"{name}() of a constant, not a pointer"
             if name.endswith(".store") and len(positional) > 1 and _is_none(positional[1]):
                 yield f"{name}() of None"
+
+
+def _pointerless(kernel: cst.FunctionDef, modules: set[str]) -> Iterator[str]:
+    """`tl.load`/`tl.store`/atomics whose pointer reads none of the kernel's parameters, even
+    through the names the body assigns (`tl.load(offs)` with `offs = tl.program_id(0)`): a
+    kernel's pointers come from its parameters only (not its `tl.constexpr` ones). A name bound any other way than an
+    assignment or a loop (a `with`, a walrus) may hold anything, and is taken as a pointer."""
+    body = kernel.body.body
+    sources: dict[str, set[str]] = {}  # a name the body assigns: the names its values read
+    for statement in body:
+        for node in walk(statement):
+            if isinstance(node, cst.Assign | cst.AnnAssign | cst.AugAssign):
+                targets = (
+                    [t.target for t in node.targets]
+                    if isinstance(node, cst.Assign)
+                    else [node.target]
+                )
+                read = set(reads(node.value)) if node.value is not None else set()
+                for target in targets:
+                    for name in target_names(target):
+                        sources.setdefault(name, set()).update(read)
+                        if isinstance(node, cst.AugAssign):
+                            sources[name].add(name)
+            elif isinstance(node, cst.For):  # `for k in range(n)`: what the iterable reads
+                for name in target_names(node.target):
+                    sources.setdefault(name, set()).update(reads(node.iter))
+    opaque = bound_in(body) - set(sources)
+    pointers = (_parameters(kernel) - _constexpr_parameters(kernel)) | opaque
+    changed = True
+    while changed:
+        changed = False
+        for name, read in sources.items():
+            if name not in pointers and read & pointers:
+                pointers.add(name)
+                changed = True
+    # what certainly holds no pointer: the locals made from none, the constexprs, the modules
+    # (a name bound nowhere is the NameError rule's)
+    plain = (set(sources) - pointers) | _constexpr_parameters(kernel) | modules | {"tl"}
+    for statement in body:
+        for node in walk(statement):
+            if not isinstance(node, cst.Call) or any(a.star for a in node.args):
+                continue
+            name = dotted(node.func) or ""
+            if not name.startswith(_LANGUAGE) or name.rsplit(".", 1)[-1] not in _POINTER_FIRST:
+                continue
+            positional = [a.value for a in node.args if a.keyword is None]
+            pointer = positional[0] if positional else None
+            if pointer is not None and not _is_constant(pointer) and set(reads(pointer)) <= plain:
+                yield name
+
+
+def _constexpr_parameters(kernel: cst.FunctionDef) -> set[str]:
+    """Parameters annotated `tl.constexpr`: compile-time values, never pointers."""
+    params = kernel.params
+    return {
+        p.name.value
+        for p in (*params.posonly_params, *params.params, *params.kwonly_params)
+        if p.annotation is not None
+        and (dotted(p.annotation.annotation) or "").endswith("constexpr")
+    }
+
+
+def _called_without_grid(module: cst.Module, kernel: cst.FunctionDef) -> list[str]:
+    """`kernel(...)` outside any kernel: a @triton.jit function runs only when launched
+    (`kernel[grid](...)`); called as a function it raises before the launch."""
+    found = []
+    for node in _outside_kernels(module):
+        if isinstance(node, cst.Call) and dotted(node.func) == kernel.name.value:
+            found.append(f"RuntimeError: {kernel.name.value} called without a grid")
+    return found
+
+
+def _outside_kernels(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    for child in child_nodes(node):
+        if (
+            isinstance(child, cst.FunctionDef)
+            and child.decorators
+            and any(_is_jit(d) for d in child.decorators)
+        ):
+            continue
+        yield child
+        yield from _outside_kernels(child)
 
 
 def _is_none(node: cst.BaseExpression) -> bool:
