@@ -51,11 +51,11 @@ def test_a_first_check_that_reproduces_only_with_many_connections_turns_the_sett
         assert isinstance(
             oracle.check_source(NEEDS_QUEUES, filename=script, cwd=tmp_path), Reproduced
         )
-        assert not oracle.one_connection
+        assert not oracle.connection.on
         assert isinstance(
             oracle.check_source(NEEDS_QUEUES, filename=script, cwd=tmp_path), Reproduced
         )
     with Oracle(expected, timeout=60) as oracle:  # one that passes either way keeps it
         passing = "import torch\ntorch.empty(1, device='cuda')\n"
         assert isinstance(oracle.check_source(passing, filename=script, cwd=tmp_path), Passed)
-        assert oracle.one_connection
+        assert oracle.connection.on

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from reprocut.check import check_log, early_server
-from reprocut.check.childenv import ONE_CONNECTION, child_environment
+from reprocut.check.case_script import case_filename, emitted_case
+from reprocut.check.childenv import child_environment
 from reprocut.check.connection import (
     ForkUnsafeError,
     Replies,
@@ -36,6 +37,7 @@ from reprocut.check.connection import (
     kill_server,
     start_server,
 )
+from reprocut.check.connections import ConnectionChoice
 from reprocut.check.fresh import run_fresh, run_with_timeout
 from reprocut.check.machine_slots import MachineSlots
 from reprocut.check.sidecars import Sidecars
@@ -52,8 +54,6 @@ from reprocut.check.verdicts import (
     verdict_from_reply,
 )
 from reprocut.model.case import ReproCase, Signature
-from reprocut.shrink.emitter import Emitted, emit, inline_captured
-from reprocut.shrink.header import Header
 
 __all__ = [
     "Cancelled",
@@ -74,16 +74,6 @@ __all__ = [
 ]
 SERVER_GRACE = 30.0  # seconds the server may take beyond a check's own timeout before we give up
 PRELOAD_TIMEOUT = 300.0  # a trial import and the real one of every preloaded package
-
-
-def emitted_case(case: ReproCase, inputs: Mapping[str, Any] | None = None) -> Emitted:
-    """`case` as the script its check runs (captured values inlined where small)."""
-    return emit(inline_captured(case, inputs) if inputs else case, Header(expected=case.expected))
-
-
-def case_filename(case: ReproCase, code: str, folder: Path) -> Path:
-    """The file a check of `case` runs: one per candidate for a custom op's code."""
-    return folder / (f"repro_{abs(hash(code)):x}.py" if case.definitions else "repro.py")
 
 
 class Oracle:
@@ -115,10 +105,7 @@ class Oracle:
         self.seconds = 0.0
         self._created = time.monotonic()
         # `reprocut shrink`'s server, started before the command's imports: its folder is ours
-        # checks run with one CUDA connection (childenv.ONE_CONNECTION) until a first check
-        # that did not reproduce with it reproduces without it
-        self.one_connection = True
-        self._connection_tried = False
+        self.connection = ConnectionChoice(blocking=launch_blocking)  # check/connections.py
         self._early = (
             early_server.take(child_environment(blocking=False, one_connection=True))
             if fork and not launch_blocking
@@ -254,7 +241,17 @@ class Oracle:
         verdict = verdict_from_reply(
             reply, expected, compare_op=self.compare_op, synchronized=self.launch_blocking
         )
-        verdict = self._first_verdict(request, reply, verdict, expected)
+        verdict, switched = (verdict, False) if expected is None else self.connection.first_verdict(
+            reply,
+            verdict,
+            reproduced=lambda v: isinstance(v, Reproduced),
+            rerun_without=lambda env: verdict_from_reply(
+                run_fresh(request, self.workdir, env), expected,
+                compare_op=self.compare_op, synchronized=self.launch_blocking,
+            ),
+        )  # fmt: skip
+        if switched:  # the next check starts a server without the setting
+            self._stop_server()
         check_log.log_check(verdict, reply, time.perf_counter() - started, waited, code,
                             filename=Path(filename).name, fork=self.fork, fresh_child=fresh_child)  # fmt: skip
         if confirm:
@@ -361,7 +358,7 @@ class Oracle:
             return early.server
         if early is not None:  # it died before it was needed: start another
             kill_server(early.server)
-        server, ready = start_server(self.workdir, self._environment())
+        server, ready = start_server(self.workdir, self.connection.environment())
         self.server_seconds = ready.get("seconds") or {}
         return server
 
@@ -448,41 +445,4 @@ class Oracle:
     # --- fresh processes ------------------------------------------------------------------------
 
     def _run_fresh(self, request: dict[str, Any]) -> dict[str, Any]:
-        return run_fresh(request, self.workdir, self._environment())
-
-    def _environment(self, one_connection: bool | None = None) -> dict[str, str]:
-        if one_connection is None:
-            one_connection = self.one_connection
-        return child_environment(blocking=self.launch_blocking, one_connection=one_connection)
-
-    def _first_verdict(
-        self,
-        request: dict[str, Any],
-        reply: dict[str, Any],
-        verdict: Verdict,
-        expected: Signature | None,
-    ) -> Verdict:
-        """The first check decides whether checks keep one CUDA connection: one that did not
-        reproduce with it runs once more, in a fresh process without it (a failure that needs
-        kernels of two streams to overlap cannot with one queue). If that one reproduces, the
-        server is replaced by one without it and that verdict stands."""
-        with self._counts:
-            if self._connection_tried or not self.one_connection:
-                return verdict
-            self._connection_tried = True
-        if isinstance(verdict, (Reproduced, Cancelled)) or expected is None:
-            return verdict
-        if not (reply.get("verdict") or {}).get("cuda"):  # no CUDA: the setting changed nothing
-            return verdict
-        if child_environment(blocking=False).get(ONE_CONNECTION[0]):  # the user set it
-            return verdict
-        reply = run_fresh(request, self.workdir, self._environment(one_connection=False))
-        again = verdict_from_reply(
-            reply, expected, compare_op=self.compare_op, synchronized=self.launch_blocking
-        )
-        check_log.log("connections", first=type(verdict).__name__, without=type(again).__name__)
-        if isinstance(again, Reproduced):
-            self.one_connection = False
-            self._stop_server()
-            return again
-        return verdict
+        return run_fresh(request, self.workdir, self.connection.environment())

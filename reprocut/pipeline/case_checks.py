@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from reprocut.check.oracle import Oracle, Reproduced, Ticket, case_filename, emitted_case
+from reprocut.check.case_script import case_filename, emitted_case
+from reprocut.check.oracle import Oracle, Reproduced, Ticket
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.recording import Failure
 from reprocut.model.signature import is_memory_error
