@@ -29,7 +29,7 @@ extern "C" __global__ void cmvn_vec4(const float* __restrict__ x, float* __restr
 """
 _KERNEL = cupy.RawKernel(_SOURCE, "cmvn_vec4")
 mean = torch.randn((1742,)).as_strided((572,), (1,)).mean().item()
-out = torch.randn((1742,)).as_strided((572,), (1,)).shape
+out = (0,)
 args = (cupy.asarray(torch.randn((1742,), device='cuda:0').as_strided((572,), (1,), 1170)), cupy.asarray(out), mean, 0, 4)
 _KERNEL((1,), (1,), args)
 torch.cuda.synchronize()

@@ -10,7 +10,7 @@ CPU: reproduces too (NotImplementedError: Could not run 'clippool::segment_sum' 
 
 Seen on:
   torch 2.11.0+cu130, CUDA 13.0, driver 580.159.04
-  GPU NVIDIA H200, Python 3.12.3, Linux-6.18.44-fc-v1147-gpu-x86_64-with-glibc2.39
+  GPU NVIDIA H200, Python 3.12.3, Linux-6.18.44-fc-v1252-gpu-x86_64-with-glibc2.39
 
 Run: python repro.py
 """
@@ -85,7 +85,7 @@ torch.library.register_autograd(
 
 
 def main():
-    t0 = torch.zeros(1, 668, device="cuda:0")
+    t0 = torch.zeros(1, 776, device="cuda:0")
     t1 = torch.tensor([2500007], device="cuda:0")
     torch.ops.clippool.segment_sum.default(t0, t1, 8)
     torch.cuda.synchronize()

@@ -1,11 +1,9 @@
 """compute-sanitizer (memcheck):
-  Invalid __global__ write of size 16 bytes in scale_logits_kernel
-  thread (0,0,0) in block (2098877,0,0): writes 16 B at 8.7 GiB before the start of `logits` (arg 0)
+  Invalid __global__ write of size 4 bytes in scale_logits_kernel
+  thread (0,0,0) in block (1073741824,0,0): writes 4 B at 0x7fd1bc000000
   host: launch < [libc.so.6] < __libc_start_main < __call__ in driver.py:713
-  at least 20 errors (memcheck stopped after printing them)
+  3 error(s) in all
 """
-
-from __future__ import annotations
 
 import torch
 import triton
@@ -17,15 +15,11 @@ torch.manual_seed(0)
 @triton.jit
 def scale_logits_kernel(x_ptr, out_ptr, n, inv_temperature, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask)
-    tl.store(out_ptr + offs, x * inv_temperature, mask=mask)
+    offs = pid * BLOCK
+    tl.store(out_ptr + offs, 0)
 
 
-logits = torch.randn((8, 2048, 151936), dtype=torch.bfloat16, device='cuda:0')
-n = logits.numel()
-grid = (triton.cdiv(n, 1024),)
-temperature = 2.0
-scale_logits_kernel[grid](logits, torch.randn((8, 2048, 151936), dtype=torch.bfloat16, device='cuda:0'), n, 1.0 / temperature, BLOCK=1024)
+n = 2147483649
+grid = (triton.cdiv(n, 2),)
+scale_logits_kernel[grid](torch.randn((8, 2048, 151936), device='cuda:0'), torch.randn((8, 2048, 151936), device='cuda:0'), n, 1.0, BLOCK=2)
 torch.cuda.synchronize()

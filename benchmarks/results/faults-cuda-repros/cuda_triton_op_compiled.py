@@ -4,6 +4,7 @@ Expected: AcceleratorError (CUDA error 700) in fused::gated: an illegal memory a
 Message: CUDA error: an illegal memory access was encountered
 Call: torch.ops.fused.gated.default
 Original: t0 (128, 256, 4096), t1 (128, 256, 4096)
+  t1: stride 0 in dims 0, 1 (an expand()ed view): 134217728 elements over 4096 of storage
 Data: synthetic (generated tensors)
 CPU: reproduces too (ValueError: Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?))
 
@@ -15,7 +16,7 @@ Run: python repro.py
 
 compute-sanitizer (memcheck):
   Invalid __global__ read of size 16 bytes in gated_kernel
-  thread (96,0,0) in block (8,0,0): reads 16 B at 33.5 KiB after the end of `t1` (arg 1)
+  thread (0,0,0) in block (8,0,0): reads 16 B at 16.0 KiB after the end of `t1` (arg 1)
   host: launch < pybind11::object pybind11::detail::object_api<pybind11::handle>::operator < torch::impl::dispatch::PythonKernelHolder::operator < pybind11::object pybind11::detail::argument_loader<pybind11::object const&, c10::DispatchKeySet, pybind11::args, pybind11::kwargs const&>::call_impl<pybind11::object, torch::impl::dispatch::initDispatchBindings
   at least 20 errors (memcheck stopped after printing them)
 """
@@ -56,8 +57,8 @@ gated.register_autograd(_backward, setup_context=_setup)
 
 
 def main():
-    t0 = torch.zeros(1, 190, 3072, device="cuda:0", requires_grad=True)
-    t1 = torch.zeros(1, device="cuda:0").as_strided((23, 3, 1), (0, 0, 1))
+    t0 = torch.zeros(9, 223, 4096, device="cuda:0", requires_grad=True)
+    t1 = torch.zeros(4096, device="cuda:0").as_strided((9, 255, 4096), (0, 0, 1))
     torch.ops.fused.gated.default(t0, t1)
     torch.cuda.synchronize()
 

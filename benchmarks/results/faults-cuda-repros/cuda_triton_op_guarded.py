@@ -10,13 +10,13 @@ CPU: reproduces too (ValueError: Pointer argument (at 0) cannot be accessed from
 
 Seen on:
   torch 2.11.0+cu130, CUDA 13.0, driver 580.159.04
-  GPU NVIDIA H200, Python 3.12.3, Linux-6.18.44-fc-v1147-gpu-x86_64-with-glibc2.39
+  GPU NVIDIA H200, Python 3.12.3, Linux-6.18.44-fc-v1252-gpu-x86_64-with-glibc2.39
 
 Run: python repro.py
 
 compute-sanitizer (memcheck):
   Invalid __global__ read of size 4 bytes in rms_scale_kernel
-  thread (0,0,0) in block (2134,0,0): reads 4 B at 257.5 KiB after the end of `out`
+  thread (32,0,0) in block (964,0,0): reads 4 B at 103.7 KiB after the end of `t0` (arg 0)
   host: launch < pybind11::object pybind11::detail::object_api<pybind11::handle>::operator < torch::impl::dispatch::PythonKernelHolder::operator < pybind11::object pybind11::detail::argument_loader<pybind11::object const&, c10::DispatchKeySet, pybind11::args, pybind11::kwargs const&>::call_impl<pybind11::object, torch::impl::dispatch::initDispatchBindings
   at least 20 errors (memcheck stopped after printing them)
 """
