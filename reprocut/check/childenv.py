@@ -20,7 +20,7 @@ from reprocut import PACKAGE_DIR
 FORK_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # torch.cuda.is_available() without CUDA
 BLOCKING_ENV = {"CUDA_LAUNCH_BLOCKING": "1", **FORK_ENV}
 # One hardware work queue per CUDA context. A check's process makes a context and most end
-# with it poisoned by the fault; on the H200 (cuda-start-probe.md) eight such processes at once
+# with it poisoned by the fault; on the H200 (benchmarks/results/cuda-start-cuda.md) eight such processes at once
 # started their contexts in 0.45 s instead of 1.11 s with it, and the machine ran 4.4 faulting
 # checks a second instead of 2.8 (11.1 instead of 5.0 that did not fault). Only checks get it,
 # and not where the user set it: a plain run, the sanitizer and the verification run as the
@@ -34,9 +34,9 @@ def package_root() -> str:
 
 
 def child_environment(*, blocking: bool = True, one_connection: bool = False) -> dict[str, str]:
-    """The environment of reprocut's child processes, reprocut importable; with `blocking` (probes and localization), blocking
-    launches, else the user's own environment as it is; `one_connection`: a check's
-    (ONE_CONNECTION, unless the user's environment sets it)."""
+    """The environment of reprocut's child processes, reprocut importable; with `blocking`
+    (probes and localization), blocking launches, else the user's own environment as it is;
+    `one_connection`: a check's (ONE_CONNECTION, unless the user's environment sets it)."""
     env = dict(os.environ)
     env.update(BLOCKING_ENV if blocking else FORK_ENV)
     if one_connection:

@@ -15,6 +15,7 @@ from typing import Any
 
 from reprocut.check import check_log
 from reprocut.check.childenv import ONE_CONNECTION, child_environment
+from reprocut.check.verdicts import Cancelled, Reproduced, Verdict
 
 
 class ConnectionChoice:
@@ -32,16 +33,16 @@ class ConnectionChoice:
         )
 
     def first_verdict(
-        self, reply: dict[str, Any], verdict: Any, reproduced: Callable[[Any], bool],
-        rerun_without: Callable[[dict[str, str]], Any],
-    ) -> tuple[Any, bool]:  # fmt: skip
+        self, reply: dict[str, Any], verdict: Verdict,
+        rerun_without: Callable[[dict[str, str]], Verdict],
+    ) -> tuple[Verdict, bool]:  # fmt: skip
         """(the verdict that stands, whether the setting was just turned off). Only the first
         verdict is looked at; `rerun_without(env)` runs the same check fresh in `env`."""
         with self._lock:
             if self._decided or not self.on:
                 return verdict, False
             self._decided = True
-        if reproduced(verdict) or type(verdict).__name__ == "Cancelled":
+        if isinstance(verdict, Reproduced | Cancelled):
             return verdict, False
         if not (reply.get("verdict") or {}).get("cuda"):  # no CUDA: the setting changed nothing
             return verdict, False
@@ -49,7 +50,7 @@ class ConnectionChoice:
             return verdict, False
         again = rerun_without(self.environment(on=False))
         check_log.log("connections", first=type(verdict).__name__, without=type(again).__name__)
-        if not reproduced(again):
+        if not isinstance(again, Reproduced):
             return verdict, False
         self.on = False
         return again, True

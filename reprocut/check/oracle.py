@@ -244,7 +244,6 @@ class Oracle:
         verdict, switched = (verdict, False) if expected is None else self.connection.first_verdict(
             reply,
             verdict,
-            reproduced=lambda v: isinstance(v, Reproduced),
             rerun_without=lambda env: verdict_from_reply(
                 run_fresh(request, self.workdir, env), expected,
                 compare_op=self.compare_op, synchronized=self.launch_blocking,
