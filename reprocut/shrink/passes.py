@@ -34,7 +34,7 @@ from reprocut.shrink.case_edits import (
 from reprocut.shrink.layout_passes import make_contiguous, merge_dimensions, zero_storage_offset
 from reprocut.shrink.shrinker import Shrinker, find_integer, keep_chunks
 from reprocut.shrink.sparse_passes import SPARSE_PASSES
-from reprocut.source.speculation import first_integers, smaller_integers
+from reprocut.source.speculation import first_integers, searches_below, smaller_integers
 
 
 def op_name(case: ReproCase) -> str:
@@ -160,7 +160,7 @@ def _search_dimension(shrinker: Shrinker, path: Path, dim: int) -> None:
             return
         new = accepted.shape[dim]
         low = max([low, *(tried for tried in sizes if tried < new)])
-        searching = searching or (new == size - 1 and new > size // 2)
+        searching = searching or searches_below(size, new)
 
 
 # --- pass: cut_index_to_offender ----------------------------------------------------------------

@@ -233,6 +233,12 @@ def first_integers(value: int, low: int = -1) -> list[int]:
     return options
 
 
+def searches_below(value: int, accepted: int) -> bool:
+    """Was `accepted`, among `first_integers(value)`, the one less (not the smallest or the
+    half)? Then the span below it is searched next (`smaller_integers`)."""
+    return accepted == value - 1 and accepted > value // 2
+
+
 def span_cuts(low: int, high: int, ways: int) -> list[int]:
     """The points strictly between `low` and `high` that cut the span into `ways` parts (at
     least two: a bisection's middle), in order; none when nothing lies between."""

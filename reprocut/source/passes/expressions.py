@@ -22,7 +22,7 @@ from reprocut.source.passes.tree import (
     transform,
     variable_counts,
 )
-from reprocut.source.speculation import first_integers, smaller_integers
+from reprocut.source.speculation import first_integers, searches_below, smaller_integers
 
 # --- shrink_integers -------------------------------------------------------------------------
 
@@ -96,7 +96,7 @@ def _smaller_integers_from(
         else:
             values = first_integers(value, low)
         for new in values:
-            search = i in searching or (new == value - 1 and new > value // 2)
+            search = i in searching or searches_below(value, new)
             yield (i, low, search), transform(code, _SetInteger(found[i], new), module)
             low = new  # offered after this one only if this one was rejected
 
