@@ -166,3 +166,24 @@ def test_shrink_progress_is_a_bar_on_a_terminal_and_plain_lines_off_it():
     assert shown[False].splitlines() == [
         "✓ jump_to_call → 40 lines (1 check)", "✓ delete_statements → 10 lines (3 checks)"
     ]  # fmt: skip
+
+
+def test_the_last_accepted_step_is_printed_before_the_phase_after_the_shrink():
+    """A step is printed once the pass or the size moves on; the last one once the shrink's
+    phase ends, so "verifying" never comes before the step that made the repro."""
+    import io
+
+    from reprocut.pipeline.phases import PhaseEvent
+    from reprocut.report.display.shrink import print_phase, shrink_display
+    from reprocut.source.results import SourceAccepted
+
+    stream = io.StringIO()
+    console = Console(file=stream, force_terminal=False, width=100)
+    with shrink_display(console) as on_event:
+        on_event(SourceAccepted("drop_arguments", "x\n", 3, 7))
+        on_event(PhaseEvent("source_reduce", 12.0))
+        print_phase(console, "verifying: 3 plain runs of python repro.py")
+    assert stream.getvalue().splitlines() == [
+        "✓ drop_arguments → 3 lines (7 checks)",
+        "· verifying: 3 plain runs of python repro.py",
+    ]

@@ -117,6 +117,7 @@ def shrink_display(console: Console, *, enabled: bool = True) -> Iterator[Callab
         def on_event(event: Any) -> None:
             phase = getattr(event, "phase", None)
             if phase is not None:  # a pipeline phase started (seconds None) or ended
+                lines.flush()  # the last accepted step before what the phase prints
                 if getattr(event, "seconds", None) is None:
                     progress.update(task, description=f"{phase_label(phase)}…")
                 return
