@@ -59,3 +59,37 @@ def test_a_first_check_that_reproduces_only_with_many_connections_turns_the_sett
         passing = "import torch\ntorch.empty(1, device='cuda')\n"
         assert isinstance(oracle.check_source(passing, filename=script, cwd=tmp_path), Passed)
         assert oracle.connection.on
+
+
+def test_only_the_first_verdict_of_a_child_that_started_cuda_is_looked_at_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The choice's steps on CPU (the GPU test above runs them for real): a verdict from a
+    child without CUDA, or after the first, is taken as it is; the first one that did not
+    reproduce in a CUDA child is run again without the setting, in the environment it gets."""
+    from reprocut.check.connections import ConnectionChoice
+
+    monkeypatch.delenv(ONE_CONNECTION[0], raising=False)
+    bad = Signature("ValueError", None, None, "bad")
+    passed, reproduced = Passed(0.1), Reproduced(bad, "bad", "", 0.1)
+    seen: list[dict[str, str]] = []
+
+    def again(env: dict[str, str]) -> Reproduced:
+        seen.append(env)
+        return reproduced
+
+    cpu = ConnectionChoice(blocking=False)
+    assert cpu.first_verdict({"verdict": {"cuda": False}}, passed, again) == (passed, False)
+    assert cpu.on and not seen
+    gpu = ConnectionChoice(blocking=False)
+    assert gpu.environment()[ONE_CONNECTION[0]] == "1"
+    assert gpu.first_verdict({"verdict": {"cuda": True}}, passed, again) == (reproduced, True)
+    assert not gpu.on and ONE_CONNECTION[0] not in seen[0]
+    assert ONE_CONNECTION[0] not in gpu.environment()
+    later = ConnectionChoice(blocking=False)
+    assert later.first_verdict({"verdict": {"cuda": True}}, reproduced, again) == (
+        reproduced,
+        False,
+    )
+    assert later.first_verdict({"verdict": {"cuda": True}}, passed, again) == (passed, False)
+    assert later.on and len(seen) == 1  # only the first verdict decides
