@@ -269,6 +269,9 @@ stage_faults() {
         --record-timeout 150 --tail 150 --out "$OUT" --logs "$LOGS/faults" ${FAULTS_CASES:+--cases $FAULTS_CASES} \
         $([ "${FAULTS_GENERIC:-0}" = 1 ] || echo --no-generic) >"$LOGS/bench_faults.log" 2>&1
     echo "bench_faults exit $?" >>"$LOGS/bench_faults.log"
+    # where each shrink's checks went, pass by pass (benchmarks/check_log_summary.py)
+    ls "$LOGS"/faults/*.shrink.checks.jsonl >/dev/null 2>&1 && python3 benchmarks/check_log_summary.py \
+        "$LOGS"/faults/*.shrink.checks.jsonl >"$LOGS/faults/check-summary.md" 2>&1
     if [ -n "$tests" ]; then
         wait "$tests"
         echo "pytest exit $?" >>"$LOGS/faults-cuda-tests.log"

@@ -346,3 +346,17 @@ def test_the_check_log_has_a_line_per_check_pass_and_phase(
     assert "pass" in kinds and "accepted" in kinds and kinds[-1] == "phase"
     phases = {event["phase"] for event in events if event["kind"] == "phase"}
     assert {"first_check", "shrink", "verify"} <= phases
+    # benchmarks/check_log_summary.py: every check that ran lands in one row, passes by name
+    from benchmarks.check_log_summary import OUTSIDE, markdown, read_events, summarize
+
+    summary = summarize(read_events(log))
+    total = summary.total()
+    unstarted = [e for e in checks if e["verdict"] == "Cancelled" and e["child_seconds"] is None]
+    assert total.runs == len(checks) - len(unstarted) and total.runs >= 2
+    accepted = sum(event["kind"] == "accepted" for event in events)
+    assert total.accepted == accepted and accepted >= 1
+    assert set(summary.passes) - {OUTSIDE} == {
+        event["pass_name"] for event in events if event["kind"] == "pass"
+    }
+    assert summary.passes[OUTSIDE].runs >= 1  # the first check, before any pass
+    assert summary.phases["shrink"] > 0 and "| total |" in markdown("embedding", summary)

@@ -1,0 +1,156 @@
+"""Where a shrink's checks went, pass by pass, from its check log (REPROCUT_CHECK_LOG).
+
+    python benchmarks/check_log_summary.py LOG.jsonl [LOG.jsonl ...]
+
+A check line carries no pass name: it belongs to the pass that was running (in its process)
+when the check started (its stamp less its seconds). Checks before the first pass or after the
+reduction ended (the first check, the cpu check, confirmations) show as OUTSIDE. Per pass: checks
+run, bets cancelled after they had started (their child seconds spent for nothing), candidates
+accepted, wall seconds of the pass, child seconds (in the processes that ran them) and the
+verdicts. The reduction ends at its `done` event or when its phase (shrink, source_reduce) ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OUTSIDE = "OUTSIDE"
+REDUCTION_PHASES = ("shrink", "source_reduce")
+
+
+@dataclass(slots=True)
+class PassRow:
+    """One pass's share of the checks (a pass that runs in several rounds adds up)."""
+
+    name: str
+    runs: int = 0
+    cancelled: int = 0
+    accepted: int = 0
+    wall: float = 0.0
+    child: float = 0.0
+    verdicts: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(slots=True)
+class Summary:
+    passes: dict[str, PassRow]
+    phases: dict[str, float]
+
+    def total(self) -> PassRow:
+        whole = PassRow("total")
+        for row in self.passes.values():
+            whole.runs += row.runs
+            whole.cancelled += row.cancelled
+            whole.accepted += row.accepted
+            whole.wall += row.wall
+            whole.child += row.child
+            whole.verdicts.update(row.verdicts)
+        return whole
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    events = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a killed process
+            continue
+    return sorted(events, key=lambda event: event.get("t", 0.0))
+
+
+def _spans(events: list[dict[str, Any]]) -> list[tuple[float, float, str]]:
+    """(start, end, pass name) of each pass, in the order they ran."""
+    marks: list[tuple[float, str | None]] = []
+    for event in events:
+        kind = event["kind"]
+        if kind == "pass":
+            marks.append((event["t"], str(event.get("pass_name") or "?")))
+        elif kind == "done" or (kind == "phase" and event.get("phase") in REDUCTION_PHASES
+                                 and "seconds" in event):  # fmt: skip
+            marks.append((event["t"], None))
+    spans = []
+    for (start, name), (end, _) in zip(marks, [*marks[1:], (float("inf"), None)], strict=True):
+        if name is not None:
+            spans.append((start, end, name))
+    return spans
+
+
+def summarize(events: list[dict[str, Any]]) -> Summary:
+    spans = _spans(events)
+    passes: dict[str, PassRow] = {}
+    for start, end, name in spans:
+        row = passes.setdefault(name, PassRow(name))
+        finite_end = end if end != float("inf") else max(e["t"] for e in events)
+        row.wall += finite_end - start
+
+    def owner(at: float) -> PassRow:
+        for start, end, name in spans:
+            if start <= at < end:
+                return passes[name]
+        return passes.setdefault(OUTSIDE, PassRow(OUTSIDE))
+
+    for event in events:
+        if event["kind"] == "accepted":
+            owner(event["t"]).accepted += 1
+        if event["kind"] != "check":
+            continue
+        row = owner(event["t"] - float(event.get("seconds") or 0.0))
+        child = event.get("child_seconds")
+        verdict = str(event.get("verdict"))
+        if verdict == "Cancelled":
+            if child is None:
+                continue  # cancelled before it ran: it cost nothing
+            row.cancelled += 1
+        row.runs += 1
+        row.child += float(child or 0.0)
+        row.verdicts[verdict] += 1
+    phases = {
+        str(event["phase"]): float(event["seconds"])
+        for event in events
+        if event["kind"] == "phase" and "seconds" in event
+    }
+    return Summary(passes, phases)
+
+
+def _verdicts(counter: Counter[str]) -> str:
+    return ", ".join(f"{name} {count}" for name, count in counter.most_common())
+
+
+def markdown(title: str, summary: Summary) -> str:
+    lines = [
+        f"### {title}",
+        "",
+        "phases: " + ", ".join(f"{name} {sec:.1f} s" for name, sec in summary.phases.items()),
+        "",
+        "| pass | runs | cancelled once started | accepted | wall s | child s | verdicts |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in [*summary.passes.values(), summary.total()]:
+        lines.append(
+            f"| {row.name} | {row.runs} | {row.cancelled} | {row.accepted} | {row.wall:.1f} | "
+            f"{row.child:.1f} | {_verdicts(row.verdicts)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("logs", nargs="+", type=Path, help="check logs (JSON lines)")
+    args = parser.parse_args(argv)
+    for path in args.logs:
+        if not path.is_file():
+            print(f"error: no such check log: {path}", file=sys.stderr)
+            return 2
+        name = path.name.split(".")[0]
+        sys.stdout.write(markdown(name, summarize(read_events(path))) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
