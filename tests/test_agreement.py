@@ -452,3 +452,29 @@ def test_the_walk_back_finds_the_latest_candidate_that_reproduces_probing_each_o
     starts = sorted(rounds)  # the probes of one round start together
     groups = 1 + sum(1 for a, b in itertools.pairwise(starts) if b - a > 0.03)
     assert groups == walked.probes if ways == 2 else groups <= 4
+
+
+@pytest.mark.parametrize("ways", [2, 4])
+def test_a_walk_back_whose_first_choice_is_flaky_looks_further_back(
+    tmp_path: Path, ways: int
+) -> None:
+    """Candidate 9 reproduces once but does not verify (the H200's exit_guard repro: 1 of 3
+    plain runs): the walk looks further back, without probing candidate 0 again, and settles
+    on the latest that verifies."""
+    log = AcceptedLog(tmp_path / "accepted")
+    for index in range(12):
+        log.add_code(f"index = {index}\n")
+    probed: list[int] = []
+
+    def index_of(script: Path) -> int:
+        return int(script.read_text().split("=")[1])
+
+    def reproduces(script: Path) -> bool:
+        probed.append(index_of(script))
+        return index_of(script) <= 9
+
+    walked = walk_back(
+        log, reproduces=reproduces, verifies=lambda script: index_of(script) <= 7, ways=ways
+    )
+    assert walked.chosen is not None and walked.chosen.index == 7
+    assert probed.count(0) == 1 and walked.reason == "verified"

@@ -158,8 +158,8 @@ def walk_back(
     seen: dict[int, bool] = {}
 
     def probe_all(indices: list[int]) -> None:
-        wanted = [i for i in indices if i not in seen]
-        if len(wanted) == 1 or ways <= 2:
+        wanted = [i for i in indices if i not in seen]  # none after a flaky choice's re-walk
+        if len(wanted) <= 1 or ways <= 2:
             for i in wanted:
                 seen[i] = reproduces(log.script(entries[i], render, inputs or {}))
             return
