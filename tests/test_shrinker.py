@@ -13,6 +13,7 @@ from reprocut.model.case import Generated, Literal, ReproCase, TensorSpec
 from reprocut.shrink.layout_passes import merge_dimensions
 from reprocut.shrink.passes import PASSES, shrink_dimensions
 from reprocut.shrink.shrinker import Shrinker, ShrinkEvent, sort_key
+from reprocut.source.integer_search import is_round
 
 DTYPES = st.sampled_from(["float32", "float16", "float64", "int64", "int32"])
 
@@ -186,9 +187,10 @@ def test_checking_alternatives_side_by_side_gives_the_one_at_a_time_result(case,
 @pytest.mark.parametrize("threshold", [1, 3, 1000, 3000, 4095])
 def test_a_dimension_searched_four_ways_a_round_reaches_the_same_smallest_size(threshold) -> None:
     """A memory fault's captured call checks for seconds (on the H200 a triton_op's 129
-    checks took 350 s): with four slots a dimension's span is cut four ways a round, the cuts
-    checked side by side, and the search ends at the same smallest size that still fails as
-    halving and walking down by one, one check at a time, in fewer rounds."""
+    checks took 350 s): with four slots a dimension's span is cut a round at a time, the cuts
+    checked side by side, and the search ends at the smallest round size that still fails
+    (three significant binary digits: 1024 for 1000, reprocut.source.integer_search), in
+    fewer rounds than halving and walking down by one, one check at a time, to the exact one."""
     case = ReproCase("torch.gather", (TensorSpec((4096,), values=Generated("randn")),))
 
     def holds(candidate: ReproCase) -> bool:
@@ -201,13 +203,16 @@ def test_a_dimension_searched_four_ways_a_round_reaches_the_same_smallest_size(t
                             on_event=steps.append)  # fmt: skip
         best = shrinker.run()
         results[ways] = (best.total_numel(), sum(1 for e in steps if e.kind == "accepted"))
-    assert results[1][0] == results[4][0] == threshold
+    assert results[1][0] == threshold
+    smallest_round = min(v for v in range(threshold, 4097) if is_round(v))
+    assert results[4][0] == smallest_round
     assert results[4][1] <= results[1][1]  # accepted steps, each a round: at most as many
 
 
 def test_a_size_the_failure_needs_costs_three_checks_a_round_with_four_slots() -> None:
-    """1, half and one less rejected: the dimension is left, where a round of four-way cuts
-    asked six (on the H200 every round of passes asked them again for each such size)."""
+    """1, half and the round size below rejected: the dimension is left, where a round of
+    four-way cuts asked six (on the H200 every round of passes asked them again for each
+    such size)."""
     case = ReproCase("torch.gather", (TensorSpec((4096,), values=Generated("randn")),))
     seen: list[ReproCase] = []
 
@@ -217,7 +222,7 @@ def test_a_size_the_failure_needs_costs_three_checks_a_round_with_four_slots() -
 
     shrinker = Shrinker(case, holds, passes=[shrink_dimensions], ways=4)
     assert shrinker.run() == case
-    assert [c.total_numel() for c in seen] == [1, 2048, 4095]
+    assert [c.total_numel() for c in seen] == [1, 2048, 3584]
 
 
 def test_a_tensor_that_fails_past_a_size_merges_its_dimensions_and_ends_at_that_size() -> None:

@@ -12,6 +12,13 @@ import torch
 
 from reprocut.model.case import Generated, Signature, TensorSpec
 from reprocut.source.fixed_point import SourceReducer
+from reprocut.source.integer_search import (
+    first_integers,
+    is_round,
+    round_below,
+    round_down,
+    smaller_integers,
+)
 from reprocut.source.passes import (
     PassContext,
     SourcePass,
@@ -38,7 +45,6 @@ from reprocut.source.passes import (
 from reprocut.source.passes.specs import seeded
 from reprocut.source.passes.tree import focus_calls, names_reaching
 from reprocut.source.size import sort_key
-from reprocut.source.speculation import first_integers, smaller_integers
 
 VALUE_ERROR = Signature("ValueError", None, None, "bad")
 
@@ -287,9 +293,10 @@ def test_shrink_integers_finds_the_smallest_failing_constant():
     """)
 
 
-def test_shrink_integers_bisects_to_a_threshold_in_logarithmic_checks():
-    """A size that must stay above 600 is found by bisection, not by a walk of one less at a
-    time (which took 400 checks here, minutes on a GPU)."""
+def test_shrink_integers_searches_round_values_to_a_threshold_in_few_rounds():
+    """A size that must stay above 600 ends at the smallest round value above it (640: three
+    significant binary digits), found in a few rounds of values checked side by side, not by a
+    walk of one less at a time (400 checks here, minutes on a GPU) nor a bisection to 601."""
     source = code("""
         n = 1000
         if n > int("600"):
@@ -301,24 +308,48 @@ def test_shrink_integers_bisects_to_a_threshold_in_logarithmic_checks():
         runs.append(candidate)
         return raises_bad(candidate)
 
-    assert reduce_with([shrink_integers], source, counted).startswith("n = 601\n")
-    assert len(runs) <= 25
-    # a round: 0, 1, the gap's cut, one less (when that is rejected too, the integer is stuck)
-    assert smaller_integers(1024) == [0, 1, 512, 1023]
-    assert smaller_integers(600, low=512) == [556, 599]
+    for ways in (2, 4):
+        runs.clear()
+        reduced = reduce_with([shrink_integers], source, counted, context=PassContext(ways=ways))
+        assert reduced.startswith("n = 640\n") and len(runs) <= 14
+    # a round: 0 and 1 while not known, the span's cuts and the round value below, all round
+    assert smaller_integers(1024) == [0, 1, 32, 896]
+    assert smaller_integers(600, low=512) == []  # no round value between: 600 stays
     assert smaller_integers(3, low=2) == [] and smaller_integers(1) == [0]
-    # four slots side by side: each round of four cuts the gap four ways, not in half, to the
-    # same threshold
-    assert reduce_with([shrink_integers], source, context=PassContext(ways=4)).startswith(
-        "n = 601\n"
-    )
-    assert smaller_integers(1024, ways=4) == [0, 1, 256, 512, 768, 1023]
-    assert smaller_integers(600, low=512, ways=4) == [534, 556, 578, 599]
+    assert smaller_integers(1024, ways=4) == [0, 1, 5, 32, 160, 896]
+    assert smaller_integers(1000, low=512, ways=4) == [640, 768, 896]
+
+
+def test_a_size_far_above_its_threshold_is_found_in_a_few_rounds():
+    """The H200's expand_bias: `n = 268435456` whose fault needs n > 5242880 took 17 rounds of
+    accepted values one after another (27 s); cut on a log scale, it takes at most five, and
+    ends at a round value: 6291456 (1.5 * 2**22)."""
+    source = code("""
+        n = 268435456
+        if n > int("5242880"):
+            raise ValueError("bad")
+    """)
+    for ways in (2, 4):
+        reducer = SourceReducer(
+            best=source, expected=VALUE_ERROR, check=raises_bad,
+            context=PassContext(ways=ways), passes=[shrink_integers],
+        )  # fmt: skip
+        assert reducer.run() == "fixed point"
+        assert reducer.best.startswith("n = 6291456\n")
+        assert sum(reducer.accepted.values()) <= (6 if ways == 2 else 4)
+        assert reducer.checks <= 14
+
+
+def test_round_values_have_three_significant_binary_digits():
+    assert [v for v in range(60, 130) if is_round(v)] == [64, 80, 96, 112, 128]
+    assert all(is_round(v) for v in range(8)) and not is_round(-1)
+    assert round_down(5242881) == 5242880 and round_down(601) == 512 and round_down(7) == 7
+    assert round_below(4096) == 3584 and round_below(5) == 4 and round_below(0) == -1
 
 
 def test_a_stuck_integer_costs_one_round_not_a_bisection_up_to_it():
-    """A size that must stay as it is (here: exactly 4096) is given up once 0, 1, the cuts
-    and one less are rejected: a handful of runs, where the search up to 4095 took a dozen."""
+    """A size that must stay as it is (here: exactly 4096) is given up once 0, half and the
+    round value below it are rejected: three runs, where the search up to 4095 took a dozen."""
     source = code("""
         n = 4096
         if n == 4096:
@@ -331,22 +362,19 @@ def test_a_stuck_integer_costs_one_round_not_a_bisection_up_to_it():
         return raises_bad(candidate)
 
     assert reduce_with([shrink_integers], source, counted) == source
-    assert len(runs) == 2 * 3  # two integers of 4096: 0, half and one less each
-    # with four slots too: not the six of a round of cuts (0, 1, three cuts, one less)
+    assert len(runs) == 2 * 3  # two integers of 4096: 0, half and the round value below each
     runs.clear()
     assert reduce_with([shrink_integers], source, counted, context=PassContext(ways=4)) == source
     assert len(runs) == 2 * 3
-    assert first_integers(4096) == [0, 2048, 4095] and first_integers(4096, low=0) == [
-        1,
-        2048,
-        4095,
-    ]
+    assert first_integers(4096) == [0, 2048, 3584]
+    assert first_integers(4096, low=0) == [1, 2048, 3584]
+    assert first_integers(601) == [0, 256, 512]
     assert first_integers(3) == [0, 1, 2] and first_integers(5, low=4) == []
 
 
-def test_an_integer_halves_and_then_searches_the_span_below_the_one_less_it_took():
-    """first_integers halves while half still fails; once only one less does, the span
-    between the last rejected half and it is searched: the same threshold as before."""
+def test_an_integer_halves_and_then_searches_the_span_below_the_value_it_took():
+    """Once a first smaller value is accepted, the span below it is searched (not halved round
+    by round): the same round threshold for one slot or four."""
     source = code("""
         n = 4096
         if n > int("600"):
@@ -354,7 +382,7 @@ def test_an_integer_halves_and_then_searches_the_span_below_the_one_less_it_took
     """)
     for ways in (2, 4):
         assert reduce_with([shrink_integers], source, context=PassContext(ways=ways)).startswith(
-            "n = 601\n"
+            "n = 640\n"
         )
 
 

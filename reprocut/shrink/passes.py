@@ -34,7 +34,7 @@ from reprocut.shrink.case_edits import (
 from reprocut.shrink.layout_passes import make_contiguous, merge_dimensions, zero_storage_offset
 from reprocut.shrink.shrinker import Shrinker, find_integer, keep_chunks
 from reprocut.shrink.sparse_passes import SPARSE_PASSES
-from reprocut.source.speculation import first_integers, searches_below, smaller_integers
+from reprocut.source.integer_search import first_integers, searches_below, smaller_integers
 
 
 def op_name(case: ReproCase) -> str:
@@ -133,13 +133,13 @@ def _shrink_one_dimension(shrinker: Shrinker, path: Path, dim: int) -> None:
 
 
 def _search_dimension(shrinker: Shrinker, path: Path, dim: int) -> None:
-    """The smallest size that still fails. First 1, half and one less (`first_integers`): all
-    three rejected, the size is one the failure needs, three checks; half accepted, the same
-    from there. Once one less is accepted, the span above the last rejected cut is cut
-    `shrinker.ways` ways a round and the cuts checked side by side (smallest first: the first
-    accepted in order is the smallest that failed). A memory fault's captured call checks for
-    seconds each on the H200 (a triton_op's 129 checks, 350 s), and a size its layout needs was
-    searched again every round of passes at `ways` + 2 checks."""
+    """The smallest round size that still fails (reprocut.source.integer_search). First 1, half
+    and the round size below (`first_integers`): all three rejected, the size is one the
+    failure needs, three checks; one accepted, the span below it is searched, its cuts
+    checked side by side (smallest first: the first accepted in order is the smallest that
+    failed), on a log scale while it spans more than a factor of four. A memory fault's
+    captured call checks for seconds each on the H200 (a triton_op's 129 checks, 350 s), and
+    each round of accepted sizes waits for the one before."""
     low = 0  # the largest size known not to fail
     searching = False
     while True:

@@ -200,45 +200,6 @@ class Speculation:
         flying.clear()
 
 
-def smaller_integers(value: int, low: int = -1, ways: int = 2) -> list[int]:
-    """Candidates for an integer above `low` (known not to fail), each tried if the ones before
-    it were rejected: 0, 1, the points that cut the gap above them into `ways` parts, and one
-    less than `value`. Accepting one leaves the candidate before it as the new `low` and asks
-    again, so the smallest value that still fails is found in about log(value)/log(ways)
-    rounds (with `ways` the slots that check candidates side by side, a round cuts the gap
-    `ways`-fold: on the H200 a folded 268435456 took 28 one-round steps by halves). When even
-    one less does not fail, the integer is taken as stuck: a size a kernel's memory layout
-    needs (4096 of a tensor whose overrun must reach unmapped memory) costs the few checks of
-    one round, not a bisection all the way up to it (on the H200 a CuPy script's stuck
-    integers took 110 of its 170 integer checks, every round of passes again)."""
-    options = [c for c in (0, 1) if low < c < value]
-    floor = max(low, *options) if options else low
-    options.extend(span_cuts(floor, value, ways))
-    if value - 1 > max(low, *options, -1):
-        options.append(value - 1)
-    return options
-
-
-def first_integers(value: int, low: int = -1) -> list[int]:
-    """An integer's first candidates, before any search: its smallest value (0, or 1 where 0 is
-    known not to fail), half of it, and one less. All three rejected: the integer is taken as
-    stuck after three checks, where a round of `smaller_integers` costs `ways` + 2 (six on the
-    H200, paid again every round of passes: most integers a fault script keeps are sizes its
-    kernel's layout needs). Half accepted: the same three again from there (halving); one less
-    accepted: the span between half and it is searched (`smaller_integers`)."""
-    options = [c for c in (0, 1) if low < c < value][:1]
-    for candidate in (value // 2, value - 1):
-        if candidate > max(low, *options, -1) and candidate < value:
-            options.append(candidate)
-    return options
-
-
-def searches_below(value: int, accepted: int) -> bool:
-    """Was `accepted`, among `first_integers(value)`, the one less (not the smallest or the
-    half)? Then the span below it is searched next (`smaller_integers`)."""
-    return accepted == value - 1 and accepted > value // 2
-
-
 def span_cuts(low: int, high: int, ways: int) -> list[int]:
     """The points strictly between `low` and `high` that cut the span into `ways` parts (at
     least two: a bisection's middle), in order; none when nothing lies between."""

@@ -8,6 +8,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from reprocut.source.integer_search import first_integers, searches_below, smaller_integers
 from reprocut.source.passes.launches import configuration_integers
 from reprocut.source.passes.tree import (
     Options,
@@ -22,7 +23,6 @@ from reprocut.source.passes.tree import (
     transform,
     variable_counts,
 )
-from reprocut.source.speculation import first_integers, searches_below, smaller_integers
 
 # --- shrink_integers -------------------------------------------------------------------------
 
@@ -60,16 +60,17 @@ def integer_value(node: cst.Integer) -> int:
 
 
 def shrink_integers(code: str, context: PassContext) -> Generator[Any, Any, None]:
-    """Make integer constants (epochs, batch and hidden sizes) small: 0, half, one less
-    (`first_integers`), then the span below one less searched when it was accepted; those a
-    kernel launch's grid or block is made of no smaller than 1 (a launch of 0 blocks or threads
-    is an invalid configuration, not a smaller repro)."""
+    """Make integer constants (epochs, batch and hidden sizes) small: 0, half and the round
+    value below (`first_integers`), then, once one was accepted, the span below it searched
+    in rounds of round values (reprocut.source.integer_search); those a kernel launch's grid
+    or block is made of no smaller than 1 (a launch of 0 blocks or threads is an invalid
+    configuration, not a smaller repro)."""
     module = parse(code)
     if module is None:
         return
     i = len(integers_of(module)) - 1
     lows: dict[int, int] = {}  # per integer: the largest value known not to fail
-    searching: set[int] = set()  # integers whose one less was accepted: a span to search
+    searching: set[int] = set()  # integers a smaller value was accepted for: a span to search
     while i >= 0:
         accepted = yield Options(_smaller_integers_from(code, i, lows, searching, context))
         if accepted is None:
