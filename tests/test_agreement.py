@@ -141,6 +141,73 @@ def test_plain_runs_stop_once_their_share_of_the_time_is_spent(tmp_path):
         assert limited.runs == 1
 
 
+def test_a_scripts_plain_run_goes_beside_the_reduction_and_a_refusal_reaches_the_reducer(
+    tmp_path,
+):
+    """`beside=True` (a script reduction): the verdict stands at once and the plain run goes on
+    a thread; one that disagrees is handed over by `refused`, and the next candidate needing a
+    run, made from the refused one, is refused as well. One that agrees hands over nothing."""
+    script = tmp_path / ".reprocut-candidate-train.py"
+    verdict = Reproduced(EMBEDDING, "index out of range in self", "", 1.0)
+    passes = "import torch\n\nx = torch.zeros(1)\n"
+    fails = (
+        "import torch\n\ntorch.nn.functional.embedding(torch.tensor([12]), torch.zeros(10, 4))\n"
+    )
+    with PlainAgreement(beside=True) as agreement:
+        started = time.perf_counter()
+        assert agreement(passes, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
+        assert time.perf_counter() - started < 0.5  # no plain run waited for
+        moved = passes.replace("zeros(1)", 'zeros(1, device="cpu")')  # a new fingerprint
+        later = agreement(moved, str(script), str(tmp_path), [], verdict, EMBEDDING)
+        assert isinstance(later, ForkOnly)  # the run before it disagreed: it waited for that
+        assert agreement.refused() == passes and agreement.refused(wait=True) is None
+        assert agreement.runs == 1 and agreement.disagreements == 1
+    with PlainAgreement(beside=True) as agreeing:
+        assert agreeing(fails, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
+        assert agreeing.refused(wait=True) is None and agreeing.runs == 1
+        assert agreeing.confirmed == fingerprint(fails)
+    assert not list(tmp_path.glob(".reprocut-plain-*"))  # each run's own file, removed
+
+
+def test_a_refused_candidate_takes_the_reduction_back_to_before_it():
+    """The reducer goes back to the best before a candidate a late plain run refused and never
+    tries that one again; what was accepted after it may come back on its own merits: the
+    reduction still ends at a fixed point as small as without the refusal."""
+    from reprocut.source.fixed_point import SourceReducer
+    from reprocut.source.passes import PassContext
+    from reprocut.source.results import SourceAccepted
+
+    expected = Signature("ValueError", None, None, "bad")
+    source = 'a = 1\nb = 2\nraise ValueError("bad")\n'
+
+    def check(code: str) -> Signature | None:
+        try:
+            exec(compile(code, "<candidate>", "exec"), {})
+        except ValueError as exc:
+            return Signature("ValueError", None, None, str(exc))
+        return None
+
+    accepted: list[str] = []
+    handed: list[str] = []
+
+    def refused(wait: bool) -> str | None:
+        if len(accepted) >= 2 and not handed:  # after the second, the first is refused
+            handed.append(accepted[0])
+            return accepted[0]
+        return None
+
+    reducer = SourceReducer(
+        best=source, expected=expected, check=check, context=PassContext(ways=2),
+        passes=[delete_statements], refused=refused,
+        on_event=lambda e: accepted.append(e.code) if isinstance(e, SourceAccepted) else None,
+    )  # fmt: skip
+    assert reducer.run() == "fixed point"
+    assert handed == ['a = 1\nraise ValueError("bad")\n']
+    assert accepted.count(handed[0]) == 1  # never accepted again
+    assert reducer.best == 'raise ValueError("bad")\n'  # reached again, the other way round
+    assert 'b = 2\nraise ValueError("bad")\n' in accepted
+
+
 def test_a_script_reductions_plain_runs_end_by_waiting_for_the_gpu(oracle, tmp_path):
     from reprocut.model.recording import ErrorInfo, Failure
     from reprocut.pipeline.recover import agree

@@ -89,9 +89,12 @@ class PlainAgreement:
         timeout: float = 120.0,
         finish: Callable[[str], str] | None = None,
         captured: bool = False,
+        beside: bool = False,
     ) -> None:
         """`captured`: the candidates are reprocut's emitted captured calls, which a shrink
-        only makes smaller (not a user's script reduced)."""
+        only makes smaller (not a user's script reduced). `beside`: a script's plain runs go
+        beside its reduction, one at a time; one that disagrees is handed to the reducer
+        (`refused`), which takes the script back to before that candidate."""
         self.runner = runner or PlainRunner()
         self.captured = captured
         # what a candidate becomes as repro.py (a script reduction's ends by waiting for the
@@ -106,6 +109,11 @@ class PlainAgreement:
         self.seconds = 0.0
         self._pending: Future[Verdict] | None = None  # the first run, beside the shrink
         self._refused: ForkOnly | None = None  # what that run said, if it disagreed
+        self.beside = beside
+        # a script candidate's run beside the reduction: (its code, the fingerprint confirmed
+        # before it, the run); and the candidates such runs refused, not yet handed over
+        self._script_run: tuple[str, Fingerprint | None, Future[Verdict]] | None = None
+        self._late: list[str] = []
 
     def trust(self, code: str) -> None:
         """`code` is known to fail this way in a plain run (the user's own script, which did):
@@ -145,7 +153,67 @@ class PlainAgreement:
         if refused is not None:  # the first candidate, beside until now, failed in a fork alone
             return replace(refused, seconds=verdict.seconds)
         script = Path(filename)
+        if self.beside:
+            return self._script_beside(code, script, cwd, argv, verdict, expected, mark)
         return self._confirm(code, script, Path(cwd), argv, verdict, expected, mark)
+
+    def _script_beside(
+        self,
+        code: str,
+        script: Path,
+        cwd: str,
+        argv: list[str],
+        verdict: Verdict,
+        expected: Signature,
+        mark: Fingerprint,
+    ) -> Verdict:
+        """Accept the candidate now and run it plainly beside the reduction (on the H200 a
+        CuPy script's blocking plain runs took 5-8 s of its reduction's critical path, each
+        agreeing). The run before it is settled first: if it disagreed, this candidate, made
+        from that one, is refused too."""
+        late = self._settle_script()
+        if late is not None:
+            return replace(late, seconds=verdict.seconds)
+        if mark == self.confirmed or self.spent():
+            return verdict
+        # a file of its own beside the script (its siblings import as they do for the script;
+        # the oracle rewrites the candidate's file for the next check meanwhile)
+        own = script.with_name(f".reprocut-plain-{script.name.removeprefix('.reprocut-')}")
+
+        def run() -> Verdict:
+            try:
+                return self._confirm(code, own, Path(cwd), argv, verdict, expected, mark)
+            finally:
+                own.unlink(missing_ok=True)
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprocut-plain")
+        future = pool.submit(run)
+        pool.shutdown(wait=False)
+        self._script_run = (code, self.confirmed, future)
+        self.confirmed = mark  # for now: later candidates like it need no run of their own
+        return verdict
+
+    def _settle_script(self) -> ForkOnly | None:
+        """Wait for the script run beside the reduction, if any: its verdict when it
+        disagreed (its candidate then goes to `refused`), else None."""
+        if self._script_run is None:
+            return None
+        code, before, future = self._script_run
+        self._script_run = None
+        seen = future.result()
+        if not isinstance(seen, ForkOnly):
+            return None
+        self.confirmed = before
+        self._late.append(code)
+        return seen
+
+    def refused(self, wait: bool = False) -> str | None:
+        """A candidate the reducer accepted that its plain run, beside the reduction since,
+        did not reproduce: the reducer goes back to before it. `wait`: settle the run still
+        going first (at the end of a round)."""
+        if wait or (self._script_run is not None and self._script_run[2].done()):
+            self._settle_script()
+        return self._late.pop(0) if self._late else None
 
     def spent(self) -> bool:
         """No more plain runs: one more, as long as the mean run so far, would take them past

@@ -55,7 +55,7 @@ def agree(
     ahead, oracle.plain_ahead = oracle.plain_ahead, None  # record's, already importing torch
     agreement = PlainAgreement(
         ahead, timeout=timeout, finish=finish if source else None, max_seconds=max_seconds,
-        captured=not source,
+        captured=not source, beside=source,
     )  # fmt: skip
     oracle.confirm = agreement
     agreement.warm_up()

@@ -82,6 +82,12 @@ class OracleChecks:
             code, str(self.paths[slot]), str(self.cwd), self.argv, verdict, self.expected
         )
 
+    def refused(self, wait: bool = False) -> str | None:
+        """A candidate accepted earlier that the oracle's plain confirmation, beside the
+        reduction, refused since (reprocut.check.agreement), if it confirms so."""
+        hook = getattr(getattr(self.oracle, "confirm", None), "refused", None)
+        return hook(wait) if hook is not None else None
+
     def close(self) -> None:
         for path in self.paths:
             path.unlink(missing_ok=True)

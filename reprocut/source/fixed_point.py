@@ -2,7 +2,8 @@
 
 The same greedy loop as the op-level shrinker, over module texts instead of ReproCases.
 `SourceReducer` holds the best script and its bookkeeping (the budget, the texts already
-tried, the accepted count per pass) and is the one place the best changes: `admissible` checks
+tried, the accepted count per pass) and is the one place the best changes (forward in `take`,
+back in `roll_back` when a plain run beside the reduction refuses an accepted candidate): `admissible` checks
 "strictly smaller" (`reprocut.source.size`) before a run is paid for, `take` checks "same
 failure" after. A pass's `Options` run several at a time (`reprocut.source.speculation`),
 their verdicts taken in the pass's order, so the result is the one-at-a-time result. Setting
@@ -83,11 +84,15 @@ class SourceReducer:
     # the original's check beside the first candidates, when `message` is to come from it: the
     # first verdict taken waits for it, so the result is the one-at-a-time one
     message_from: Future[Any] | None = field(default=None, repr=False)
+    # a candidate accepted earlier whose plain run, beside the reduction since, did not
+    # reproduce (reprocut.check.agreement); `True`: wait for the run still going
+    refused: Callable[[bool], str | None] | None = None
     rejected: dict[str, int] = field(default_factory=dict)  # by the validity rules, by rule
     current_pass: str = ""
     _keys: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
     _speculation: Speculation | None = field(default=None, repr=False)
     _lines: tuple[str, int] | None = field(default=None, repr=False)
+    _history: list[str] = field(default_factory=list, repr=False)  # the bests, in order
 
     def key(self, code: str) -> tuple[int, ...]:
         """`sort_key`, once per text (the best is compared with every candidate)."""
@@ -148,7 +153,10 @@ class SourceReducer:
         self.checks += 1
         ok = self.is_same_failure(verdict)
         if ok:
+            if not self._history:
+                self._history.append(self.best)
             self.best = candidate
+            self._history.append(candidate)
             self.accepted[pass_name] = self.accepted.get(pass_name, 0) + 1
         lines = self.best_lines()
         self._emit(SourceChecked(pass_name, self.checks, ok, lines))
@@ -201,16 +209,33 @@ class SourceReducer:
         """Run every pass until a whole round changes nothing; the reason it stopped."""
         try:
             while True:
-                before = self.best
+                before, went_back = self.best, False
                 for source_pass in self.passes:
                     self.run_pass(source_pass)
-                if self.best == before:
+                    went_back = self.roll_back() or went_back
+                if self.best == before and not went_back and not self.roll_back(wait=True):
                     return FIXED_POINT
         except BudgetSpent as exc:
             return exc.reason
         finally:
             if self._speculation is not None:
                 self._speculation.close()
+
+    def roll_back(self, wait: bool = False) -> bool:
+        """Back to the best before each candidate a late plain run refused, which is never
+        tried again; the ones accepted after it (made from it) may be, on their own merits.
+        True when the best went back."""
+        rolled = False
+        while self.refused is not None and (code := self.refused(wait)) is not None:
+            if code in self._history[1:]:
+                index = self._history.index(code)
+                self.best = self._history[index - 1]
+                self.seen.difference_update(self._history[index + 1 :])
+                del self._history[index:]
+                rolled = True
+                check_log.log("refused", reducer="source", lines=self.best_lines())
+            self.seen.add(code)
+        return rolled
 
     def _emit(self, event: SourceEvent) -> None:
         if self.on_event is not None:

@@ -184,6 +184,7 @@ def _reduce(
             stop=None if first is None else partial(_stop_unless_reproduced, first, expected),
             message=message or "",
             message_from=first if message is None else None,
+            refused=getattr(runner, "refused", None),
         )
         stopped = reducer.run()
         if (
