@@ -71,8 +71,8 @@ def leftovers():
 
 
 def wait_for_file(path: Path, process: subprocess.Popen, seconds: float = 120) -> str:
-    def ready() -> bool:
-        return path.exists() or process.poll() is not None
+    def ready() -> bool:  # written, not just created: `open(...).write(...)` is two steps
+        return (path.exists() and path.read_text().strip() != "") or process.poll() is not None
 
     assert wait_for(ready, seconds), f"{path} never appeared"
     assert path.exists(), f"the process ended first: {process.communicate()}"
