@@ -163,8 +163,10 @@ def test_a_scripts_plain_run_goes_beside_the_reduction_and_a_refusal_reaches_the
         assert agreement.refused() == passes and agreement.refused(wait=True) is None
         assert agreement.runs == 1 and agreement.disagreements == 1
     with PlainAgreement(beside=True) as agreeing:
+        agreeing.trust(moved)  # the user's script: it failed in their own run
         assert agreeing(fails, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
-        assert agreeing.refused(wait=True) is None and agreeing.runs == 1
+        assert agreeing(moved, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
+        assert agreeing.refused(wait=True) is None and agreeing.runs == 1  # none for the script
         assert agreeing.confirmed == fingerprint(fails)
     assert not list(tmp_path.glob(".reprocut-plain-*"))  # each run's own file, removed
 
