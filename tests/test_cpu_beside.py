@@ -171,3 +171,40 @@ def test_a_memory_faults_captured_call_goes_side_by_side_unless_its_tensors_are_
         assert side_by_side(oracle, failure, {}, fault, slots=1) is None
     finally:
         oracle.close()
+
+
+CUDA_ONLY = """\
+import torch
+
+
+@torch.library.custom_op("demo::cuda_only", mutates_args=(), device_types="cuda")
+def cuda_only(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+"""
+
+
+def test_a_custom_op_with_no_cpu_kernel_is_not_said_to_reproduce_on_the_cpu(tmp_path: Path) -> None:
+    """A custom op registered for CUDA only cannot run on the CPU at all: the dispatcher's
+    "Could not run ... from the 'CPU' backend" is no reproduction (the H200's extension op read
+    "CPU: reproduces too (NotImplementedError: ...)"). Once the CPU check beside the shrink has
+    said so, the smaller cases of the same op are not checked on the CPU again."""
+    from reprocut.pipeline.cpu_check import no_cpu_kernel
+    from reprocut.shrink.header import Header, header_text
+
+    def case(rows: int) -> ReproCase:
+        spec = TensorSpec((rows, 2), device="meta", values=Generated("randn"))
+        return ReproCase("torch.ops.demo.cuda_only.default", (spec,), definitions=CUDA_ONLY)
+
+    with Oracle(timeout=60) as oracle:
+        answer = cpu_behaviour(case(8), {}, oracle)
+        assert answer == (None, "torch.ops.demo.cuda_only.default has no CPU kernel")
+        beside = CpuBeside({}, oracle)
+        beside.submit(case(8))
+        assert beside.answer_for(case(8)) == answer and beside.checks == 1
+        beside.submit(case(4))
+        assert beside.answer_for(case(4)) == answer and beside.checks == 1  # not asked again
+        beside.close()
+    assert not no_cpu_kernel("index out of range in self")
+    assert no_cpu_kernel("Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)")
+    head = header_text(case(4), Header(cpu_reproduces=None, cpu_message=answer[1]))
+    assert "CPU: not checked (torch.ops.demo.cuda_only.default has no CPU kernel)" in head

@@ -22,6 +22,7 @@ from reprocut.check.oracle import Oracle, OtherFailure, Passed, Reproduced
 from reprocut.model.case import ReproCase
 
 CpuAnswer = tuple[bool | None, str]  # fails on the CPU too (None: not known), and how
+NO_CPU_KERNEL = "has no CPU kernel"
 
 
 def on_cpu(case: ReproCase) -> ReproCase:
@@ -55,11 +56,27 @@ def cpu_behaviour(
         ticket=ticket,
         leave_standby=folder is not None,
     )
+    if isinstance(verdict, OtherFailure) and no_cpu_kernel(verdict.message):  # not a bug's word
+        return None, f"{case.target} {NO_CPU_KERNEL}"
     if isinstance(verdict, (OtherFailure, Reproduced)):
         return True, f"{verdict.signature.error_type}: {verdict.message.strip().splitlines()[0]}"
     if isinstance(verdict, Passed):
         return False, "runs without error"
     return None, type(verdict).__name__
+
+
+# the dispatcher's word for an op registered for CUDA only, and Triton's for a CPU tensor
+_NO_CPU_KERNEL = (
+    ("Could not run '", "from the 'CPU' backend"),
+    ("cannot be accessed from Triton", "cpu tensor"),
+)
+
+
+def no_cpu_kernel(message: str) -> bool:
+    """The call cannot run on the CPU at all (a custom op with CUDA kernels only, a Triton
+    kernel given CPU tensors), which says nothing of the bug: the H200's extension op and
+    triton_op repros read "CPU: reproduces too (NotImplementedError: Could not run ...)"."""
+    return any(all(part in message for part in parts) for parts in _NO_CPU_KERNEL)
 
 
 class CpuBeside:
@@ -76,10 +93,14 @@ class CpuBeside:
         self._running: tuple[ReproCase, Ticket] | None = None
         self._answer: tuple[ReproCase, CpuAnswer] | None = None
         self._busy = False  # the worker thread is running
+        # targets a CPU check found no CPU kernel for: no smaller case of them will have one
+        self._no_kernel: dict[str, CpuAnswer] = {}
 
     def submit(self, case: ReproCase) -> None:
         """Ask about `case` next, instead of any case asked about before."""
         with self._changed:
+            if case.target in self._no_kernel:
+                return
             running = self._running[0] if self._running else None
             answered = self._answer[0] if self._answer else None
             if case in (self._waiting, running, answered):
@@ -101,6 +122,8 @@ class CpuBeside:
                 self._running[1].cancel()
             while self._busy:
                 self._changed.wait()
+            if case.target in self._no_kernel:
+                return self._no_kernel[case.target]
             if self._answer is not None and self._answer[0] == case:
                 return self._answer[1]
         return None
@@ -132,3 +155,5 @@ class CpuBeside:
                 self._running = None
                 if answer is not None and not ticket.cancelled:  # cancelled: superseded
                     self._answer = (case, answer)
+                    if answer[0] is None and answer[1].endswith(NO_CPU_KERNEL):
+                        self._no_kernel[case.target] = answer

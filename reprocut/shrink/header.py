@@ -198,7 +198,9 @@ def header_text(
         lines.append(f"Environment: {name}={value} (set below: it fails only with it)")
     lines.append(f"Data: {data_origin(case)}")
     if header.cpu_reproduces is None:
-        lines.append("CPU: not checked")
+        lines.append(
+            "CPU: not checked" + (f" ({header.cpu_message})" if header.cpu_message else "")
+        )
     elif header.cpu_reproduces:
         lines.append(f"CPU: reproduces too ({header.cpu_message or 'same signature'})")
     else:
