@@ -1,6 +1,6 @@
 """compute-sanitizer (memcheck):
   Invalid __global__ read of size 4 bytes in add_cond_kernel
-  thread (0,0,0) in block (1051101,0,0): reads 4 B at 0x7f3322802774
+  thread (0,0,0) in block (1050186,0,0): reads 4 B at 0x7f3190801928
   host: launch < [libc.so.6] < __libc_start_main < __call__ in driver.py:713
   at least 20 errors (memcheck stopped after printing them)
 """
@@ -19,7 +19,7 @@ def add_cond_kernel(x_ptr, c_ptr, o_ptr, n, BLOCK: tl.constexpr):
     tl.store(o_ptr, c)
 
 
-n = 5242881
+n = 6291456
 grid = (n,)
 add_cond_kernel[grid](torch.randn((256, 256, 4096), device='cuda:0'), torch.randn((1048576,), device='cuda:0').as_strided((256, 256, 4096), (4096, 0, 1)), torch.randn((256, 256, 4096), device='cuda:0'), n, BLOCK=0)
 torch.cuda.synchronize()
