@@ -210,6 +210,41 @@ def test_a_refused_candidate_takes_the_reduction_back_to_before_it():
     assert 'b = 2\nraise ValueError("bad")\n' in accepted
 
 
+# Deleting the last `ids = ...` leaves the first, whose id is out of range only in a fork
+# child of reprocut's server: that candidate fails in the oracle and not in a plain run. It
+# drops a device word, so its plain run goes beside the reduction and refuses it late.
+LATE_REFUSAL = """\
+import sys
+
+import torch
+
+real = 12
+ids = torch.tensor([12 if "reprocut" in sys.modules else 1])
+ids = torch.tensor([real], device="cpu")
+torch.nn.functional.embedding(ids, torch.zeros(10, 4))
+"""
+
+
+def test_a_script_reduction_goes_back_when_a_plain_run_beside_it_refuses_a_candidate(tmp_path):
+    """Real processes end to end: the fork-only candidate is accepted at once, its plain run
+    beside the reduction disagrees, the reducer goes back to before it, and the result fails
+    in a plain run as the user's script did."""
+    script = tmp_path / "train.py"
+    script.write_text(LATE_REFUSAL)
+    with (
+        PlainAgreement(beside=True) as agreement,
+        Oracle(EMBEDDING, timeout=60, confirm=agreement) as agreed,
+    ):
+        agreement.trust(LATE_REFUSAL)
+        result = reduce_source(
+            script, cwd=tmp_path, argv=[], expected=EMBEDDING, oracle=agreed,
+            passes=(delete_statements,), max_time=240,
+        )  # fmt: skip
+    assert agreement.disagreements >= 1
+    assert 'device="cpu"' in result.code and "sys.modules" not in result.code
+    assert plain_fails(result.code, tmp_path / "final.py")
+
+
 def test_a_script_reductions_plain_runs_end_by_waiting_for_the_gpu(oracle, tmp_path):
     from reprocut.model.recording import ErrorInfo, Failure
     from reprocut.pipeline.recover import agree
