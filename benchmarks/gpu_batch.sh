@@ -22,7 +22,8 @@
 #            memory-fault and custom-op corpus cases (all recorded first, FAULTS_RECORD_JOBS=3 at
 #            once, then shrunk FAULTS_JOBS=3 at once; FAULTS_JOBS=1: each shrink alone): verified, same bug
 #            (memcheck fingerprints), time; FAULTS_GENERIC=1 adds the generic reducer after each
-#            shrink on the same limit; faults-cuda.md/.json and faults-cuda-repros/;
+#            shrink on the same limit; faults-cuda.md/.json and faults-cuda-repros/, and
+#            logs/faults/check-summary.md (each shrink's checks pass by pass, check_log_summary.py);
 #            shrinkray comes from $SHRINKRAY, PATH, or the wheels
 #            carried in .whl/shrinkray (installed into a virtual environment of its own)
 #   compile  issue #25: the compiled-model corpus case (corpus/compile/compile_embedding_vocab)
@@ -249,10 +250,10 @@ stage_start() {
 }
 
 stage_faults() {
-    # not in the default STAGES: run it with STAGES=faults, alone (~6 minutes at the former 30 s
-    # reduction limit; reductions now run to their fixed point: at most FAULTS_LIMIT, 9.5 min).
-    # At the fixed-point defaults the 11 cases do not fit one call (2026-12-03: 5 in 500 s, then 1
-    # of 6 in 480 s): give FAULTS_CASES in groups of about four, one call each
+    # not in the default STAGES: run it with STAGES=faults, alone (reductions run to their fixed
+    # point: at most FAULTS_LIMIT, 9.5 min). 2026-12-04 at 3211a85: the eight cases of
+    # faults-cuda.md, FAULTS_JOBS=4, in 259-274 s; the other three (int32_offsets, gnn, pad_rows)
+    # took a call of their own (efa25f0: 3 at once, pad_rows past 340 s)
     install_shrinkray
     # FAULTS_TESTS=0: the shrinks alone on the machine (the tests take it for their first minutes)
     local tests=""
