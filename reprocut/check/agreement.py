@@ -190,10 +190,7 @@ class PlainAgreement:
             finally:
                 own.unlink(missing_ok=True)
 
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprocut-plain")
-        future = pool.submit(run)
-        pool.shutdown(wait=False)
-        self._script_run = (code, self.confirmed, future)
+        self._script_run = (code, self.confirmed, _on_a_thread(run))
         self.confirmed = mark  # for now: later candidates like it need no run of their own
         return verdict
 
@@ -277,10 +274,7 @@ class PlainAgreement:
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
 
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprocut-plain")
-        future = pool.submit(run)
-        pool.shutdown(wait=False)
-        return future
+        return _on_a_thread(run)
 
     def settle(self) -> ForkOnly | None:
         """Wait for the first candidate's plain run if it went beside the shrink: None when it
@@ -316,6 +310,14 @@ class PlainAgreement:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _on_a_thread(run: Callable[[], Verdict]) -> Future[Verdict]:
+    """`run` on a plain-run thread of its own, not waited for here (its Future is)."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprocut-plain")
+    future = pool.submit(run)
+    pool.shutdown(wait=False)
+    return future
 
 
 def _keep(sidecar: Path, to: Path) -> None:

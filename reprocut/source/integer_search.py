@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 
+from reprocut.source.speculation import span_cuts
+
 ROUND_BITS = 3  # significant binary digits of a round value: 4 per octave (1, 1.25, 1.5, 1.75)
 
 
@@ -78,7 +80,7 @@ def smaller_integers(value: int, low: int = -1, ways: int = 2) -> list[int]:
     cuts = (
         _log_cuts(floor, value, ways)
         if value > 4 * max(floor, 1)
-        else _even_cuts(floor, value, ways)
+        else span_cuts(floor, value, ways)
     )
     last = round_below(value)
     for candidate in sorted({*(round_down(c) for c in cuts), last}):
@@ -91,8 +93,3 @@ def _log_cuts(floor: int, value: int, ways: int) -> list[int]:
     base, top = math.log(max(floor, 1)), math.log(value)
     ways = max(2, ways)
     return [int(math.exp(base + (top - base) * k / ways)) for k in range(1, ways)]
-
-
-def _even_cuts(floor: int, value: int, ways: int) -> list[int]:
-    ways = max(2, ways)
-    return [floor + (value - floor) * k // ways for k in range(1, ways)]
