@@ -6,7 +6,7 @@ Call: torch.ops.clippool.segment_sum.default
 Original: t0 (64, 262144), t1 (64,)
   t1: values in [2500000, 2500007]
 Data: mixed: captured values where they matter, generated elsewhere
-CPU: reproduces too (NotImplementedError: Could not run 'clippool::segment_sum' with arguments from the 'CPU' backend. This could be because the operator doesn't exist for this backend, or was omitted during the selective/custom build process (if using custom build). If you are a Facebook employee using PyTorch on mobile, please visit https://fburl.com/ptmfixes for possible resolutions. 'clippool::segment_sum' is only available for these backends: [CUDA, Meta, BackendSelect, Python, FuncTorchDynamicLayerBackMode, Functionalize, Named, Conjugate, Negative, ZeroTensor, ADInplaceOrView, AutogradOther, AutogradCPU, AutogradCUDA, AutogradHIP, AutogradXLA, AutogradMPS, AutogradIPU, AutogradXPU, AutogradHPU, AutogradVE, AutogradLazy, AutogradMTIA, AutogradMAIA, AutogradPrivateUse1, AutogradPrivateUse2, AutogradPrivateUse3, AutogradMeta, AutogradNestedTensor, Tracer, AutocastCPU, AutocastMTIA, AutocastMAIA, AutocastXPU, AutocastMPS, AutocastCUDA, FuncTorchBatched, BatchedNestedTensor, FuncTorchVmapMode, Batched, VmapMode, FuncTorchGradWrapper, PythonTLSSnapshot, FuncTorchDynamicLayerFrontMode, PreDispatch, PythonDispatcher].)
+CPU: not checked (torch.ops.clippool.segment_sum.default has no CPU kernel)
 
 Seen on:
   torch 2.11.0+cu130, CUDA 13.0, driver 580.159.04
