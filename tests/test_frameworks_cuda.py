@@ -40,7 +40,7 @@ def test_hf_trainer_on_cuda_names_the_call_site_from_the_snapshot(tmp_path):
     code, report = record(tmp_path, str(script), str(tmp_path / "out"), "cuda")
     assert code == ExitCode.OK, report["_stderr"][-3000:]
     assert report["op"] == "aten::nll_loss_forward"
-    assert report["error"]["code"] == 710
+    assert report["error"]["code"] == 710, (report["error"], report["_stderr"][-3000:])
     assert report["module"] == "model"
     site = report["call_site"]
     assert site["file"].endswith(os.path.join("transformers", "models", "bert", "modeling_bert.py"))
