@@ -378,3 +378,48 @@ def test_a_script_reductions_original_memcheck_starts_with_the_reduction(
     assert start_script_memcheck(out, Failure("localized", failure.error, other,
                                               device="cuda:0", script=str(script)),
                                  timeout=120) is None  # fmt: skip
+
+
+def test_a_captured_calls_original_memcheck_starts_once_the_shrink_logs_it(
+    tmp_path, monkeypatch
+) -> None:
+    """An op-level shrink's unshrunk case goes under memcheck as soon as it is logged, beside
+    the reduction, not at the verification; nothing starts before, nor for a later entry."""
+    from reprocut.model.case import Signature
+    from reprocut.model.recording import ErrorInfo, Failure
+    from reprocut.pipeline.same_bug import (
+        ORIGINAL_LOG,
+        start_case_memcheck,
+        start_original_memcheck,
+    )
+    from reprocut.shrink.walkback import AcceptedLog
+
+    stand_in(tmp_path, STAND_IN)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("STAND_IN_NAMED", str(tmp_path / "named.txt"))
+    fault = Signature("AcceleratorError", None, 700, "an illegal memory access was encountered")
+    failure = Failure("localized", ErrorInfo("AcceleratorError", fault.kind), fault,
+                      kernel="gather_kernel", device="cuda:0")  # fmt: skip
+    out, log = tmp_path / "out", AcceptedLog(tmp_path / "accepted")
+
+    def render(case, inputs):
+        raise AssertionError("a script entry is not rendered")
+
+    started = start_case_memcheck(out, log, failure, render, {}, timeout=120)
+    assert started is not None and not (started.running() or started.done())
+    repro = tmp_path / "repro.py"
+    repro.write_text("import torch\nx = torch.zeros(2, device='cuda')\n")
+    # not begun yet (nothing logged): the verification would start its own
+    assert start_original_memcheck(None, repro, failure, log, source=False, render=render,
+                                   inputs={}, timeout=120, started_case=started) is None  # fmt: skip
+    log.add_code("import torch\ntable = torch.zeros(8, 4)\n")
+    assert started.running() or started.done()
+    log.add_code("import torch\n")  # a later entry starts nothing more
+    assert start_original_memcheck(None, repro, failure, log, source=False, render=render,
+                                   inputs={}, timeout=120, started_case=started) is started  # fmt: skip
+    evidence = started.result(timeout=120)
+    assert evidence.status == "found", evidence
+    assert (out / ORIGINAL_LOG).read_text().startswith("========= Invalid __global__ read")
+    cpu = Failure("localized", failure.error, fault, device="cpu")
+    assert start_case_memcheck(out, AcceptedLog(tmp_path / "cpu"), cpu, render, {},
+                               timeout=120) is None  # fmt: skip

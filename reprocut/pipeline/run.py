@@ -46,6 +46,7 @@ from reprocut.pipeline.request_repro import (
 )
 from reprocut.pipeline.same_bug import (
     same_bug_after_verification,
+    start_case_memcheck,
     start_original_memcheck,
     start_script_memcheck,
     stopped_note,
@@ -131,10 +132,15 @@ def shrink_recording(
             except BaseException:
                 oracle.close(wait=False)
                 raise
-        # a script reduction's original memcheck needs no candidate: it runs beside the reduction
+        # a script reduction's original memcheck needs no candidate: it runs beside the reduction;
+        # a captured call's, once the shrink has logged the unshrunk case
+        render_case = renderer(Header(expected=failure.signature, environment=environment))
         script_memcheck = start_script_memcheck(
             _out(run_dir, settings), failure, timeout=settings.timeout * 3
         ) if source else None  # fmt: skip
+        case_memcheck = None if source else start_case_memcheck(
+            _out(run_dir, settings), log, failure, render_case, inputs, timeout=settings.timeout * 3
+        )  # fmt: skip
         shrinking = Shrinking(
             run_dir, failure, inputs, environment, oracle, settings, phases, on_event, console,
             out=_out(run_dir, settings), source=source, log=log,
@@ -156,12 +162,12 @@ def shrink_recording(
         repro = out / "repro.py"
         atomic_write(repro, outcome.code)
         print_phase(console, f"verifying: {settings.runs} plain runs of python {repro.name}")
-        render_case = renderer(Header(expected=failure.signature, environment=environment))
         with ThreadPoolExecutor(max_workers=2) as pool:
             memcheck = start_memcheck(pool, repro, failure, timeout=settings.timeout * 3)
             original = start_original_memcheck(
                 pool, repro, failure, log, source=outcome.from_script, render=render_case,
                 inputs=inputs, timeout=settings.timeout * 3, started=script_memcheck,
+                started_case=case_memcheck,
             )  # fmt: skip
             with phases.phase(VERIFY):
                 verification = verify(

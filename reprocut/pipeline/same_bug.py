@@ -39,7 +39,7 @@ from reprocut.model.signature import is_memory_error
 from reprocut.pipeline.cases import Outcome
 from reprocut.report.display.shrink import print_phase
 from reprocut.shrink.emitter import SIDECAR_NAME, count_statements
-from reprocut.shrink.walkback import AcceptedLog, Render, WalkBack, install, walk_back
+from reprocut.shrink.walkback import AcceptedLog, Entry, Render, WalkBack, install, walk_back
 from reprocut.source.speculation import default_slots
 
 ORIGINAL_LOG = "sanitizer-original.log"
@@ -66,10 +66,45 @@ def start_script_memcheck(
     ))  # fmt: skip
 
 
-def _in_daemon_thread(work: Callable[[], Evidence]) -> Future[Evidence]:
+def start_case_memcheck(
+    out: Path,
+    log: AcceptedLog,
+    failure: Failure,
+    render: Render,
+    inputs: dict[str, Any],
+    *,
+    timeout: float,
+) -> Future[Evidence] | None:
+    """memcheck on a captured call's unshrunk case, started once the shrink has logged it (None:
+    not a memory fault on the GPU). It ran beside the verification before, and with the repro's
+    own memcheck and three plain runs there it ended 5.9-7.9 s after them on the H200 (the
+    op-level shrinks of faults-cuda.md); the reduction's checks are not slowed by a memcheck
+    beside them (memcheck-probe-cuda.md)."""
+    if not (is_memory_error(failure.signature) and failure.device.startswith("cuda")):
+        return None
+    future: Future[Evidence] = Future()
+
+    def start(entry: Entry) -> None:
+        def work() -> Evidence:
+            first = log.script(entry, render, inputs)
+            out.mkdir(parents=True, exist_ok=True)
+            return run_memcheck(
+                first, timeout=timeout, kernel=failure.kernel, log=out / ORIGINAL_LOG
+            )
+
+        future.set_running_or_notify_cancel()  # begun: start_original_memcheck may take it
+        _in_daemon_thread(work, future)
+
+    log.on_first = start
+    return future
+
+
+def _in_daemon_thread(
+    work: Callable[[], Evidence], future: Future[Evidence] | None = None
+) -> Future[Evidence]:
     """`work` on a daemon thread: a shrink that ends early (its original did not reproduce,
     Ctrl-C) does not wait for a memcheck it no longer needs, as a pool's thread would make it."""
-    future: Future[Evidence] = Future()
+    future = Future() if future is None else future
 
     def run() -> None:
         try:
@@ -92,13 +127,17 @@ def start_original_memcheck(
     inputs: dict[str, Any],
     timeout: float,
     started: Future[Evidence] | None = None,
+    started_case: Future[Evidence] | None = None,
 ) -> Future[Evidence] | None:
     """memcheck on the unshrunk failure, beside the verification (None: not a memory fault).
-    `started`: the script's, begun with its reduction (start_script_memcheck)."""
+    `started`: the script's, begun with its reduction (start_script_memcheck); `started_case`:
+    the captured call's, begun once the shrink logged it (start_case_memcheck)."""
     if not wants_evidence(repro, failure.signature):
         return None
     if source and started is not None:
         return started
+    if not source and started_case is not None and (started_case.running() or started_case.done()):
+        return started_case
     if source and failure.script and Path(failure.script).is_file():
         return start_script_memcheck(repro.parent, failure, timeout=timeout)
     if not log.entries:

@@ -50,6 +50,8 @@ class AcceptedLog:
         self.finish = finish or (lambda code: code)
         self.entries: list[Entry] = []
         self._keys: set[str] = set()
+        # called once with the first entry (the unshrunk case or script), on the adding thread
+        self.on_first: Callable[[Entry], None] | None = None
         if folder.exists():
             shutil.rmtree(folder)  # a new shrink: the last one's candidates are not ours
         folder.mkdir(parents=True)
@@ -60,12 +62,17 @@ class AcceptedLog:
     def add_code(self, code: str) -> None:
         path = self._next()
         path.write_text(code)
-        self.entries.append(Entry(len(self.entries), path))
+        self._add(Entry(len(self.entries), path))
 
     def add_case(self, case: ReproCase) -> None:
         path = self._next()
         path.with_suffix(".json").write_text(case.dumps())
-        self.entries.append(Entry(len(self.entries), path, case))
+        self._add(Entry(len(self.entries), path, case))
+
+    def _add(self, entry: Entry) -> None:
+        self.entries.append(entry)
+        if len(self.entries) == 1 and self.on_first is not None:
+            self.on_first(entry)
 
     def script(self, entry: Entry, render: Render | None, inputs: Mapping[str, Any]) -> Path:
         """The entry's script on disk (a case's rendered now; one sidecar serves them all)."""
