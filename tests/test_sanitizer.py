@@ -385,7 +385,7 @@ def test_a_captured_calls_original_memcheck_starts_once_the_shrink_logs_it(
 ) -> None:
     """An op-level shrink's unshrunk case goes under memcheck as soon as it is logged, beside
     the reduction, not at the verification; nothing starts before, nor for a later entry."""
-    from reprocut.model.case import Signature
+    from reprocut.model.case import ReproCase, Signature, TensorSpec
     from reprocut.model.recording import ErrorInfo, Failure
     from reprocut.pipeline.same_bug import (
         ORIGINAL_LOG,
@@ -401,9 +401,11 @@ def test_a_captured_calls_original_memcheck_starts_once_the_shrink_logs_it(
     failure = Failure("localized", ErrorInfo("AcceleratorError", fault.kind), fault,
                       kernel="gather_kernel", device="cuda:0")  # fmt: skip
     out, log = tmp_path / "out", AcceptedLog(tmp_path / "accepted")
+    rendered = []
 
     def render(case, inputs):
-        raise AssertionError("a script entry is not rendered")
+        rendered.append(case)
+        return "import torch\ntable = torch.zeros(8, 4)\n", []
 
     started = start_case_memcheck(out, log, failure, render, {}, timeout=120)
     assert started is not None and not (started.running() or started.done())
@@ -412,14 +414,22 @@ def test_a_captured_calls_original_memcheck_starts_once_the_shrink_logs_it(
     # not begun yet (nothing logged): the verification would start its own
     assert start_original_memcheck(None, repro, failure, log, source=False, render=render,
                                    inputs={}, timeout=120, started_case=started) is None  # fmt: skip
-    log.add_code("import torch\ntable = torch.zeros(8, 4)\n")
+    case = ReproCase("torch.gather", (TensorSpec((8, 4)),))
+    log.add_case(case)
     assert started.running() or started.done()
-    log.add_code("import torch\n")  # a later entry starts nothing more
+    log.add_case(ReproCase("torch.gather", (TensorSpec((2, 4)),)))  # a later one starts nothing
     assert start_original_memcheck(None, repro, failure, log, source=False, render=render,
                                    inputs={}, timeout=120, started_case=started) is started  # fmt: skip
     evidence = started.result(timeout=120)
     assert evidence.status == "found", evidence
+    assert rendered == [case]
     assert (out / ORIGINAL_LOG).read_text().startswith("========= Invalid __global__ read")
+    # the op-level path declined before logging a case: the user's script is not memchecked
+    # here (the verification runs its memcheck from its folder with its arguments)
+    declined = AcceptedLog(tmp_path / "declined")
+    pending = start_case_memcheck(out, declined, failure, render, {}, timeout=120)
+    declined.start_source("import torch\n")
+    assert pending is not None and not (pending.running() or pending.done())
     cpu = Failure("localized", failure.error, fault, device="cpu")
     assert start_case_memcheck(out, AcceptedLog(tmp_path / "cpu"), cpu, render, {},
                                timeout=120) is None  # fmt: skip

@@ -85,6 +85,9 @@ def start_case_memcheck(
     future: Future[Evidence] = Future()
 
     def start(entry: Entry) -> None:
+        if entry.case is None:  # the user's script: the op-level path declined before its case
+            return  # (its memcheck, from its own folder with its arguments, is the verification's)
+
         def work() -> Evidence:
             first = log.script(entry, render, inputs)
             out.mkdir(parents=True, exist_ok=True)
