@@ -6,7 +6,8 @@ tried, the accepted count per pass) and is the one place the best changes (forwa
 back in `roll_back` when a plain run beside the reduction refuses an accepted candidate): `admissible` checks
 "strictly smaller" (`reprocut.source.size`) before a run is paid for, `take` checks "same
 failure" after. A pass's `Options` run several at a time (`reprocut.source.speculation`),
-their verdicts taken in the pass's order, so the result is the one-at-a-time result. Setting
+their verdicts taken in the pass's order; those beside a taken one that reproduced too are
+tried together next (merged), so one check may take what a chain of them would. Setting
 the checks up and finishing the result is `reprocut.source.reducer`'s.
 """
 
@@ -77,6 +78,7 @@ class SourceReducer:
     accepted: dict[str, int] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set, repr=False)
     parallel: int = 1  # with `check`: run it on this many threads at once (it must allow that)
+    merge: bool = True  # candidates that reproduce beside a taken one are tried together next
     runner: Checks | None = None  # how candidates run (default: `check`, `parallel` at a time)
     stop: Callable[[], str | None] | None = None  # a reason to stop now, asked with the budget
     rules: Rules | None = None  # static validity rules (reprocut.source.validity)
@@ -179,13 +181,14 @@ class SourceReducer:
     def speculation(self) -> Speculation:
         if self._speculation is None:
             runner = self.runner or CallableChecks(self.check, self.parallel)
-            self._speculation = Speculation(runner)
+            self._speculation = Speculation(runner, merge=self.merge)
         return self._speculation
 
     def consider(self, candidate: str, pass_name: str = "") -> bool:
         """Run one candidate (if worth it); True when it became the best."""
         options = [(True, candidate)]
-        return self.speculation().first_accepted(self, options, pass_name) is not None
+        accepted = self.speculation().first_accepted(self, options, pass_name, merge=False)
+        return accepted is not None
 
     def run_pass(self, source_pass: SourcePass) -> None:
         name = self.current_pass = source_pass.__name__
@@ -204,6 +207,8 @@ class SourceReducer:
             return
         finally:
             generator.close()
+            if self._speculation is not None:
+                self._speculation.forget_merged()
 
     def run(self) -> str:
         """Run every pass until a whole round changes nothing; the reason it stopped."""

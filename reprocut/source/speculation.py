@@ -4,30 +4,44 @@ Most candidates are rejected, so the candidates a pass would try after a rejecti
 ahead (`Options`: each made as if the ones before it were rejected). Up to `slots` of them run at
 once (one fork-server child each, like shrinkray's parallel search); their verdicts are taken
 strictly in the pass's order, and the first that reproduces wins: later ones still running are
-cancelled and their verdicts dropped, uncounted. So the reducer accepts exactly what a
-one-at-a-time run would, in the same order, with the same check count; only the wall time
-differs. A verdict that contention can explain (CUDA out of memory: the GPU's memory is
-shared by the checks in flight) is taken only after the candidate ran again alone; a timeout is
-taken as it is (checks take a second or so, their timeout is a minute).
+cancelled and their verdicts dropped, uncounted. Without merging, the reducer accepts exactly
+what a one-at-a-time run would, in the same order, with the same check count; only the wall
+time differs. With it (the default), candidates beside the accepted one that reproduced too
+are laid over it (`reprocut.source.merge`) and checked together first among the pass's next
+ones: one check then takes what a chain of checks would, and the result is a fixed point all
+the same (the reducer's last round finds nothing), though not always the one-at-a-time one.
+A verdict that contention can explain (CUDA out of memory: the GPU's memory is shared by the
+checks in flight) is taken only after the candidate ran again alone; a timeout is taken as it
+is (checks take a second or so, their timeout is a minute).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from reprocut.check import check_log
 from reprocut.check.connection import Ticket
+from reprocut.source.merge import merged
 
 # Candidates in flight at most. On the 2-core CPU machine two at once did not help (a CPU check
 # is 0.06-0.1 s and the reducer making the next candidates needs the other core); past about
 # four, most of what runs ahead is discarded once an earlier candidate is accepted (12-57 of
 # 80-280 checks were at two), while each GPU check holds a CUDA context and a core.
 MAX_SLOTS = 4
+# Once a candidate is taken, the ones beside it that started with it are waited for this long
+# (a share of its own check's time, at most GRACE_CAP seconds) to be merged with it; the rest
+# are cancelled. Checks begun together end within a fraction of a check of one another.
+GRACE = 0.25
+GRACE_CAP = 1.0
 
 
 def default_slots(cores: int | None = None) -> int:
@@ -84,6 +98,11 @@ class Reducer(Protocol):
 
     def take(self, candidate: str, verdict: Any, pass_name: str) -> bool: ...
 
+    def is_same_failure(self, verdict: Any) -> bool: ...
+
+    @property
+    def best(self) -> str: ...
+
 
 class BudgetSpent(Exception):
     def __init__(self, reason: str) -> None:
@@ -99,9 +118,23 @@ class _Flight:
     ticket: Ticket
     future: Future[Any] | None = None  # None: ran inline (one slot)
     verdict: Any = None
+    started: float = field(default_factory=time.monotonic)
 
     def result(self) -> Any:
         return self.verdict if self.future is None else self.future.result()
+
+    def done(self) -> bool:
+        return self.future is None or self.future.done()
+
+
+@dataclass(frozen=True, slots=True)
+class _Merged:
+    """Candidates laid over the one a pass took: tried first among that pass's next ones."""
+
+    pass_name: str
+    base: str  # the best they were laid over (the taken candidate)
+    tag: Any  # the taken candidate's: the pass goes on from there
+    code: str
 
 
 @dataclass
@@ -109,10 +142,13 @@ class Speculation:
     """Runs a reducer's Options `checks.slots` at a time."""
 
     checks: Checks
+    merge: bool = True  # lay reproducing candidates beside a taken one over it (module doc)
     discarded: int = 0  # runs whose verdicts a one-at-a-time run would never have asked for
     rerun: int = 0  # verdicts taken only after running again alone
+    merges: int = 0  # merged candidates offered
     _pool: ThreadPoolExecutor | None = None
     _free: list[int] = field(default_factory=list)
+    _merged: _Merged | None = None
 
     def __post_init__(self) -> None:
         self._free = list(range(self.checks.slots - 1, -1, -1))
@@ -125,10 +161,27 @@ class Speculation:
             self._pool = None
 
     def first_accepted(
-        self, reducer: Reducer, items: Iterable[tuple[Any, str | None]], pass_name: str
+        self,
+        reducer: Reducer,
+        items: Iterable[tuple[Any, str | None]],
+        pass_name: str,
+        merge: bool = True,
     ) -> tuple[Any, str] | None:
-        """The first (tag, candidate) the reducer takes, trying them in order; None if none."""
-        queue = iter(items)
+        """The first (tag, candidate) the reducer takes, trying them in order; None if none.
+        `merge`: a pass's Options (each made from the best): a merged candidate waiting for
+        this pass goes first, and the ones beside a taken candidate may be merged with it."""
+        pending, self._merged = self._merged, None
+        queue: Iterator[tuple[Any, str | None]] = iter(items)
+        if (
+            merge
+            and pending is not None
+            and (pending.pass_name, pending.base)
+            == (
+                pass_name,
+                reducer.best,
+            )
+        ):
+            queue = itertools.chain([(pending.tag, pending.code)], queue)
         flying: deque[_Flight] = deque()
         held: tuple[Any, str] | None = None
         try:
@@ -156,15 +209,46 @@ class Speculation:
                         other.result()
                     verdict = self.checks.run(head.candidate, head.slot, None)
                     self.rerun += 1
+                base = reducer.best if merge and self.merge else ""
                 try:
                     verdict = self.checks.settle(head.candidate, head.slot, verdict)
                     taken = reducer.take(head.candidate, verdict, pass_name)
                 finally:
                     self._free.append(head.slot)
                 if taken:
+                    if merge and self.merge and flying:
+                        self._merge_beside(reducer, base, head, flying, pass_name)
                     return head.tag, head.candidate
         finally:
             self._drop(flying)
+
+    def forget_merged(self) -> None:
+        """A pass ended: what was merged for it is not the next pass's to try."""
+        self._merged = None
+
+    def _merge_beside(
+        self, reducer: Reducer, base: str, head: _Flight, flying: deque[_Flight], pass_name: str
+    ) -> None:
+        """Wait a little (GRACE) for the candidates beside `head`, and keep those that
+        reproduced, laid over it, for the pass's next Options."""
+        grace = min(GRACE_CAP, GRACE * (time.monotonic() - head.started))
+        running = [f.future for f in flying if f.future is not None and not f.future.done()]
+        if running and grace > 0:
+            wait_for(running, timeout=grace)
+        alike = []
+        for flight in flying:
+            if not flight.done():
+                continue
+            with contextlib.suppress(Exception):  # a check that failed to run merges nothing
+                verdict = flight.result()
+                if not contended(verdict) and reducer.is_same_failure(verdict):
+                    alike.append(flight.candidate)
+        code = merged(base, head.candidate, alike) if alike else None
+        check_log.log("merge", pass_name=pass_name, beside=len(flying), alike=len(alike),
+                      merged=code is not None, grace=round(grace, 3))  # fmt: skip
+        if code is not None:
+            self.merges += 1
+            self._merged = _Merged(pass_name, head.candidate, head.tag, code)
 
     def _next(
         self, reducer: Reducer, queue: Iterator[tuple[Any, str | None]], flying: deque[_Flight]
