@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -219,7 +220,7 @@ def trail(events: list[object]) -> list[tuple[str, int, bool]]:
 
 @pytest.mark.parametrize("options", [{}, {"max_checks": 40}])
 def test_checking_candidates_side_by_side_gives_the_one_at_a_time_result(options):
-    """Without merging, speculation changes only the wall time."""
+    """Without merging, speculation (the lookahead included) changes only the wall time."""
     one, stopped_one, events_one = reduce_with(1, merge=False, **options)
     many, stopped_many, events_many = reduce_with(4, merge=False, **options)
     assert many.best == one.best and stopped_many == stopped_one
@@ -229,6 +230,8 @@ def test_checking_candidates_side_by_side_gives_the_one_at_a_time_result(options
     assert accepted == [e.code for e in events_one if isinstance(e, SourceAccepted)]
     if not options:
         assert many.discarded > 0  # speculative checks really ran past accepted candidates
+        # and idle slots checked later passes' candidates, whose verdicts those passes took
+        assert many.speculation().adopted > 0
 
 
 def test_a_real_script_reduces_the_same_with_the_oracle_checking_side_by_side(tmp_path: Path):
@@ -291,8 +294,11 @@ def test_the_candidates_in_flight_follow_the_cores():
     class Refuses:
         best = ""
 
-        def admissible(self, candidate: str) -> bool:
+        def admissible(self, candidate: str, pass_name: str | None = None) -> bool:
             return True
+
+        def upcoming(self) -> Iterator[tuple[str, str]]:
+            return iter(())
 
         def out_of_budget(self, in_flight: int) -> str | None:
             return None

@@ -152,7 +152,7 @@ class Shrinker:
         if self.runner is None or self.runner.slots < 2:
             return any(self.consider(candidate) for candidate in candidates)
         if self._speculation is None:
-            self._speculation = Speculation(self.runner, merge=False)  # type: ignore[arg-type]
+            self._speculation = Speculation(self.runner, merge=False, lookahead=False)  # type: ignore[arg-type]
         options = [(candidate, candidate) for candidate in candidates]
         try:
             chosen = self._speculation.first_accepted(self, options, self.current_pass)  # type: ignore[arg-type]

@@ -59,8 +59,9 @@ class OracleChecks:
         self.expected = expected
         self.timeout = timeout
         self.slots = slots
-        # one file per slot, and one past them for the user's script, checked aside
-        self.paths = [candidate_path(script_path, k) for k in range(slots + 1)]
+        # one file per slot, one past them for the user's script, checked aside, and one per
+        # slot again for the checks begun ahead for later passes (reprocut.source.speculation)
+        self.paths = [candidate_path(script_path, k) for k in range(2 * slots + 1)]
 
     def run(self, code: str, slot: int, ticket: Ticket | None) -> Any:
         path = self.paths[slot]

@@ -14,7 +14,7 @@ the checks up and finishing the result is `reprocut.source.reducer`'s.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,6 +95,7 @@ class SourceReducer:
     _speculation: Speculation | None = field(default=None, repr=False)
     _lines: tuple[str, int] | None = field(default=None, repr=False)
     _history: list[str] = field(default_factory=list, repr=False)  # the bests, in order
+    _round_start: str = field(default="", repr=False)  # the best as this round began
 
     def key(self, code: str) -> tuple[int, ...]:
         """`sort_key`, once per text (the best is compared with every candidate)."""
@@ -116,20 +117,21 @@ class SourceReducer:
                 self.message = getattr(original, "message", "") or ""
         return reproduces(verdict, self.expected, self.message)
 
-    def admissible(self, candidate: str) -> bool:
+    def admissible(self, candidate: str, pass_name: str | None = None) -> bool:
         """Worth a run: not a repeat, strictly smaller, still making the failing call, and
-        breaking no validity rule the best keeps (reprocut.source.validity)."""
+        breaking no validity rule the best keeps (reprocut.source.validity). `pass_name`: the
+        pass that made it (default: the one running)."""
         if candidate in self.seen or self.key(candidate) >= self.key(self.best):
             return False
         if self.drops_focus(candidate):
             return False
-        broken = self.breaks_rules(candidate)
+        broken = self.breaks_rules(candidate, pass_name)
         if broken:
             self.seen.add(candidate)
             self.rejected[broken[0]] = self.rejected.get(broken[0], 0) + 1
         return not broken
 
-    def breaks_rules(self, candidate: str) -> list[str]:
+    def breaks_rules(self, candidate: str, pass_name: str | None = None) -> list[str]:
         rules = self.rules
         if rules is None:
             return []
@@ -139,7 +141,8 @@ class SourceReducer:
             if rules.custom_op
             else ("", "")
         )
-        return rules.rejects(candidate, self.best, extra=extra, pass_name=self.current_pass)
+        name = self.current_pass if pass_name is None else pass_name
+        return rules.rejects(candidate, self.best, extra=extra, pass_name=name)
 
     def out_of_budget(self, in_flight: int = 0) -> str | None:
         if self.checks + in_flight >= self.max_checks:
@@ -190,6 +193,17 @@ class SourceReducer:
         accepted = self.speculation().first_accepted(self, options, pass_name, merge=False)
         return accepted is not None
 
+    def upcoming(self) -> Iterator[tuple[str, str]]:
+        """(pass name, candidate): the first candidates of the passes after the running one,
+        made from the best as it is now; then, once this round has changed the best (another
+        round follows), those of the passes before it. What idle slots check ahead."""
+        names = [p.__name__ for p in self.passes]
+        at = names.index(self.current_pass) if self.current_pass in names else len(names)
+        later = list(self.passes[at + 1 :])
+        if self.best != self._round_start:
+            later += self.passes[:at]
+        return _first_candidates(later, self.best, self.context)
+
     def run_pass(self, source_pass: SourcePass) -> None:
         name = self.current_pass = source_pass.__name__
         check_log.log("pass", reducer="source", pass_name=name, checks=self.checks,
@@ -215,6 +229,7 @@ class SourceReducer:
         try:
             while True:
                 before, went_back = self.best, False
+                self._round_start = before
                 for source_pass in self.passes:
                     self.run_pass(source_pass)
                     went_back = self.roll_back() or went_back
@@ -245,3 +260,19 @@ class SourceReducer:
     def _emit(self, event: SourceEvent) -> None:
         if self.on_event is not None:
             self.on_event(event)
+
+
+def _first_candidates(
+    passes: Sequence[SourcePass], code: str, context: PassContext
+) -> Iterator[tuple[str, str]]:
+    """Each pass's first candidates on `code`, in order: its first Options (or candidate)."""
+    for source_pass in passes:
+        generator = source_pass(code, context)
+        try:
+            step = next(generator, None)
+            items = step.items if isinstance(step, Options) else [(True, step)]
+            for _, candidate in items:
+                if candidate is not None:
+                    yield source_pass.__name__, candidate
+        finally:
+            generator.close()

@@ -10,6 +10,9 @@ time differs. With it (the default), candidates beside the accepted one that rep
 are laid over it (`reprocut.source.merge`) and checked together first among the pass's next
 ones: one check then takes what a chain of checks would, and the result is a fixed point all
 the same (the reducer's last round finds nothing), though not always the one-at-a-time one.
+Slots a pass leaves idle (its last candidates in flight) check the first candidates of the
+passes after it, made from the same best (`Lookahead`); those passes take these verdicts in
+their turn, so a round that finds nothing costs its checks over the slots, not a wait per pass.
 A verdict that contention can explain (CUDA out of memory: the GPU's memory is shared by the
 checks in flight) is taken only after the candidate ran again alone; a timeout is taken as it
 is (checks take a second or so, their timeout is a minute).
@@ -92,7 +95,9 @@ def contended(verdict: Any) -> bool:
 class Reducer(Protocol):
     """What the speculation needs of the reducer (reprocut.source.fixed_point.SourceReducer)."""
 
-    def admissible(self, candidate: str) -> bool: ...
+    def admissible(self, candidate: str, pass_name: str | None = None) -> bool: ...
+
+    def upcoming(self) -> Iterator[tuple[str, str]]: ...
 
     def out_of_budget(self, in_flight: int) -> str | None: ...
 
@@ -138,24 +143,79 @@ class _Merged:
 
 
 @dataclass
+class Lookahead:
+    """Checks begun in idle slots for the passes after the current one, all made from one best
+    (`base`): a pass whose candidates are among them takes their verdicts instead of running
+    them again. Late in a reduction most passes find nothing, and each waited for the one
+    before it with slots idle (on the H200, 25-31 s of the two Triton cases' 100-115 s)."""
+
+    free: list[int]  # the slot files kept for them
+    flights: dict[str, _Flight] = field(default_factory=dict)
+    base: str | None = None
+    _candidates: Iterator[tuple[str, str]] | None = None
+
+    def follow(self, best: str) -> None:
+        """What was begun from another best is of no use: dropped."""
+        if best != self.base:
+            self.drop()
+            self.base = best
+
+    def running(self) -> int:
+        return sum(not flight.done() for flight in self.flights.values())
+
+    def next_candidate(self, reducer: Reducer, flying: deque[_Flight]) -> tuple[str, str] | None:
+        """The next (pass name, candidate) of the passes to come worth a check."""
+        if self._candidates is None:
+            self._candidates = reducer.upcoming()
+        for pass_name, candidate in self._candidates:
+            if candidate in self.flights or any(f.candidate == candidate for f in flying):
+                continue
+            if reducer.admissible(candidate, pass_name):
+                return pass_name, candidate
+        return None
+
+    def drop(self) -> int:
+        """Cancel every check begun and forget them; how many there were."""
+        for flight in self.flights.values():
+            flight.ticket.cancel()
+        for flight in self.flights.values():
+            with contextlib.suppress(Exception):  # a cancelled check's failure is of no interest
+                flight.result()
+            self.free.append(flight.slot)
+        dropped = len(self.flights)
+        self.flights.clear()
+        self._candidates = None
+        return dropped
+
+
+@dataclass
 class Speculation:
     """Runs a reducer's Options `checks.slots` at a time."""
 
     checks: Checks
     merge: bool = True  # lay reproducing candidates beside a taken one over it (module doc)
+    lookahead: bool = True  # idle slots check the next passes' first candidates (Lookahead)
     discarded: int = 0  # runs whose verdicts a one-at-a-time run would never have asked for
     rerun: int = 0  # verdicts taken only after running again alone
     merges: int = 0  # merged candidates offered
+    looked_ahead: int = 0  # checks begun for a later pass
+    adopted: int = 0  # of those, the ones whose verdicts that pass took
     _pool: ThreadPoolExecutor | None = None
     _free: list[int] = field(default_factory=list)
     _merged: _Merged | None = None
+    _ahead: Lookahead | None = None
 
     def __post_init__(self) -> None:
-        self._free = list(range(self.checks.slots - 1, -1, -1))
-        if self.checks.slots > 1:
-            self._pool = ThreadPoolExecutor(self.checks.slots, thread_name_prefix="reprocut-check")
+        slots = self.checks.slots
+        self._free = list(range(slots - 1, -1, -1))
+        if slots > 1:  # the slots past `slots` are the original's (one) and the lookahead's
+            self._pool = ThreadPoolExecutor(2 * slots, thread_name_prefix="reprocut-check")
+            if self.lookahead:
+                self._ahead = Lookahead(list(range(2 * slots, slots, -1)))
 
     def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.drop()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -170,25 +230,24 @@ class Speculation:
         """The first (tag, candidate) the reducer takes, trying them in order; None if none.
         `merge`: a pass's Options (each made from the best): a merged candidate waiting for
         this pass goes first, and the ones beside a taken candidate may be merged with it."""
-        pending, self._merged = self._merged, None
         queue: Iterator[tuple[Any, str | None]] = iter(items)
-        if (
-            merge
-            and pending is not None
-            and (pending.pass_name, pending.base)
-            == (
-                pass_name,
-                reducer.best,
-            )
-        ):
-            queue = itertools.chain([(pending.tag, pending.code)], queue)
+        pending = self._pending(reducer, pass_name) if merge else None
+        if pending is not None:
+            queue = itertools.chain([pending], queue)
+        ahead = self._ahead
+        if ahead is not None:
+            ahead.follow(reducer.best)
         flying: deque[_Flight] = deque()
         held: tuple[Any, str] | None = None
         try:
             while True:
-                while len(flying) < self.checks.slots:
+                while len(flying) < self.checks.slots and (
+                    not flying or self._busy(flying) < self.checks.slots
+                ):  # the one this pass waits on starts even if checks begun ahead fill the slots
                     held = held or self._next(reducer, queue, flying)
                     if held is None:
+                        if ahead is not None and flying:  # this pass has no more: the next's
+                            self._look_ahead(reducer, ahead, flying)
                         break
                     reason = reducer.out_of_budget(len(flying))
                     if reason is not None:
@@ -201,8 +260,8 @@ class Speculation:
                     return None
                 head = flying.popleft()
                 head.ticket.ahead = 0  # the one the reducer waits on; the head before it answered
-                for ahead, flight in enumerate(flying, start=1):
-                    flight.ticket.ahead = ahead
+                for rank, flight in enumerate(flying, start=1):
+                    flight.ticket.ahead = rank
                 verdict = head.result()
                 if contended(verdict) and self.checks.slots > 1:
                     for other in flying:  # let the others finish, then run it again alone
@@ -214,13 +273,49 @@ class Speculation:
                     verdict = self.checks.settle(head.candidate, head.slot, verdict)
                     taken = reducer.take(head.candidate, verdict, pass_name)
                 finally:
-                    self._free.append(head.slot)
+                    self._release(head.slot)
                 if taken:
+                    if ahead is not None:
+                        self.discarded += ahead.drop()  # made from the best before this one
                     if merge and self.merge and flying:
                         self._merge_beside(reducer, base, head, flying, pass_name)
                     return head.tag, head.candidate
         finally:
             self._drop(flying)
+
+    def _pending(self, reducer: Reducer, pass_name: str) -> tuple[Any, str] | None:
+        """The merged candidate waiting for this pass, if it was made from the best."""
+        pending, self._merged = self._merged, None
+        if pending is None or (pending.pass_name, pending.base) != (pass_name, reducer.best):
+            return None
+        return pending.tag, pending.code
+
+    def _busy(self, flying: deque[_Flight]) -> int:
+        """Checks holding a slot: this pass's, and the lookahead's still running."""
+        return len(flying) + (0 if self._ahead is None else self._ahead.running())
+
+    def _look_ahead(self, reducer: Reducer, ahead: Lookahead, flying: deque[_Flight]) -> None:
+        """Fill the idle slots with the next passes' first candidates, made from the best."""
+        while self._busy(flying) < self.checks.slots and ahead.free:
+            found = ahead.next_candidate(reducer, flying)
+            if found is None:
+                return
+            pass_name, candidate = found
+            slot = ahead.free.pop()
+            flight = _Flight(None, candidate, slot, Ticket())
+            flight.ticket.ahead = self.checks.slots + len(ahead.flights)  # behind this pass's
+            assert self._pool is not None
+            flight.future = self._pool.submit(self.checks.run, candidate, slot, flight.ticket)
+            ahead.flights[candidate] = flight
+            self.looked_ahead += 1
+            check_log.log("ahead", pass_name=pass_name, slot=slot)
+
+    def _release(self, slot: int) -> None:
+        """A slot's file is free again (its check was taken or dropped)."""
+        if slot < self.checks.slots:
+            self._free.append(slot)
+        elif self._ahead is not None:
+            self._ahead.free.append(slot)
 
     def forget_merged(self) -> None:
         """A pass ended: what was merged for it is not the next pass's to try."""
@@ -263,6 +358,12 @@ class Speculation:
         return None
 
     def _start(self, tag: Any, candidate: str, ahead: int = 0) -> _Flight:
+        adopted = None if self._ahead is None else self._ahead.flights.pop(candidate, None)
+        if adopted is not None:  # begun while the pass before ran: its verdict is this one's
+            adopted.tag = tag
+            adopted.ticket.ahead = ahead
+            self.adopted += 1
+            return adopted
         slot = self._free.pop()
         flight = _Flight(tag, candidate, slot, Ticket())
         flight.ticket.ahead = ahead
@@ -279,7 +380,7 @@ class Speculation:
         for flight in flying:
             with contextlib.suppress(Exception):  # a cancelled check's failure is of no interest
                 flight.result()
-            self._free.append(flight.slot)
+            self._release(flight.slot)
             self.discarded += 1
         flying.clear()
 
