@@ -112,6 +112,34 @@ def test_phases_are_in_the_json_and_in_meta_json(
     assert meta["shrink"]["status"] == "verified"
 
 
+def test_the_verification_runs_in_interpreters_started_with_the_shrink(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on a machine with the cores for it: the emitted repro starts with `import torch`, so
+    its plain runs go to the interpreters started with the shrink, and each runs it to its
+    failure (exit status 1: not killed unused)."""
+    from reprocut.check import plainrun
+    from reprocut.pipeline.ahead import Ahead
+
+    monkeypatch.setattr(plainrun, "WARM_CORES", 1)
+    handed: list[list[subprocess.Popen[str]]] = []
+    standbys_for = Ahead.standbys_for
+
+    def noted(ahead: Ahead, repro: Path) -> object:
+        found = standbys_for(ahead, repro)
+        handed.append([standby.process for standby in found])  # type: ignore[attr-defined]
+        return found
+
+    monkeypatch.setattr(Ahead, "standbys_for", noted)
+    run = _embedding_recording(tmp_path)
+    code = main(["shrink", str(run.path), "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == ExitCode.OK and result["verified"] == {"runs": 3, "reproduced": 3}, result
+    (processes,) = handed
+    assert len(processes) == 3
+    assert [process.returncode for process in processes] == [1, 1, 1]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_record_shrink_writes_a_verified_repro_in_one_command(tmp_path: Path, device: str) -> None:

@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -433,3 +434,212 @@ def test_a_captured_calls_original_memcheck_starts_once_the_shrink_logs_it(
     cpu = Failure("localized", failure.error, fault, device="cpu")
     assert start_case_memcheck(out, AcceptedLog(tmp_path / "cpu"), cpu, render, {},
                                timeout=120) is None  # fmt: skip
+
+
+# a repro as a script reduction writes it: docstring, `import torch` first; it notes who ran it
+# (its parent: the sanitizer's pid) and what it saw, and hands index_select one named tensor
+RECORDING_REPRO = '''"""Reduced from train.py."""
+
+import torch
+import json, os, sys
+from pathlib import Path
+
+seen = [os.getppid(), sys.argv, os.getcwd(), sys.path[0], __name__, __file__]
+with open(Path(__file__).with_name("ran.jsonl"), "a") as ran:
+    ran.write(json.dumps(seen) + "\\n")
+
+
+def main():
+    table = torch.zeros(8, 4)
+    torch.index_select(table, 0, torch.tensor([1]))
+
+
+main()
+'''
+
+
+def _ran(script: Path) -> list[list]:
+    """What each run of RECORDING_REPRO noted: [parent pid, argv, cwd, sys.path[0], ...]."""
+    return [json.loads(line) for line in script.with_name("ran.jsonl").read_text().splitlines()]
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    """The process `pid` has ended (a zombie counts as ended) within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_memcheck_started_ahead_gives_what_a_fresh_one_gives(tmp_path, monkeypatch) -> None:
+    """A memcheck standby imports torch under the sanitizer first, then runs the repro it is
+    handed: the same status, findings and tensor naming as a memcheck started afresh, the repro
+    run by the standby's process, seeing the same arguments, folder and sys.path[0]."""
+    from reprocut.check import check_log
+    from reprocut.check.memcheck_process import MemcheckStandby
+
+    tool = stand_in(tmp_path, STAND_IN)
+    monkeypatch.setenv("STAND_IN_NAMED", str(tmp_path / "named.txt"))
+    monkeypatch.setenv(check_log.LOG_ENV, str(tmp_path / "checks.jsonl"))
+    out, project = tmp_path / "out", tmp_path / "project"
+    out.mkdir()
+    project.mkdir()
+    script = out / "repro.py"
+    script.write_text(RECORDING_REPRO)
+    standby = MemcheckStandby(str(tool), kernel=None, cwd=out)
+    try:
+        fresh = run_memcheck(script, sanitizer=str(tool), timeout=120, argv=["-n", "2"],
+                             cwd=project, log=tmp_path / "fresh.log")  # fmt: skip
+        assert standby.fits(script, kernel=None)
+        ahead = run_memcheck(script, sanitizer=str(tool), timeout=120, argv=["-n", "2"],
+                             cwd=project, standby=standby)  # fmt: skip
+        assert not standby.fits(script, kernel=None)  # used once
+    finally:
+        standby.close()
+    assert fresh.status == ahead.status == "found", (fresh, ahead)
+    assert ahead.findings == fresh.findings
+    assert ahead.findings[1] == (
+        "thread (3,0,0) in block (1,0,0): reads 4 B at 3.5 GiB before the start of `table` (arg 0)"
+    )
+    assert [t.name for t in ahead.tensors] == [t.name for t in fresh.tensors] == ["table"]
+    assert Path(ahead.log) == script.with_name(sanitizer.LOG_NAME)
+    assert Path(ahead.log).read_text().startswith("========= Invalid __global__ read")
+    assert ahead.seconds > 0
+    first, second = _ran(script)
+    assert first[0] != standby.process.pid and second[0] == standby.process.pid  # ran ahead
+    assert first[1:] == second[1:]  # argv, cwd, sys.path[0], __name__, __file__
+    assert second[1:4] == [[str(script), "-n", "2"], str(project), str(out)]
+    assert _gone(standby.process.pid) and not standby.files.folder.exists()
+    logged = [json.loads(line) for line in (tmp_path / "checks.jsonl").read_text().splitlines()]
+    assert [(line["kind"], line["standby"]) for line in logged] == [
+        ("memcheck", False),
+        ("memcheck", True),
+    ]
+
+
+PID_STAND_IN = """\
+#!{python}
+# memcheck's stand-in that notes its pid and its program's, then waits for the program.
+import os, subprocess, sys
+args = sys.argv[1:]
+program = subprocess.Popen(args[args.index("--log-file") + 2:])
+open(os.environ["STAND_IN_PIDS"], "a").write(f"{{os.getpid()}} {{program.pid}}\\n")
+sys.exit(program.wait())
+"""
+
+
+def _pids(path: Path, within: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().endswith("\n"):
+            return [int(pid) for pid in path.read_text().split()]
+        time.sleep(0.1)
+    raise AssertionError(f"the stand-in wrote no pids to {path}")
+
+
+def test_a_memcheck_standby_never_handed_a_repro_ends_and_leaves_nothing(
+    tmp_path, monkeypatch
+) -> None:
+    """Closed unused, the standby's whole process group is killed (the sanitizer and the python
+    under it) and its folder removed; a standby whose stdin closes (reprocut gone without
+    closing it) exits on its own, with status 0."""
+    from reprocut.check import lifeline
+    from reprocut.check.memcheck_process import MemcheckStandby
+
+    tool = stand_in(tmp_path, PID_STAND_IN)
+    monkeypatch.setenv("STAND_IN_PIDS", str(tmp_path / "closed.txt"))
+    closed = MemcheckStandby(str(tool), kernel="gather_kernel", cwd=tmp_path)
+    monkeypatch.setenv("STAND_IN_PIDS", str(tmp_path / "orphaned.txt"))
+    orphaned = MemcheckStandby(str(tool), kernel="gather_kernel", cwd=tmp_path)
+    sanitizer_pid, python_pid = _pids(tmp_path / "closed.txt")
+    assert sanitizer_pid == closed.process.pid and closed.process.poll() is None
+    assert closed.process.pid in lifeline._owned  # killed with reprocut, however it ends
+    closed.close()
+    closed.close()  # twice is fine
+    assert _gone(sanitizer_pid) and _gone(python_pid)
+    assert not closed.files.folder.exists()
+    assert closed.process.pid not in lifeline._owned
+    _pids(tmp_path / "orphaned.txt")
+    assert orphaned.process.stdin is not None
+    orphaned.process.stdin.close()  # what reprocut's end does to the pipe
+    assert orphaned.process.wait(timeout=120) == 0
+    orphaned.close()
+    assert not orphaned.files.folder.exists()
+
+
+@pytest.mark.parametrize(
+    ("first_line", "standby_kernel", "in_standby"),
+    [
+        ("import torch", "gather_kernel", True),
+        ("import os", "gather_kernel", False),  # may set the environment before torch
+        ("import torch", None, False),  # the standby checks every kernel, this memcheck one
+    ],
+)
+def test_the_repros_memcheck_runs_in_the_standby_only_if_that_is_the_same_run(
+    tmp_path, monkeypatch, first_line, standby_kernel, in_standby
+) -> None:
+    """start_memcheck hands repro.py to the standby when its first statement is `import torch`
+    and the standby filters the kernels this memcheck would; else memcheck starts afresh and
+    the standby is ended at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from reprocut.check.memcheck_process import MemcheckStandby
+    from reprocut.model.case import Signature
+    from reprocut.model.recording import ErrorInfo, Failure
+    from reprocut.pipeline.recover import start_memcheck
+
+    tool = stand_in(tmp_path, FILTER_STAND_IN)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("STAND_IN_CALLS", str(tmp_path / "calls.txt"))
+    monkeypatch.setenv("STAND_IN_MISS", "0")
+    fault = Signature("AcceleratorError", None, 700, "an illegal memory access was encountered")
+    failure = Failure("localized", ErrorInfo("AcceleratorError", fault.kind), fault,
+                      kernel="gather_kernel", device="cuda:0")  # fmt: skip
+    script = tmp_path / "repro.py"
+    script.write_text(RECORDING_REPRO.replace("import torch\n", f"{first_line}\nimport torch\n", 1)
+                      + "# device='cuda' in the real one\n")  # fmt: skip
+    standby = MemcheckStandby(str(tool), kernel=standby_kernel, cwd=tmp_path)
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = start_memcheck(pool, script, failure, timeout=120, standby=standby)
+            assert future is not None
+            evidence = future.result(timeout=240)
+    finally:
+        standby.close()
+    assert evidence.status == "found" and evidence.kernel_filter == "gather_kernel", evidence
+    ((parent, *_),) = _ran(script)
+    assert (parent == standby.process.pid) is in_standby
+    assert _gone(standby.process.pid) and not standby.files.folder.exists()
+
+
+def test_a_standbys_filtered_memcheck_that_finds_no_access_is_followed_by_a_fresh_one(
+    tmp_path, monkeypatch
+) -> None:
+    """The kernel-filtered run in the standby attributes no access: memcheck runs again over
+    every kernel, in a process started then (the standby is single-use)."""
+    from reprocut.check.memcheck_process import MemcheckStandby
+
+    tool = stand_in(tmp_path, FILTER_STAND_IN)
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("STAND_IN_CALLS", str(calls))
+    monkeypatch.setenv("STAND_IN_MISS", "1")
+    script = tmp_path / "repro.py"
+    script.write_text(RECORDING_REPRO)
+    standby = MemcheckStandby(str(tool), kernel="gather_kernel", cwd=tmp_path)
+    try:
+        evidence = run_memcheck(script, sanitizer=str(tool), timeout=120, kernel="gather_kernel",
+                                standby=standby)  # fmt: skip
+    finally:
+        standby.close()
+    runs = calls.read_text().splitlines()
+    assert len(runs) == 2 and "--kernel-name kns=gather_kernel" in runs[0]
+    assert "--kernel-name" not in runs[1]
+    assert evidence.kernel_filter is None and "gather_kernel" in evidence.findings[0]
+    ahead, fresh = (parent for parent, *_ in _ran(script))
+    assert ahead == standby.process.pid and fresh != standby.process.pid

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reprocut.check.verify import signature_from_stderr, verify
+import pytest
+
+from reprocut.check.verify import RunOutcome, run_plain, signature_from_stderr, verify
 from reprocut.model.case import Signature
 from reprocut.model.errors import ExitCode
 from reprocut.model.signature import last_exception
@@ -90,3 +92,101 @@ def test_runs_in_interpreters_started_ahead_fail_as_plain_runs_do(tmp_path: Path
     assert (result.runs, result.reproduced) == (3, 3)
     ahead = ["torch ahead: True" in outcome.stderr_tail for outcome in result.outcomes]
     assert sorted(ahead) == [False, True, True]  # two started ahead, the third a fresh python
+
+
+@pytest.mark.parametrize(
+    ("code", "qualifies"),
+    [
+        ("import torch\nx = torch.zeros(2)\n", True),
+        ('"""A reduced script."""\n\n# a comment\nimport torch\nimport os\n', True),
+        ("import torch; import os\n", True),  # the first statement is still `import torch`
+        ("import os\nos.environ['CUDA_LAUNCH_BLOCKING'] = '1'\nimport torch\n", False),
+        ("x = 1\n", False),
+        ("", False),
+        ("import torch.nn\n", False),
+        ("from torch import nn\n", False),
+        ("import torch as t\n", False),
+        ("import torch, os\n", False),
+        ("from __future__ import annotations\nimport torch\n", False),
+        ('"""doc"""\n"""not a docstring"""\nimport torch\n', False),
+        ("import torch\n    broken(\n", False),  # does not parse
+    ],
+)
+def test_which_scripts_start_by_importing_torch(code: str, qualifies: bool) -> None:
+    """Only a first statement (after the docstring) of exactly `import torch` lets an
+    interpreter that imported torch ahead run the script as `python script` would."""
+    from reprocut.check.plainrun import starts_by_importing_torch
+
+    assert starts_by_importing_torch(code) is qualifies
+
+
+SEEN = (
+    "import json, os, sys\n"
+    "ahead = sys.orig_argv[1:2] == ['-c']  # python -c STANDBY, not python repro.py\n"
+    "seen = [sys.argv, os.getcwd(), sys.path[0], __name__, __file__]\n"
+    "print('seen:', json.dumps(seen), 'ahead:', ahead, file=sys.stderr)\n"
+)
+
+
+def _seen(outcome: RunOutcome) -> tuple[str, bool]:
+    """What the script saw (argv, cwd, sys.path[0], __name__, __file__), and whether it ran in
+    an interpreter started ahead."""
+    line = next(line for line in outcome.stderr_tail.splitlines() if line.startswith("seen:"))
+    seen, ahead = line.removeprefix("seen: ").rsplit(" ahead: ", 1)
+    return seen, ahead == "True"
+
+
+def test_a_script_repro_that_starts_by_importing_torch_runs_in_interpreters_started_ahead(
+    tmp_path: Path,
+) -> None:
+    """A script reduction's repro (the user's code, cut down) whose first statement is `import
+    torch` runs in the interpreters started ahead, and sees what `python repro.py` shows it:
+    the same argv, folder, sys.path[0], __name__ and __file__, and fails the same way."""
+    from reprocut.check.plainrun import Standbys
+    from reprocut.pipeline.ahead import Ahead
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    script = folder / "repro.py"
+    script.write_text(
+        '"""Reduced from train.py."""\n\nimport torch\n'
+        + SEEN
+        + "torch.nn.functional.embedding(torch.tensor([9]), torch.zeros(4, 2))\n"
+    )
+    expected = Signature("IndexError", None, None, "index out of range in self")
+    ahead = Ahead(plain=Standbys(2, cwd=folder))
+    try:
+        warm = ahead.standbys_for(script)
+        assert len(warm) == 2
+        result = verify(script, expected, runs=3, timeout=120, standbys=warm)
+    finally:
+        ahead.plain.close()
+    assert (result.runs, result.reproduced) == (3, 3)
+    seen = [_seen(outcome) for outcome in result.outcomes]
+    assert sorted(ahead for _, ahead in seen) == [False, True, True]  # the third: plain python
+    plain = run_plain(script, timeout=120)
+    assert {what for what, _ in seen} == {_seen(plain)[0]}  # every run saw what a plain one does
+    assert _seen(plain)[1] is False
+
+
+def test_a_script_repro_that_sets_the_environment_first_runs_plain(tmp_path: Path) -> None:
+    """A repro that sets the environment before importing torch (CUDA reads it when torch
+    starts it) gets no interpreter started ahead: they are ended, and every run is plain."""
+    from reprocut.check.plainrun import Standbys
+    from reprocut.pipeline.ahead import Ahead
+
+    script = tmp_path / "repro.py"
+    script.write_text(
+        "import os\nos.environ['REPROCUT_TEST_FLAG'] = '1'\nimport torch\n"
+        + SEEN
+        + "raise IndexError('index out of range in self')\n"
+    )
+    standbys = Standbys(2, cwd=tmp_path)
+    waiting = [standby.process for standby in standbys._waiting]
+    assert Ahead(plain=standbys).standbys_for(script) == ()
+    assert all(process.poll() is not None for process in waiting)  # ended, not left waiting
+    assert standbys.take() == []
+    expected = Signature("IndexError", None, None, "index out of range in self")
+    result = verify(script, expected, runs=2, timeout=120, standbys=())
+    assert result.reproduced == 2
+    assert [_seen(outcome)[1] for outcome in result.outcomes] == [False, False]

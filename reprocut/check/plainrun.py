@@ -5,12 +5,19 @@ they share the server's memory copy-on-write, and run under attribution modes. S
 confirms some accepted candidates in a plain process (`reprocut.check.agreement` says which).
 To keep that cheap, the next process is started ahead and waits: a fresh interpreter that has
 imported torch (nothing else; CUDA untouched) and then reads the path of the script to run. The
-script runs as `__main__` through runpy and its exception is printed by the interpreter itself,
-as under `python repro.py`; the signature is read back from stderr like a verification run's.
+script runs as `__main__` the way `python script` runs it (its folder, arguments, sys.path[0],
+__file__), and its exception is printed by the interpreter itself, as under `python repro.py`;
+the signature is read back from stderr like a verification run's.
+
+Importing torch ahead changes nothing a script sees when importing torch is the first thing it
+does (`starts_by_importing_torch`). A script that sets the environment first (CUDA reads it
+when torch starts it) or imports something else first is not the same run in such an
+interpreter: the verification runs it in a fresh `python` (reprocut.pipeline.ahead).
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
@@ -24,24 +31,56 @@ from pathlib import Path
 from reprocut.check.oracle import run_with_timeout
 from reprocut.check.verify import RunOutcome, signature_from_stderr
 
+# runs the script as `python script` does: in a fresh __main__ module, __file__ absolute (as
+# since Python 3.9) and sys.argv[0] as given (runpy would make both the same path)
 _STANDBY = r"""
-import json, os, runpy, sys
-import torch  # every candidate imports it first; importing it ahead changes nothing it sees
+import builtins, importlib.machinery, json, os, sys, types
+import torch  # the script's own first statement (starts_by_importing_torch), done ahead
 line = sys.stdin.readline()
 if not line:
     os._exit(0)
 request = json.loads(line)
 os.chdir(request["cwd"])
+script = os.path.abspath(request["filename"])
 sys.argv = [request["filename"], *request["argv"]]
-sys.path[0] = os.path.dirname(os.path.abspath(request["filename"]))
-runpy.run_path(sys.argv[0], run_name="__main__")
+sys.path[0] = os.path.dirname(script)
+with open(script, "rb") as source:
+    code = compile(source.read(), script, "exec")
+main = types.ModuleType("__main__")
+main.__dict__.update(__file__=script, __cached__=None, __builtins__=builtins,
+                     __loader__=importlib.machinery.SourceFileLoader("__main__", script))
+sys.modules["__main__"] = main
+exec(code, main.__dict__)
 """
+
+
+def starts_by_importing_torch(code: str) -> bool:
+    """Is the script's first statement (after its docstring) exactly `import torch`? Then an
+    interpreter that imported torch before it was handed the script runs it as `python script`
+    would: the script's first act is done, nothing before it could have changed how. Exact on
+    purpose: `import torch.nn`, `from torch import nn`, `import torch as t` or `import os`
+    first (an environment variable set before torch starts CUDA) do not qualify."""
+    try:
+        body = ast.parse(code).body
+    except (SyntaxError, ValueError):
+        return False
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        body = body[1:] if isinstance(first.value.value, str) else body  # the module's docstring
+    if not body or not isinstance(body[0], ast.Import):
+        return False
+    (alias, *others) = body[0].names
+    return not others and alias.name == "torch" and alias.asname is None
 
 
 class _Standby:
     """One waiting interpreter and the file its stderr goes to."""
 
-    def __init__(self, directory: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, directory: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
+        """`cwd`: where it starts (the folder of the scripts it will run: `import torch` then
+        looks where `python script` looks first; default: this process's)."""
         handle, name = tempfile.mkstemp(prefix="plain-", suffix=".err", dir=directory)
         self.stderr_path = Path(name)
         with os.fdopen(handle, "w") as stderr:
@@ -51,6 +90,7 @@ class _Standby:
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 env=env,  # None: this process's, as `python repro.py` has it
+                cwd=cwd,
                 start_new_session=True,
                 text=True,
             )
@@ -82,20 +122,31 @@ class _Standby:
 WARM_CORES = 8
 
 
+def has_cores_to_warm() -> bool:
+    """Enough cores to import torch in processes started ahead, beside the fork server."""
+    return (os.cpu_count() or 1) >= WARM_CORES
+
+
 class Standbys:
     """`count` interpreters started now, for one verification later (reprocut.check.verify):
-    they import torch while the shrink runs. Those not handed out are ended by `close`."""
+    they import torch while the shrink runs. Those not handed out are ended by `close`.
 
-    def __init__(self, count: int, env: dict[str, str] | None = None) -> None:
+    On the H200 a plain run of a repro took ~4.25 s, ~4.1 s of it importing torch (and CuPy)
+    and making the CUDA context: the verification's runs, started ahead, save the import."""
+
+    def __init__(
+        self, count: int, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
+        """`cwd`: the folder of the script they will run (see _Standby)."""
         self._tmp = tempfile.TemporaryDirectory(prefix="reprocut-verify-")
-        self._waiting = [_Standby(Path(self._tmp.name), env) for _ in range(count)]
+        self._waiting = [_Standby(Path(self._tmp.name), env, cwd) for _ in range(count)]
 
     @classmethod
-    def if_worth_it(cls, count: int) -> Standbys | None:
+    def if_worth_it(cls, count: int, cwd: Path | None = None) -> Standbys | None:
         """Started where the machine has the cores to import torch beside the fork server."""
-        if count < 2 or (os.cpu_count() or 1) < WARM_CORES:
+        if count < 2 or not has_cores_to_warm():
             return None
-        return cls(count)
+        return cls(count, cwd=cwd)
 
     def take(self) -> list[_Standby]:
         """The waiting interpreters, each to run one script (handed out once)."""

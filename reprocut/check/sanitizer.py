@@ -5,20 +5,19 @@ kernel, which thread and block, what access of what size and where, and the host
 to the launch. It costs 20-50x a plain run, so it runs on the shrunk repro only, once, with
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 (the caching allocator would hide small overruns inside its own
 blocks) and a timeout. A small wrapper runs the repro and writes down where its tensors live
-(every CUDA tensor, and anything with `__cuda_array_interface__`, held by the script's frames
-before each call they make and when they end), so the address can be named: "reads 4 B at
-3.5 GiB before the start of `x` (arg 0)".
+(reprocut.check.memcheck_process), so the address can be named: "reads 4 B at 3.5 GiB before
+the start of `x` (arg 0)". The process is started now, or was started ahead and has imported
+torch while the shrink ran (`MemcheckStandby`); what it reports is read the same way.
 Without compute-sanitizer there is a one-line note and nothing fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -27,6 +26,7 @@ from typing import Any
 
 import libcst as cst
 
+from reprocut.check import check_log
 from reprocut.check.memcheck import (
     MemcheckError,
     MemcheckReport,
@@ -35,6 +35,13 @@ from reprocut.check.memcheck import (
     parse_report,
     useful_frames,
 )
+from reprocut.check.memcheck_process import (
+    PRINT_LIMIT,
+    MemcheckRun,
+    MemcheckStandby,
+    fresh_memcheck,
+    kernel_options,
+)
 from reprocut.check.oracle import run_with_timeout
 from reprocut.model.case import Signature
 from reprocut.model.signature import is_memory_error
@@ -42,69 +49,7 @@ from reprocut.model.signature import is_memory_error
 FALLBACK = Path("/usr/local/cuda/bin/compute-sanitizer")
 LOG_NAME = "sanitizer.log"
 HEADER_TITLE = "compute-sanitizer (memcheck):"
-PRINT_LIMIT = 20  # errors memcheck prints (`--print-limit`): the first explains the fault
-# bytes of padding memcheck puts after every allocation: a write just past one tensor may land in
-# the next allocation, which memcheck takes for valid (on the H200 an extension writing one row
-# past its output faulted in plain runs while memcheck reported no error)
-PADDING = 1 << 16
 QUIET_SECONDS = 0.5  # the log unchanged this long: the errors printed so far are whole
-MAP_ENV = "REPROCUT_TENSOR_MAP"
-
-_WRAPPER = r"""
-import json, os, runpy, sys
-script = os.path.abspath(sys.argv[1])
-sys.argv = [script, *sys.argv[2:]]
-sys.path[0] = os.path.dirname(script)
-target = os.environ.get("REPROCUT_TENSOR_MAP")
-seen = {}
-
-def entry(name, value):
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
-        if value.layout != torch.strided:
-            return None  # a sparse tensor's parts are tensors of their own
-        storage = value.untyped_storage()
-        return {"name": name, "data_ptr": value.data_ptr(), "storage_ptr": storage.data_ptr(),
-                "storage_bytes": storage.nbytes(), "shape": list(value.shape),
-                "dtype": str(value.dtype).replace("torch.", ""), "device": str(value.device)}
-    face = getattr(value, "__cuda_array_interface__", None)
-    if isinstance(face, dict) and face.get("data"):
-        import math
-        itemsize = int(face["typestr"][2:])
-        size = math.prod(face["shape"]) * itemsize
-        return {"name": name, "data_ptr": face["data"][0], "storage_ptr": face["data"][0],
-                "storage_bytes": size, "shape": list(face["shape"]), "dtype": face["typestr"]}
-    return None
-
-def note(frame):
-    changed = False
-    for name, value in list(frame.f_locals.items()):
-        items = [(name, value)]
-        if isinstance(value, (list, tuple)):
-            items += [(f"{name}[{i}]", v) for i, v in enumerate(value[:16])]
-        for key, item in items:
-            try:
-                found = entry(key, item)
-            except Exception:
-                found = None
-            if found is not None and found["data_ptr"] not in seen:
-                seen[found["data_ptr"]] = found
-                changed = True
-    if target and changed:
-        with open(target, "w") as handle:
-            json.dump(list(seen.values()), handle)
-
-def profile(frame, event, arg):
-    # before each call out of the script (a library may abort the process inside it, as
-    # cuSPARSE's cudaFree of a workspace does after the fault) and when a script frame ends
-    if event == "call" and frame.f_back is not None and frame.f_back.f_code.co_filename == script:
-        note(frame.f_back)
-    elif event in ("c_call", "return") and frame.f_code.co_filename == script:
-        note(frame)
-
-sys.setprofile(profile)
-runpy.run_path(script, run_name="__main__")
-"""
 
 
 def find_sanitizer() -> str | None:
@@ -197,15 +142,18 @@ def run_memcheck(
     argv: Sequence[str] = (),
     cwd: Path | None = None,
     log: Path | None = None,
+    standby: MemcheckStandby | None = None,
 ) -> Evidence:
     """Run `python repro` under `compute-sanitizer --tool memcheck`; never raises for its outcome.
 
     `kernel`: the faulting kernel's name, when known (a custom kernel's). Only kernels whose
     name contains it are instrumented then (`--kernel-name kns=`): the repro's other kernels (a
     1 GB `randn` or two) run at full speed. If that finds no access error (another kernel
-    faulted, or the filter is not understood), memcheck runs again over every kernel.
-    `argv`, `cwd`: a user's script's arguments and folder; `log`: where memcheck's report is
-    kept (default: sanitizer.log beside the repro)."""
+    faulted, or the filter is not understood), memcheck runs again over every kernel, in a
+    process started then. `argv`, `cwd`: a user's script's arguments and folder; `log`: where
+    memcheck's report is kept (default: sanitizer.log beside the repro). `standby`: a memcheck
+    started ahead, torch imported, that runs the first memcheck if it `fits` (else it is left
+    to its owner to close)."""
     exe = sanitizer or find_sanitizer()
     if exe is None:
         return Evidence(
@@ -213,13 +161,14 @@ def run_memcheck(
         )
     repro = repro.resolve()
     where = _Where(tuple(argv), (cwd or repro.parent).resolve(), log or repro.with_name(LOG_NAME))
-    if kernel:
-        focused = _memcheck(repro, exe, timeout, ["--kernel-name", f"kns={kernel}"], where)
-        if focused.status == "found" and focused.report.first_access is not None:
-            return replace(focused, kernel_filter=kernel)
-        every = _memcheck(repro, exe, timeout, [], where)
-        return replace(every, seconds=every.seconds + focused.seconds)
-    return _memcheck(repro, exe, timeout, [], where)
+    ready = standby if standby is not None and standby.fits(repro, kernel=kernel, exe=exe) else None
+    first = _memcheck(repro, exe, timeout, kernel_options(kernel), where, ready)
+    if not kernel:
+        return first
+    if first.status == "found" and first.report.first_access is not None:
+        return replace(first, kernel_filter=kernel)
+    every = _memcheck(repro, exe, timeout, [], where)
+    return replace(every, seconds=every.seconds + first.seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,31 +178,44 @@ class _Where:
     log: Path
 
 
-def _memcheck(repro: Path, exe: str, timeout: float, options: list[str], where: _Where) -> Evidence:
+def _memcheck(
+    repro: Path,
+    exe: str,
+    timeout: float,
+    options: list[str],
+    where: _Where,
+    standby: MemcheckStandby | None = None,
+) -> Evidence:
+    """One memcheck of `repro`: in `standby` (started ahead with these `options`) or in a
+    process started now; the same evidence either way."""
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="reprocut-sanitizer-") as tmp:
-        log, tensor_map, output = (
-            Path(tmp) / "memcheck.log",
-            Path(tmp) / "tensors.json",
-            Path(tmp) / "out",
-        )
-        command = [exe, "--tool", "memcheck", "--print-limit", str(PRINT_LIMIT), "--padding",
-                   str(PADDING), *options, "--log-file",
-                   str(log), sys.executable, "-c", _WRAPPER, str(repro), *where.argv]  # fmt: skip
-        env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
-               MAP_ENV: str(tensor_map)}  # fmt: skip
-        with output.open("w") as sink:
-            try:
-                process = subprocess.Popen(command, cwd=where.cwd, env=env, stdin=subprocess.DEVNULL,
-                                           stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-            except OSError as exc:
-                return Evidence("failed", f"compute-sanitizer did not start: {exc}")
-            returncode, stopped = wait_for_errors(process, log, timeout)
-        text = log.read_text(errors="replace") if log.exists() else ""
-        text = text or output.read_text(errors="replace")
-        saved = where.log
-        saved.write_text(text)
-        tensors = load_tensor_map(tensor_map, argument_positions(repro.read_text()))
+    if standby is not None:
+        running = standby.handed(repro, where.argv, where.cwd)
+    else:
+        running = fresh_memcheck(exe, options, repro, where.argv, where.cwd)
+    with contextlib.ExitStack() as stack:
+        try:
+            run = stack.enter_context(running)
+        except OSError as exc:
+            return Evidence("failed", f"compute-sanitizer did not start: {exc}")
+        evidence = _evidence(run, repro, timeout, where, started)
+    check_log.log("memcheck", standby=run.standby, seconds=round(evidence.seconds, 3),
+                  status=evidence.status, kernel_filter=bool(options), script=repro.name)  # fmt: skip
+    return evidence
+
+
+def _evidence(
+    run: MemcheckRun, repro: Path, timeout: float, where: _Where, started: float
+) -> Evidence:
+    """What `run` reports once it is done (or stopped): its log kept at `where.log`, the
+    addresses named by the script's tensors, `started` (perf_counter) to now its seconds."""
+    returncode, stopped = wait_for_errors(run.process, run.files.log, timeout)
+    log = run.files.log
+    text = log.read_text(errors="replace") if log.exists() else ""
+    text = text or run.files.output.read_text(errors="replace")
+    saved = where.log
+    saved.write_text(text)
+    tensors = load_tensor_map(run.files.tensor_map, argument_positions(repro.read_text()))
     seconds = time.perf_counter() - started
     report = parse_report(text)
     if returncode is None and not report.errors:

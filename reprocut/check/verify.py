@@ -118,17 +118,18 @@ def verify(
 
     The runs are independent processes, so by default they run side by side (each still a
     fresh `python script`, each with its own timeout): the wait is one run's, not `runs`'.
-    `standbys`: interpreters started while the shrink ran, one per run, each used once (a
-    script reprocut wrote, whose first statement imports torch: importing it ahead changes
-    nothing the script sees, and saves each run that import)."""
+    `standbys`: interpreters started while the shrink ran, one per run, each used once, for a
+    script whose first statement is `import torch` (the caller asks
+    reprocut.check.plainrun.starts_by_importing_torch): importing it ahead changes nothing the
+    script sees, and saves each run that import."""
     outcomes: tuple[RunOutcome, ...] = ()
     if parallel and runs > 1:
         script = script.resolve()
         ready = list(standbys[:runs])
 
         def one(index: int) -> RunOutcome:
-            if index < len(ready):
-                return ready[index].run(script, (), script.parent, timeout)
+            if index < len(ready):  # as run_plain runs it: `python repro.py` from its folder
+                return ready[index].run(Path(script.name), (), script.parent, timeout)
             return run_plain(script, timeout=timeout, env=env)
 
         with ThreadPoolExecutor(max_workers=runs) as pool:

@@ -3,8 +3,10 @@ verify, and compute-sanitizer evidence for memory faults.
 
 `agree` gives the oracle its plain-run confirmation (check/agreement.py) and the shrink its log
 of accepted candidates (shrink/walkback.py); `walk_back_outcome` writes the latest accepted
-candidate that verifies when the final one does not; `memcheck_evidence` runs the verified repro
-under compute-sanitizer when the fault is a memory error (check/sanitizer.py).
+candidate that verifies when the final one does not; `start_memcheck` runs repro.py under
+compute-sanitizer beside its plain runs when the fault is a memory error (check/sanitizer.py; in
+the memcheck started ahead, pipeline/ahead.py, when that is the same run), and
+`memcheck_evidence` attaches what it found.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from reprocut.check.agreement import PlainAgreement
+from reprocut.check.memcheck_process import MemcheckStandby
 from reprocut.check.oracle import Oracle
 from reprocut.check.sanitizer import Evidence, attach, evidence_for, run_memcheck, wants_evidence
 from reprocut.check.verify import Verification, run_plain, verify
@@ -154,13 +157,25 @@ def _refused(code: str, verification: Verification, failure: Failure, out: Path)
 
 
 def start_memcheck(
-    pool: ThreadPoolExecutor, repro: Path, failure: Failure, *, timeout: float
+    pool: ThreadPoolExecutor,
+    repro: Path,
+    failure: Failure,
+    *,
+    timeout: float,
+    standby: MemcheckStandby | None = None,
 ) -> Future[Evidence] | None:
     """memcheck on repro.py as written, beside its plain verification runs (it changes nothing
-    they read; its findings are attached once they are done): 10-50 s saved on the H200."""
-    if not wants_evidence(repro, failure.signature):
+    they read; its findings are attached once they are done): 10-50 s saved on the H200.
+    `standby`: the memcheck started ahead (pipeline/ahead.py), used if repro.py starts by importing
+    torch and it filters the kernels this memcheck would; else ended now, and memcheck starts
+    afresh."""
+    wanted = wants_evidence(repro, failure.signature)
+    if standby is not None and not (wanted and standby.fits(repro, kernel=failure.kernel)):
+        standby.close()
+        standby = None
+    if not wanted:
         return None
-    return pool.submit(run_memcheck, repro, timeout=timeout, kernel=failure.kernel)
+    return pool.submit(run_memcheck, repro, timeout=timeout, kernel=failure.kernel, standby=standby)
 
 
 def memcheck_evidence(

@@ -6,7 +6,8 @@ script), writes repro.py, verifies it with plain `python repro.py` runs and writ
 What does not depend on each other runs at once: the fork server starts (it imports torch) while
 the recording is read (which imports torch too), the environment is gathered beside both, and
 the plain verification runs go side by side, with compute-sanitizer beside them for a memory
-fault. Each phase's seconds go to meta.json and `--json`.
+fault, their processes started with the shrink to import torch meanwhile (pipeline/ahead.py).
+Each phase's seconds go to meta.json and `--json`.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from typing import Any
 from rich.console import Console
 
 from reprocut.check.oracle import Oracle
-from reprocut.check.plainrun import Standbys
 from reprocut.check.verify import Verification, verify
 from reprocut.model.compiled import COMPILE_ONLY
 from reprocut.model.errors import ExitCode, ReprocutError
 from reprocut.model.limits import FIXED_POINT
 from reprocut.model.recording import Failure, RunDir, atomic_write
+from reprocut.pipeline.ahead import start_ahead
 from reprocut.pipeline.cases import Outcome, with_definitions
 from reprocut.pipeline.compiled import shrink_compile_only
 from reprocut.pipeline.declined import Declined
@@ -118,7 +119,7 @@ def shrink_recording(
         with phases.phase(READ):
             oracle = _fit_oracle(oracle, failure, settings)
             _start_server(oracle, phases, started)  # while the inputs are read
-            warm = _warm_verification(failure, settings, cleanup)
+            ahead = start_ahead(failure, settings.runs, _out(run_dir, settings), cleanup)
             agreement, log = agree(oracle, failure, _out(run_dir, settings), source=source,
                                    timeout=settings.timeout * 2,
                                    max_seconds=settings.plain_seconds(failure, script=source))  # fmt: skip
@@ -163,7 +164,8 @@ def shrink_recording(
         atomic_write(repro, outcome.code)
         print_phase(console, f"verifying: {settings.runs} plain runs of python {repro.name}")
         with ThreadPoolExecutor(max_workers=2) as pool:
-            memcheck = start_memcheck(pool, repro, failure, timeout=settings.timeout * 3)
+            memcheck = start_memcheck(pool, repro, failure, timeout=settings.timeout * 3,
+                                      standby=ahead.memcheck)  # fmt: skip
             original = start_original_memcheck(
                 pool, repro, failure, log, source=outcome.from_script, render=render_case,
                 inputs=inputs, timeout=settings.timeout * 3, started=script_memcheck,
@@ -172,7 +174,7 @@ def shrink_recording(
             with phases.phase(VERIFY):
                 verification = verify(
                     repro, failure.signature, runs=settings.runs, timeout=settings.timeout * 2,
-                    standbys=warm.take() if warm is not None and not outcome.from_script else (),
+                    standbys=ahead.standbys_for(repro),
                 )  # fmt: skip
             outcome, verification, walked = walk_back_outcome(
                 log, outcome, verification, failure, inputs, environment, runs=settings.runs,
@@ -383,16 +385,6 @@ def _fit_oracle(oracle: Oracle | None, failure: Failure, settings: ShrinkSetting
     # which each waiting context takes some of
     oracle.standby_depth = 1 if failure.memory is not None else STANDBY_DEPTH
     return oracle
-
-
-def _warm_verification(
-    failure: Failure, settings: ShrinkSettings, cleanup: contextlib.ExitStack
-) -> Standbys | None:
-    """Start the verification's interpreters now, to import torch while the shrink runs: for
-    a captured call's repro, which reprocut writes and which starts by importing torch (a
-    script reduction's repro is the user's code: its runs stay plain `python repro.py`)."""
-    standbys = None if _is_source(failure, settings) else Standbys.if_worth_it(settings.runs)
-    return None if standbys is None else cleanup.enter_context(contextlib.closing(standbys))
 
 
 def _write_meta(run_dir: RunDir, result: dict[str, Any]) -> None:

@@ -1,0 +1,69 @@
+"""The verification's processes, started as the shrink starts: they import torch while it runs.
+
+On the H200, with four shrinks at once, the verification took 6.6-10.5 s for script repros: a
+plain `python repro.py` took ~4.25 s alone, ~4.1 s of it importing torch and CuPy and making the
+CUDA context, and a memory fault's memcheck of repro.py (~5.5 s alone, most of it the same
+imports under the sanitizer) ended 0.7-2.1 s after the plain runs. So both wait ready: the plain
+runs' interpreters (check/plainrun.Standbys) and, for a memory fault on the GPU, one memcheck
+(check/memcheck_process.MemcheckStandby). Both are used only if repro.py's first statement is
+`import torch` (check/plainrun.starts_by_importing_torch), so that the import done ahead changes
+nothing it sees; else the runs are fresh as before, and what waited is ended. Whatever is left
+ends with the shrink, however it ends (the shrink's ExitStack).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from reprocut.check.memcheck_process import MemcheckStandby
+from reprocut.check.plainrun import Standbys, has_cores_to_warm, starts_by_importing_torch
+from reprocut.check.sanitizer import find_sanitizer
+from reprocut.check.verify import Standby
+from reprocut.model.recording import Failure
+from reprocut.model.signature import is_memory_error
+
+
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """What was started for the verification (None: nothing of that kind)."""
+
+    plain: Standbys | None = None
+    memcheck: MemcheckStandby | None = None
+
+    def standbys_for(self, repro: Path) -> Sequence[Standby]:
+        """The plain runs' interpreters, if running repro.py in one is running `python
+        repro.py`: its first statement is `import torch`. Else they end now and the runs are
+        plain: a user's script, reduced, may set the environment CUDA reads before importing
+        torch, and so does a captured call's repro that needs an environment variable."""
+        if self.plain is None:
+            return ()
+        if starts_by_importing_torch(repro.read_text()):
+            return self.plain.take()
+        self.plain.close()
+        return ()
+
+
+def start_ahead(failure: Failure, runs: int, out: Path, cleanup: contextlib.ExitStack) -> Ahead:
+    """Start the verification's processes in `out`, repro.py's folder (where `import torch`
+    then looks first, as `python repro.py` does), where the machine has the cores to import
+    torch beside the fork server; `cleanup` ends them with the shrink."""
+    plain = Standbys.if_worth_it(runs, cwd=out)
+    memcheck = warm_memcheck(failure, out)
+    for started in (plain, memcheck):
+        if started is not None:
+            cleanup.enter_context(contextlib.closing(started))
+    return Ahead(plain, memcheck)
+
+
+def warm_memcheck(failure: Failure, out: Path) -> MemcheckStandby | None:
+    """The repro's memcheck started now (None: not a memory fault on the GPU, no
+    compute-sanitizer, or too few cores), filtering the kernels run_memcheck will filter."""
+    if not (is_memory_error(failure.signature) and failure.device.startswith("cuda")):
+        return None
+    exe = find_sanitizer()
+    if exe is None or not has_cores_to_warm():
+        return None
+    return MemcheckStandby.start(exe, kernel=failure.kernel, cwd=out)
