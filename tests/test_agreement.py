@@ -127,6 +127,31 @@ def test_the_plain_run_runs_the_candidate_as_repro_py_will_be_written(tmp_path):
         assert isinstance(seen, ForkOnly) and unfinished.disagreements == 1
 
 
+def test_a_plain_run_that_ran_out_of_cuda_memory_runs_again_before_it_refuses(tmp_path):
+    """Beside the reduction's checks (and other shrinks') a plain run can find the GPU's
+    memory taken: that says nothing of the candidate. It runs once more; only what that run
+    says counts. Here the first run raises CUDA's out-of-memory error, the second the bug."""
+    marker = tmp_path / "ran-once"
+    script = tmp_path / "repro.py"
+    candidate = (
+        "import pathlib\nimport torch\n\n"
+        f"marker = pathlib.Path({str(marker)!r})\n"
+        "if not marker.exists():\n"
+        "    marker.write_text('1')\n"
+        "    raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB')\n"
+        "torch.nn.functional.embedding(torch.tensor([12]), torch.zeros(10, 4))\n"
+    )
+    verdict = Reproduced(EMBEDDING, "index out of range in self", "", 1.0)
+    with PlainAgreement() as agreement:
+        seen = agreement(candidate, str(script), str(tmp_path), [], verdict, EMBEDDING)
+        assert seen is verdict and agreement.disagreements == 0 and agreement.runs == 2
+    marker.unlink()
+    other = candidate.replace("torch.tensor([12])", "torch.tensor([1])")  # no bug after all
+    with PlainAgreement() as agreement:
+        seen = agreement(other, str(script), str(tmp_path), [], verdict, EMBEDDING)
+        assert isinstance(seen, ForkOnly) and agreement.runs == 2
+
+
 def test_plain_runs_stop_once_their_share_of_the_time_is_spent(tmp_path):
     """After `max_seconds` of plain runs the oracle's verdict stands (the final verification
     and the walk-back answer for later candidates); the first run is always made."""

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from reprocut.check.connection import Ticket
@@ -170,8 +171,16 @@ def test_speculation_tells_each_check_how_far_ahead_of_its_turn_it_runs():
             return verdict
 
     class Reducer:
-        def admissible(self, candidate: str) -> bool:
+        best = ""
+
+        def admissible(self, candidate: str, pass_name: str | None = None) -> bool:
             return True
+
+        def upcoming(self) -> Iterator[tuple[str, str]]:
+            return iter(())
+
+        def is_same_failure(self, verdict: bool) -> bool:
+            return verdict
 
         def out_of_budget(self, in_flight: int) -> str | None:
             return None

@@ -162,6 +162,34 @@ def test_checks_run_side_by_side_and_one_can_be_cancelled(oracle: Oracle, tmp_pa
     assert isinstance(cancelled[0], Cancelled) and time.perf_counter() - started < 10
 
 
+def test_a_scripts_candidate_runs_in_a_child_started_ahead_unless_it_sets_the_environment(
+    tmp_path: Path,
+):
+    """A child whose CUDA context was made ahead saves a check its CUDA start (a few tenths of
+    a second on the H200, more with four shrinks at once); a candidate that may set the
+    environment CUDA reads (`os.environ`, in it or a module of the user's it imports) gets a
+    child that starts after it. The pid each candidate prints says which child ran it."""
+    from reprocut.source.checks import OracleChecks
+
+    script = tmp_path / "train.py"
+    script.write_text("raise ValueError('bad value 3')\n")
+    (tmp_path / "settings.py").write_text("import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '0'\n")
+    prints = "import os\nprint(os.getpid())\n"
+    with Oracle(BAD, timeout=60, standby_cuda=True) as oracle:
+        checks = OracleChecks(oracle, script, cwd=tmp_path, argv=[], expected=BAD, timeout=60)
+        assert isinstance(checks.run(prints, 0, None), Passed)  # the server is up
+        for candidate, ahead in (
+            (prints, True),
+            (prints.replace("print", "os.environ['X'] = '1'\nprint"), False),
+            ("import settings\n" + prints, False),
+        ):
+            waiting = oracle.prepare()
+            assert waiting is not None
+            verdict = checks.run(candidate, 0, None)
+            assert isinstance(verdict, Passed), verdict
+            assert (int(verdict.stdout.split()[0]) == waiting) is ahead, candidate
+
+
 # --- side by side, the same result -----------------------------------------------------------------
 
 SCRIPT = code("""

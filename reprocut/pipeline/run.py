@@ -367,18 +367,20 @@ def _read(
 
 
 def _fit_oracle(oracle: Oracle | None, failure: Failure, settings: ShrinkSettings) -> Oracle:
-    """The oracle for this failure: record's warm one if it may serve. Emitted calls may have a
-    child make its CUDA context before their check comes; a user's script may not (it can set up
-    the environment CUDA reads first), so a script reduction gets an oracle of its own."""
+    """The oracle for this failure: record's warm one for a captured call, one of its own for a
+    script reduction (the server the command started ahead, with the script's environment).
+    Both keep children with their CUDA contexts made ahead of the checks; a script's candidate
+    that may set the environment CUDA reads runs in a fresh child instead
+    (reprocut.source.checks)."""
     source = _is_source(failure, settings)
-    if oracle is not None and source and oracle.standby_cuda:
+    if oracle is not None and source:
         oracle.close(wait=False)
         oracle = None
     if oracle is None:
         oracle = Oracle(
             fork=settings.fork,
             timeout=settings.timeout,
-            standby_cuda=not source and failure.device.startswith("cuda"),
+            standby_cuda=failure.device.startswith("cuda"),
         )
     oracle.expected = failure.signature
     # children starting their CUDA contexts ahead, one alone if the failure is about memory,

@@ -17,6 +17,7 @@ from typing import Any
 from reprocut.check.connection import Ticket
 from reprocut.check.preload import PreloadChoice, choose_preloads
 from reprocut.model.case import Signature
+from reprocut.source.validity import sets_environment
 
 
 def candidate_path(script_path: Path, slot: int = 0) -> Path:
@@ -66,6 +67,7 @@ class OracleChecks:
     def run(self, code: str, slot: int, ticket: Ticket | None) -> Any:
         path = self.paths[slot]
         path.write_text(code)
+        dirs = tuple(dict.fromkeys((self.script_path.parent, self.cwd)))
         return self.oracle.check_source(
             code,
             filename=str(path),
@@ -76,6 +78,9 @@ class OracleChecks:
             expected=self.expected,
             confirm=False,
             ticket=ticket,
+            # a child whose CUDA context was made ahead (the oracle's standbys), unless the
+            # candidate may set the environment that start reads
+            fresh_child=sets_environment(code, dirs),
         )
 
     def settle(self, code: str, slot: int, verdict: Any) -> Any:

@@ -237,6 +237,19 @@ def sibling_text(code: str, search_dirs: tuple[Path, ...]) -> str:
     return "\n".join(path.read_text() for path in sibling_paths(code, search_dirs))
 
 
+# what can change the environment a process's CUDA start reads (CUDA_VISIBLE_DEVICES,
+# PYTORCH_CUDA_ALLOC_CONF, CUDA_LAUNCH_BLOCKING): `os.environ[...] = `, `os.putenv`, ...
+SETS_ENVIRONMENT = re.compile(r"\benviron\b|\bputenv\b|\bunsetenv\b")
+
+
+def sets_environment(code: str, search_dirs: tuple[Path, ...]) -> bool:
+    """Could `code` (or a module of the user's it imports) set the environment before it
+    starts CUDA? Then its check needs a child whose CUDA context is not made yet."""
+    if SETS_ENVIRONMENT.search(code):
+        return True
+    return bool(SETS_ENVIRONMENT.search(sibling_text(code, search_dirs)))
+
+
 def reducible_files(script_path: Path, search_dirs: Sequence[Path]) -> set[Path]:
     """The script and the sibling modules it imports: the code the reducer edits."""
     paths = sibling_paths(script_path.read_text(), search_dirs)
