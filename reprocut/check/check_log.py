@@ -2,9 +2,10 @@
 
 Set REPROCUT_CHECK_LOG=FILE and every check the oracle runs (forked or fresh, with its
 seconds and verdict), every plain-run confirmation, every pass the reducers start, every
-candidate they accept, every phase of the shrink and every memcheck run (in a process started
-ahead or not) is appended to FILE as it happens, stamped
-with the wall clock, process and thread. Off (and free) when the variable is unset; lines from
+candidate they accept, every phase of the shrink, every memcheck run (in a process started
+ahead or not), every check begun ahead for a later pass and taken by it, and every merge of
+candidates beside a taken one is appended to FILE as it happens, stamped with the wall clock,
+process and thread. Off (and free) when the variable is unset; lines from
 several processes may share one file (each line is one `write`).
 """
 
@@ -26,8 +27,8 @@ def enabled() -> bool:
 
 
 def log(kind: str, **fields: Any) -> None:
-    """Append one event (`kind`: check, plain, pass, accepted, phase, memcheck) when the log
-    is on."""
+    """Append one event (`kind`: check, plain, pass, accepted, phase, memcheck, ahead, adopted,
+    merge) when the log is on."""
     path = os.environ.get(LOG_ENV)
     if not path:
         return

@@ -364,6 +364,7 @@ class Speculation:
             adopted.tag = tag
             adopted.ticket.ahead = ahead
             self.adopted += 1
+            check_log.log("adopted", done=adopted.done(), slot=adopted.slot)
             return adopted
         slot = self._free.pop()
         flight = _Flight(tag, candidate, slot, Ticket())
