@@ -573,6 +573,33 @@ def test_a_memcheck_standby_never_handed_a_repro_ends_and_leaves_nothing(
     assert not orphaned.files.folder.exists()
 
 
+def test_the_memcheck_ahead_starts_only_when_asked_for(tmp_path, monkeypatch) -> None:
+    """Off by default (on the H200 three of six hung to their timeout, faults-cuda.md):
+    REPROCUT_MEMCHECK_AHEAD=1 starts it, for a memory fault on the GPU only."""
+    from reprocut.model.case import Signature
+    from reprocut.model.recording import ErrorInfo, Failure
+    from reprocut.pipeline import ahead
+
+    stand_in(tmp_path, PID_STAND_IN)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("STAND_IN_PIDS", str(tmp_path / "pids.txt"))
+    monkeypatch.setattr(ahead, "has_cores_to_warm", lambda: True)  # the H200's 16 cores
+    fault = Signature("AcceleratorError", None, 700, "an illegal memory access was encountered")
+    failure = Failure("localized", ErrorInfo("AcceleratorError", fault.kind), fault,
+                      kernel="gather_kernel", device="cuda:0")  # fmt: skip
+    monkeypatch.delenv(ahead.MEMCHECK_AHEAD_ENV, raising=False)
+    assert ahead.warm_memcheck(failure, tmp_path) is None
+    monkeypatch.setenv(ahead.MEMCHECK_AHEAD_ENV, "1")
+    started = ahead.warm_memcheck(failure, tmp_path)
+    assert started is not None
+    try:
+        assert started.process.poll() is None and started.kernel == "gather_kernel"
+    finally:
+        started.close()
+    on_cpu = Failure("localized", failure.error, fault, device="cpu")
+    assert ahead.warm_memcheck(on_cpu, tmp_path) is None
+
+
 @pytest.mark.parametrize(
     ("first_line", "standby_kernel", "in_standby"),
     [
