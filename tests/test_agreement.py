@@ -152,6 +152,27 @@ def test_a_plain_run_that_ran_out_of_cuda_memory_runs_again_before_it_refuses(tm
         assert isinstance(seen, ForkOnly) and agreement.runs == 2
 
 
+def test_a_candidate_that_may_set_the_environment_is_confirmed_in_a_fresh_interpreter(tmp_path):
+    """The plain confirmation's interpreter imported torch ahead of the candidate: the same
+    run for a candidate that sets no environment (importing torch changes nothing it sees),
+    not for one that may set what torch's import or CUDA's start reads before it imports
+    torch. Each candidate here fails only where torch was, or was not, imported before it."""
+    script = tmp_path / "repro.py"
+    verdict = Reproduced(EMBEDDING, "index out of range in self", "", 1.0)
+    call = "torch.nn.functional.embedding(torch.tensor([{}]), torch.zeros(10, 4))\n"
+    sets = (
+        "import os\nimport sys\n\nos.environ.setdefault('OMP_NUM_THREADS', '1')\n"
+        "ahead = 'torch' in sys.modules\nimport torch\n\n" + call.format("1 if ahead else 12")
+    )
+    plain = "import sys\n\nahead = 'torch' in sys.modules\nimport torch\n\n" + call.format(
+        "12 if ahead else 1"
+    )
+    with PlainAgreement() as agreement:
+        assert agreement(sets, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
+    with PlainAgreement() as agreement:  # the interpreter started ahead ran it
+        assert agreement(plain, str(script), str(tmp_path), [], verdict, EMBEDDING) is verdict
+
+
 def test_plain_runs_stop_once_their_share_of_the_time_is_spent(tmp_path):
     """After `max_seconds` of plain runs the oracle's verdict stands (the final verification
     and the walk-back answer for later candidates); the first run is always made."""

@@ -14,6 +14,7 @@ built it again for 41 s after the recording had built it.
 from __future__ import annotations
 
 import os
+import re
 
 from reprocut import PACKAGE_DIR
 
@@ -26,6 +27,10 @@ BLOCKING_ENV = {"CUDA_LAUNCH_BLOCKING": "1", **FORK_ENV}
 # and not where the user set it: a plain run, the sanitizer and the verification run as the
 # user's script does (the Oracle drops it if the first check reproduces only without it).
 ONE_CONNECTION = ("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+# what in a script can change the environment its process's CUDA start (and torch's import)
+# reads (CUDA_VISIBLE_DEVICES, PYTORCH_CUDA_ALLOC_CONF, CUDA_LAUNCH_BLOCKING): `os.environ[...]
+# = `, `os.putenv`, ...; such a script runs where nothing was started ahead of it
+SETS_ENVIRONMENT = re.compile(r"\benviron\b|\bputenv\b|\bunsetenv\b")
 
 
 def package_root() -> str:

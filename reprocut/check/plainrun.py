@@ -12,7 +12,8 @@ the signature is read back from stderr like a verification run's.
 Importing torch ahead changes nothing a script sees when importing torch is the first thing it
 does (`starts_by_importing_torch`). A script that sets the environment first (CUDA reads it
 when torch starts it) or imports something else first is not the same run in such an
-interpreter: the verification runs it in a fresh `python` (reprocut.pipeline.ahead).
+interpreter: the verification runs it in a fresh `python` (reprocut.pipeline.ahead). A plain
+confirmation (`PlainRunner`) runs a candidate that may set the environment in a fresh one.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from reprocut.check.childenv import SETS_ENVIRONMENT
 from reprocut.check.oracle import run_with_timeout
-from reprocut.check.verify import RunOutcome, signature_from_stderr
+from reprocut.check.verify import RunOutcome, run_plain, signature_from_stderr
 
 # runs the script as `python script` does: in a fresh __main__ module, __file__ absolute (as
 # since Python 3.9) and sys.argv[0] as given (runpy would make both the same path)
@@ -180,13 +182,23 @@ class PlainRunner:
         self, script: Path, *, argv: Sequence[str] = (), cwd: Path | None = None,
         timeout: float = 120.0,
     ) -> RunOutcome:  # fmt: skip
-        """`python script argv...` from `cwd` (the script's folder by default)."""
-        self.warm_up()
-        standby, self._standby = self._standby, None
-        assert standby is not None
-        outcome = standby.run(
-            Path(script).resolve(), argv, Path(cwd or Path(script).parent), timeout
-        )
+        """`python script argv...` from `cwd` (the script's folder by default): in the waiting
+        interpreter, unless the script may set the environment (a user's script, cut down, can
+        set what torch's import or CUDA's start reads before it imports torch): then in a
+        fresh one."""
+        script = Path(script).resolve()
+        folder = Path(cwd or script.parent)
+        try:
+            same_run = SETS_ENVIRONMENT.search(script.read_text()) is None
+        except OSError:
+            same_run = False
+        if same_run:
+            self.warm_up()
+            standby, self._standby = self._standby, None
+            assert standby is not None
+            outcome = standby.run(script, argv, folder, timeout)
+        else:
+            outcome = run_plain(script, argv=argv, timeout=timeout, env=self._env, cwd=folder)
         self.runs += 1
         self.seconds += outcome.seconds
         self.warm_up()  # the next one imports torch while this verdict is used

@@ -69,13 +69,17 @@ def run_plain(
     argv: Sequence[str] = (),
     timeout: float = 120.0,
     env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> RunOutcome:
-    """`python script argv...` from the script's folder, in its own process group (`env`: its
-    environment, this process's by default)."""
+    """`python script argv...` from `cwd` (the script's folder by default: then as
+    `python repro.py` there), in its own process group (`env`: its environment, this
+    process's by default)."""
     started = time.perf_counter()
+    folder = script.parent if cwd is None else Path(cwd)
+    name = script.name if folder.resolve() == script.parent.resolve() else str(script.resolve())
     process = subprocess.Popen(
-        [sys.executable, script.name, *argv],
-        cwd=script.parent,
+        [sys.executable, name, *argv],
+        cwd=folder,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

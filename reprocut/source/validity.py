@@ -36,6 +36,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from reprocut.check.childenv import SETS_ENVIRONMENT
 from reprocut.source.custom_ops import registers, walk
 from reprocut.source.doomed import raises_before_the_call, short_launches, unwrapped_arrays
 from reprocut.source.passes import (
@@ -235,11 +236,6 @@ def sibling_paths(code: str, search_dirs: Sequence[Path]) -> Iterator[Path]:
 def sibling_text(code: str, search_dirs: tuple[Path, ...]) -> str:
     """The text of the user's modules `code` still imports (not inlined yet)."""
     return "\n".join(path.read_text() for path in sibling_paths(code, search_dirs))
-
-
-# what can change the environment a process's CUDA start reads (CUDA_VISIBLE_DEVICES,
-# PYTORCH_CUDA_ALLOC_CONF, CUDA_LAUNCH_BLOCKING): `os.environ[...] = `, `os.putenv`, ...
-SETS_ENVIRONMENT = re.compile(r"\benviron\b|\bputenv\b|\bunsetenv\b")
 
 
 def sets_environment(code: str, search_dirs: tuple[Path, ...]) -> bool:
