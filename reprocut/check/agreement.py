@@ -43,6 +43,7 @@ from reprocut.check.oracle import ForkOnly, Oracle, Reproduced, Verdict
 from reprocut.check.plainrun import PlainRunner
 from reprocut.check.verify import RunOutcome
 from reprocut.model.case import ReproCase, Signature
+from reprocut.model.oom import cpu_allocator_refused, is_out_of_memory
 
 # What a fork can make behave differently: devices, layouts and views, raw pointers, the
 # environment, processes. A change in how often any of these appears is worth a plain run.
@@ -63,13 +64,13 @@ Fingerprint = tuple[tuple[str, int], ...]
 
 
 def _contended(outcome: RunOutcome) -> bool:
-    """A plain run that CUDA ran out of memory in: beside the reduction's checks (and other
+    """A plain run that ran out of GPU memory: beside the reduction's checks (and other
     shrinks'), whose tensors share the GPU, that says nothing of the candidate. (On the H200,
     four shrinks at once, one plain run's disagreement, its cause not logged then, rolled a
     CuPy shrink back to the whole script: 371 checks and 217 s where it took 46 and 63 s.)"""
-    signature = outcome.signature
-    text = f"{'' if signature is None else signature.kind} {outcome.stderr_tail[-2000:]}"
-    return "out of memory" in text.lower() and "CUDA" in outcome.stderr_tail
+    error_type = "" if outcome.signature is None else outcome.signature.error_type
+    tail = outcome.stderr_tail
+    return is_out_of_memory(error_type, tail) and not cpu_allocator_refused(tail)
 
 
 def fingerprint(code: str) -> Fingerprint:
@@ -249,13 +250,12 @@ class PlainAgreement:
         written = self.finish(code) if self.finish is not None else code
         if not script.exists() or script.read_text() != written:
             script.write_text(written)
-        outcome = self.runner.run(script, argv=argv, cwd=cwd, timeout=self.timeout)
-        if _contended(outcome):  # the GPU's memory was the other checks': once more
+        for _ in range(2):  # once more if the GPU's memory was the other checks'
+            outcome = self.runner.run(script, argv=argv, cwd=cwd, timeout=self.timeout)
             self.runs += 1
             self.seconds += outcome.seconds
-            outcome = self.runner.run(script, argv=argv, cwd=cwd, timeout=self.timeout)
-        self.runs += 1
-        self.seconds += outcome.seconds
+            if not _contended(outcome):
+                break
         seen = outcome.signature
         check_log.log("plain", seconds=round(outcome.seconds, 3), script=script.name,
                       agreed=seen is not None and seen.matches(expected, compare_op=False),

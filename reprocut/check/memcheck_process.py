@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from reprocut.check import lifeline
-from reprocut.check.plainrun import starts_by_importing_torch
+from reprocut.check.plainrun import STANDBY_REQUEST, starts_by_importing_torch
 
 PRINT_LIMIT = 20  # errors memcheck prints (`--print-limit`): the first explains the fault
 # bytes of padding memcheck puts after every allocation: a write just past one tensor may land in
@@ -47,19 +47,9 @@ sys.argv = [script, *sys.argv[2:]]
 sys.path[0] = os.path.dirname(script)
 """
 
-# the same, read from stdin once torch is imported (EOF: never handed a script, end at once)
-_FROM_STDIN = r"""
-import json, os, runpy, sys
-import torch  # the script's own first statement (starts_by_importing_torch), done ahead
-line = sys.stdin.readline()
-if not line:
-    os._exit(0)
-request = json.loads(line)
-os.chdir(request["cwd"])
-script = os.path.abspath(request["filename"])
-sys.argv = [script, *request["argv"]]
-sys.path[0] = os.path.dirname(script)
-"""
+# the same, read from stdin once torch is imported, as the plain runs' interpreters do (the
+# script is handed over by its absolute path: sys.argv[0] is that path, as above)
+_FROM_STDIN = "import runpy\n" + STANDBY_REQUEST
 
 # the tensor map and the run, for a `script` set up as above
 _MAPPED_RUN = r"""

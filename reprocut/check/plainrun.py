@@ -33,10 +33,11 @@ from reprocut.check.childenv import SETS_ENVIRONMENT
 from reprocut.check.oracle import run_with_timeout
 from reprocut.check.verify import RunOutcome, run_plain, signature_from_stderr
 
-# runs the script as `python script` does: in a fresh __main__ module, __file__ absolute (as
-# since Python 3.9) and sys.argv[0] as given (runpy would make both the same path)
-_STANDBY = r"""
-import builtins, importlib.machinery, json, os, sys, types
+# what an interpreter started ahead does first (reprocut.check.memcheck_process's as well):
+# import torch, then read the script to run from stdin (EOF: never handed one, end at once) and
+# take its folder, arguments and sys.path[0] as `python script args...` has them
+STANDBY_REQUEST = r"""
+import json, os, sys
 import torch  # the script's own first statement (starts_by_importing_torch), done ahead
 line = sys.stdin.readline()
 if not line:
@@ -46,6 +47,14 @@ os.chdir(request["cwd"])
 script = os.path.abspath(request["filename"])
 sys.argv = [request["filename"], *request["argv"]]
 sys.path[0] = os.path.dirname(script)
+"""
+
+# then runs the script as `python script` does: in a fresh __main__ module, __file__ absolute
+# (as since Python 3.9) and sys.argv[0] as given (runpy would make both the same path)
+_STANDBY = (
+    "import builtins, importlib.machinery, types\n"
+    + STANDBY_REQUEST
+    + r"""
 with open(script, "rb") as source:
     code = compile(source.read(), script, "exec")
 main = types.ModuleType("__main__")
@@ -54,6 +63,7 @@ main.__dict__.update(__file__=script, __cached__=None, __builtins__=builtins,
 sys.modules["__main__"] = main
 exec(code, main.__dict__)
 """
+)
 
 
 def starts_by_importing_torch(code: str) -> bool:

@@ -63,11 +63,11 @@ class OracleChecks:
         # one file per slot, one past them for the user's script, checked aside, and one per
         # slot again for the checks begun ahead for later passes (reprocut.source.speculation)
         self.paths = [candidate_path(script_path, k) for k in range(2 * slots + 1)]
+        self.search_dirs = tuple(dict.fromkeys((script_path.parent, cwd)))  # the user's modules
 
     def run(self, code: str, slot: int, ticket: Ticket | None) -> Any:
         path = self.paths[slot]
         path.write_text(code)
-        dirs = tuple(dict.fromkeys((self.script_path.parent, self.cwd)))
         return self.oracle.check_source(
             code,
             filename=str(path),
@@ -80,7 +80,7 @@ class OracleChecks:
             ticket=ticket,
             # a child whose CUDA context was made ahead (the oracle's standbys), unless the
             # candidate may set the environment that start reads
-            fresh_child=sets_environment(code, dirs),
+            fresh_child=sets_environment(code, self.search_dirs),
         )
 
     def settle(self, code: str, slot: int, verdict: Any) -> Any:
