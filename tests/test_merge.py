@@ -9,6 +9,7 @@ import time
 
 from hypothesis import given
 from hypothesis import strategies as st
+from pure_candidates import BAD, failure_of
 
 from reprocut.model.case import Signature
 from reprocut.source import speculation
@@ -16,8 +17,6 @@ from reprocut.source.fixed_point import SourceReducer
 from reprocut.source.merge import apply, edits, merged
 from reprocut.source.passes import PassContext, drop_arguments
 from reprocut.source.results import SourceAccepted
-
-BAD = Signature("ValueError", None, None, "bad value <n>")
 
 
 def code(text: str) -> str:
@@ -83,12 +82,7 @@ DROPPED = SCRIPT.replace("step(1, b=2, c=3, d=4, e=5, f=6, g=7, h=8)", "step(1)"
 def steady_check(source: str) -> Signature | None:
     """The candidate's failure, each check taking as long: those begun together end together."""
     time.sleep(0.05)
-    try:
-        exec(compile(source, "<candidate>", "exec"), {"__name__": "__main__"})
-    except Exception as exc:
-        kind = "bad value <n>" if str(exc).startswith("bad value") else str(exc)
-        return Signature(type(exc).__name__, None, None, kind)
-    return None
+    return failure_of(source)
 
 
 def reduce(parallel: int, merge: bool) -> tuple[SourceReducer, list[SourceAccepted]]:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pure_candidates import BAD, failure_of
 
 from reprocut.check.oracle import Cancelled, Oracle, Passed, Ticket
 from reprocut.check.preload import choose_preloads
@@ -19,8 +20,6 @@ from reprocut.source.passes import PASSES, PassContext
 from reprocut.source.reducer import reduce_source
 from reprocut.source.results import SourceAccepted, SourceChecked
 from reprocut.source.speculation import CallableChecks, Speculation, default_slots
-
-BAD = Signature("ValueError", None, None, "bad value <n>")
 
 
 def code(text: str) -> str:
@@ -224,12 +223,7 @@ def slow_pure_check(source: str) -> Signature | None:
     """The candidate's failure, run here; slower for some candidates, so verdicts of checks
     side by side come back out of order."""
     time.sleep(0.002 * (hash(source) % 5))
-    try:
-        exec(compile(source, "<candidate>", "exec"), {"__name__": "__main__"})
-    except Exception as exc:
-        kind = "bad value <n>" if str(exc).startswith("bad value") else str(exc)
-        return Signature(type(exc).__name__, None, None, kind)
-    return None
+    return failure_of(source)
 
 
 def reduce_with(parallel: int, **options) -> tuple[SourceReducer, str, list[object]]:
