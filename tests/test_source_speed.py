@@ -132,6 +132,35 @@ def test_a_trusted_module_imports_without_a_trial_and_the_server_still_refuses_t
         assert own.preloaded["loaded"] == ["triton"] and own.preloaded["refused"] == {}
 
 
+def test_the_trial_child_imports_beside_the_servers_trusted_imports(tmp_path: Path):
+    """The trial of an untrusted module runs while the server imports the trusted ones, not
+    before them: the untrusted module, in its trial child, waits for the mark the trusted one
+    (here a harmless file named triton first on the path) leaves as the server imports it."""
+    mark, seen = tmp_path / "triton-imported", tmp_path / "seen.txt"
+    (tmp_path / "triton.py").write_text(f"open({str(mark)!r}, 'w').close()\n")
+    (tmp_path / "probe_mod.py").write_text(
+        "import os, sys, time\n"
+        "deadline = time.monotonic() + 30\n"
+        f"while not os.path.exists({str(mark)!r}) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        f"with open({str(seen)!r}, 'a') as f:\n"
+        f"    f.write(f\"{{'triton' in sys.modules}} {{os.path.exists({str(mark)!r})}}\\n\")\n"
+    )
+    script = tmp_path / "train.py"
+    with Oracle(timeout=60) as own:
+        own.preload([["triton", []], ["probe_mod", []]], filename=str(script),
+                    cwd=str(tmp_path), argv=[])  # fmt: skip
+        probe = "import sys\nprint('probe_mod' in sys.modules)\n"
+        verdict = own.check_source(probe, filename=str(tmp_path / "c.py"), cwd=tmp_path)
+        assert isinstance(verdict, Passed) and verdict.stdout.strip() == "True", verdict
+        assert own.preloaded is not None
+        assert own.preloaded["loaded"] == ["triton", "probe_mod"], own.preloaded
+        assert own.preloaded["refused"] == {} and own.preloaded["unsafe"] is None
+    # the trial child (forked before the server imported triton) saw the server's mark; then
+    # the server imported it too
+    assert seen.read_text().splitlines() == ["False True", "True True"]
+
+
 def test_checks_run_side_by_side_and_one_can_be_cancelled(oracle: Oracle, tmp_path: Path):
     verdicts: dict[int, object] = {}
 

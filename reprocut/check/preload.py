@@ -8,9 +8,10 @@ site-packages and not shadowed by a file of the user's), never the user's own mo
 after the script writes the environment (a package may read it at import), no module known to
 make a CUDA context when imported. `preload_here` runs in the server: a forked trial child
 imports them first and refuses any that initialise CUDA (torch's lazy init, or the driver's:
-/dev/nvidia-uvm opened) or start a thread (a fork keeps only the forking thread); the server
-then imports the rest, as the script would (`from m import a, b` resolves `a` and `b`, which is
-what makes a lazy package such as transformers load its real modules).
+/dev/nvidia-uvm opened) or start a thread (a fork keeps only the forking thread), while the
+server imports the trusted ones beside it; the server then imports the rest, as the script
+would (`from m import a, b` resolves `a` and `b`, which is what makes a lazy package such as
+transformers load its real modules).
 """
 
 from __future__ import annotations
@@ -54,9 +55,11 @@ class Preload:
 DYNAMO = Preload("torch._dynamo")
 # imported without a trial: every trial so far found them safe (no CUDA context, no thread), on
 # the H200 and on CPU, and a custom op's checks wait for them (the trial import of triton and
-# torch._dynamo took seconds of a triton_op's first check with four shrinks on the H200). The
-# server's own check after the imports (`_spoiled`) still refuses to fork if one ever is not.
-TRUSTED = frozenset({"torch._dynamo", "triton", "triton.language", "numpy"})
+# torch._dynamo took seconds of a triton_op's first check with four shrinks on the H200; cupy's
+# trial, then its import, 7.2-9.5 s of a CuPy script's first check beside three other shrinks,
+# where it was found safe in every H200 call). The server's own check after the imports
+# (`_spoiled`) still refuses to fork if one ever is not.
+TRUSTED = frozenset({"torch._dynamo", "triton", "triton.language", "numpy", "cupy"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,25 +228,19 @@ def preload_here(request: dict[str, Any]) -> dict[str, Any]:
     was loaded, what was refused and why."""
     started = time.perf_counter()
     preloads = [Preload(m, tuple(names)) for m, names in request["preload"]]
-    refused: dict[str, str] = {}
-    safe = [p for p in preloads if p.module in TRUSTED]  # no trial: `_spoiled` still checks
-    preloads = [p for p in preloads if p.module not in TRUSTED]
-    while preloads:
-        verdicts = _trial(preloads, request)
-        rest: list[Preload] = []
-        for k, preload in enumerate(preloads):
-            why = verdicts.get(preload.module, "the trial import did not finish")
-            if why != "ok":
-                refused[preload.module] = why
-                rest = preloads[k + 1 :]  # the trial child is spoiled past this one: again
-                break
-            safe.append(preload)
-        preloads = rest
+    trusted = [p for p in preloads if p.module in TRUSTED]  # no trial: `_spoiled` still checks
+    pending = [p for p in preloads if p.module not in TRUSTED]
+    # forked before the server imports anything more, so the trial child imports beside it
+    first = _Trial(pending, request) if pending else None
     with _as_the_script(request):
         before = _state()
+        for preload in trusted:
+            _import(preload)
+        safe, refused = _tried(first, pending, request)
         for preload in safe:
             _import(preload)
         spoiled = _spoiled(before)
+    safe = trusted + safe
     return {
         "outcome": "preloaded",
         "loaded": [p.module for p in safe],
@@ -305,47 +302,79 @@ def _spoiled(before: tuple[int, frozenset[str]]) -> str | None:
     return None
 
 
-def _trial(preloads: list[Preload], request: dict[str, Any]) -> dict[str, str]:
-    """Import `preloads` in order in a forked child; per module "ok" or why not, up to the first
-    that is not (the child is spoiled past it)."""
-    from reprocut.check.forkchild import flush_streams, kill_group
-
-    read_fd, write_fd = os.pipe()
-    flush_streams()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read_fd)
-            os.setpgid(0, 0)
-            with os.fdopen(write_fd, "w") as pipe, _as_the_script(request):
-                for preload in preloads:
-                    before = _state()
-                    try:
-                        _import(preload)
-                        why = _spoiled(before) or "ok"
-                    except BaseException as exc:  # an import error: the script's run would say
-                        why = f"import failed: {type(exc).__name__}"
-                    pipe.write(json.dumps([preload.module, why]) + "\n")
-                    pipe.flush()
-                    if why != "ok":
-                        break
-        finally:
-            os._exit(0)
-    os.close(write_fd)
-    verdicts: dict[str, str] = {}
-    deadline = time.monotonic() + TRIAL_TIMEOUT
-    with os.fdopen(read_fd) as pipe:
-        os.set_blocking(read_fd, True)
-        import select
-
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([pipe], [], [], deadline - time.monotonic())
-            line = pipe.readline() if ready else ""
-            if not line:
+def _tried(
+    first: _Trial | None, preloads: list[Preload], request: dict[str, Any]
+) -> tuple[list[Preload], dict[str, str]]:
+    """The preloads a trial found safe, in order, and why the others were refused: after a
+    refusal the trial child is spoiled, so the rest are tried in another (`first`: the trial
+    of all of them, already started)."""
+    safe: list[Preload] = []
+    refused: dict[str, str] = {}
+    trial = first
+    while preloads:
+        verdicts = (trial or _Trial(preloads, request)).verdicts()
+        trial = None
+        rest: list[Preload] = []
+        for k, preload in enumerate(preloads):
+            why = verdicts.get(preload.module, "the trial import did not finish")
+            if why != "ok":
+                refused[preload.module] = why
+                rest = preloads[k + 1 :]  # the trial child is spoiled past this one: again
                 break
-            module, why = json.loads(line)
-            verdicts[module] = why
-    kill_group(pid)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
-    return verdicts
+            safe.append(preload)
+        preloads = rest
+    return safe, refused
+
+
+class _Trial:
+    """`preloads` imported in order in a child forked now; per module "ok" or why not, up to
+    the first that is not (the child is spoiled past it)."""
+
+    def __init__(self, preloads: list[Preload], request: dict[str, Any]) -> None:
+        from reprocut.check.forkchild import flush_streams
+
+        read_fd, write_fd = os.pipe()
+        flush_streams()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(read_fd)
+                os.setpgid(0, 0)
+                with os.fdopen(write_fd, "w") as pipe, _as_the_script(request):
+                    for preload in preloads:
+                        before = _state()
+                        try:
+                            _import(preload)
+                            why = _spoiled(before) or "ok"
+                        except BaseException as exc:  # an import error: the script's run would say
+                            why = f"import failed: {type(exc).__name__}"
+                        pipe.write(json.dumps([preload.module, why]) + "\n")
+                        pipe.flush()
+                        if why != "ok":
+                            break
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        self.pid, self.read_fd = pid, read_fd
+        self.deadline = time.monotonic() + TRIAL_TIMEOUT
+
+    def verdicts(self) -> dict[str, str]:
+        """Wait for the child's verdicts (until TRIAL_TIMEOUT from its start), then end it."""
+        from reprocut.check.forkchild import kill_group
+
+        verdicts: dict[str, str] = {}
+        with os.fdopen(self.read_fd) as pipe:
+            os.set_blocking(self.read_fd, True)
+            import select
+
+            while time.monotonic() < self.deadline:
+                ready, _, _ = select.select([pipe], [], [], self.deadline - time.monotonic())
+                line = pipe.readline() if ready else ""
+                if not line:
+                    break
+                module, why = json.loads(line)
+                verdicts[module] = why
+        kill_group(self.pid)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        return verdicts
