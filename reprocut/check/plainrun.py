@@ -150,8 +150,10 @@ class Standbys:
         self, count: int, env: dict[str, str] | None = None, cwd: Path | None = None
     ) -> None:
         """`cwd`: the folder of the script they will run (see _Standby)."""
+        self.count, self._env, self._cwd = count, env, cwd
         self._tmp = tempfile.TemporaryDirectory(prefix="reprocut-verify-")
         self._waiting = [_Standby(Path(self._tmp.name), env, cwd) for _ in range(count)]
+        self._closed = False
 
     @classmethod
     def if_worth_it(cls, count: int, cwd: Path | None = None) -> Standbys | None:
@@ -165,7 +167,16 @@ class Standbys:
         taken, self._waiting = self._waiting, []
         return taken
 
+    def refill(self) -> None:
+        """Start interpreters until `count` wait again (after a `take` whose runs were not the
+        verification's: reprocut.pipeline.verify_ahead)."""
+        if self._closed:
+            return
+        while len(self._waiting) < self.count:
+            self._waiting.append(_Standby(Path(self._tmp.name), self._env, self._cwd))
+
     def close(self) -> None:
+        self._closed = True
         for standby in self._waiting:
             standby.discard()
         self._waiting = []

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -61,7 +62,8 @@ def find_sanitizer() -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
-    """What memcheck said about the repro (status "found", "clean", "unavailable", "timeout")."""
+    """What memcheck said about the repro (status "found", "clean", "unavailable", "timeout",
+    "cancelled")."""
 
     status: str
     note: str = ""
@@ -143,6 +145,7 @@ def run_memcheck(
     cwd: Path | None = None,
     log: Path | None = None,
     standby: MemcheckStandby | None = None,
+    cancel: threading.Event | None = None,
 ) -> Evidence:
     """Run `python repro` under `compute-sanitizer --tool memcheck`; never raises for its outcome.
 
@@ -153,7 +156,7 @@ def run_memcheck(
     process started then. `argv`, `cwd`: a user's script's arguments and folder; `log`: where
     memcheck's report is kept (default: sanitizer.log beside the repro). `standby`: a memcheck
     started ahead, torch imported, that runs the first memcheck if it `fits` (else it is left
-    to its owner to close)."""
+    to its owner to close). `cancel`: set, it stops memcheck at once ("cancelled")."""
     exe = sanitizer or find_sanitizer()
     if exe is None:
         return Evidence(
@@ -162,12 +165,12 @@ def run_memcheck(
     repro = repro.resolve()
     where = _Where(tuple(argv), (cwd or repro.parent).resolve(), log or repro.with_name(LOG_NAME))
     ready = standby if standby is not None and standby.fits(repro, kernel=kernel, exe=exe) else None
-    first = _memcheck(repro, exe, timeout, kernel_options(kernel), where, ready)
-    if not kernel:
+    first = _memcheck(repro, exe, timeout, kernel_options(kernel), where, ready, cancel)
+    if not kernel or first.status == "cancelled":
         return first
     if first.status == "found" and first.report.first_access is not None:
         return replace(first, kernel_filter=kernel)
-    every = _memcheck(repro, exe, timeout, [], where)
+    every = _memcheck(repro, exe, timeout, [], where, cancel=cancel)
     return replace(every, seconds=every.seconds + first.seconds)
 
 
@@ -185,6 +188,7 @@ def _memcheck(
     options: list[str],
     where: _Where,
     standby: MemcheckStandby | None = None,
+    cancel: threading.Event | None = None,
 ) -> Evidence:
     """One memcheck of `repro`: in `standby` (started ahead with these `options`) or in a
     process started now; the same evidence either way."""
@@ -198,18 +202,26 @@ def _memcheck(
             run = stack.enter_context(running)
         except OSError as exc:
             return Evidence("failed", f"compute-sanitizer did not start: {exc}")
-        evidence = _evidence(run, repro, timeout, where, started)
+        evidence = _evidence(run, repro, timeout, where, started, cancel)
     check_log.log("memcheck", standby=run.standby, seconds=round(evidence.seconds, 3),
                   status=evidence.status, kernel_filter=bool(options), script=repro.name)  # fmt: skip
     return evidence
 
 
 def _evidence(
-    run: MemcheckRun, repro: Path, timeout: float, where: _Where, started: float
+    run: MemcheckRun,
+    repro: Path,
+    timeout: float,
+    where: _Where,
+    started: float,
+    cancel: threading.Event | None = None,
 ) -> Evidence:
     """What `run` reports once it is done (or stopped): its log kept at `where.log`, the
     addresses named by the script's tensors, `started` (perf_counter) to now its seconds."""
-    returncode, stopped = wait_for_errors(run.process, run.files.log, timeout)
+    returncode, stopped = wait_for_errors(run.process, run.files.log, timeout, cancel)
+    if cancel is not None and cancel.is_set():
+        return Evidence("cancelled", "memcheck was stopped: its answer was no longer wanted",
+                        seconds=time.perf_counter() - started)  # fmt: skip
     log = run.files.log
     text = log.read_text(errors="replace") if log.exists() else ""
     text = text or run.files.output.read_text(errors="replace")
@@ -230,12 +242,12 @@ def _evidence(
 
 
 def wait_for_errors(
-    process: subprocess.Popen[Any], log: Path, timeout: float
+    process: subprocess.Popen[Any], log: Path, timeout: float, cancel: threading.Event | None = None
 ) -> tuple[int | None, bool]:
     """Wait for memcheck, but stop it once its log holds PRINT_LIMIT errors and has gone quiet:
     it prints no more, and counting the rest of a big kernel's errors took 10-33 s of its
     16-41 s on the H200 (1 GB CuPy and Triton repros; the printed ones were in by 6-8 s).
-    (exit status or None, stopped early)."""
+    (exit status or None, stopped early). `cancel`, set: stopped at once."""
     deadline = time.monotonic() + timeout
     size, parsed_at, quiet_since = -1, -1, time.monotonic()
     while True:
@@ -244,7 +256,7 @@ def wait_for_errors(
         except subprocess.TimeoutExpired:
             pass
         now = time.monotonic()
-        if now >= deadline:
+        if now >= deadline or (cancel is not None and cancel.is_set()):
             return run_with_timeout(process, 0), False
         current = log.stat().st_size if log.exists() else 0
         if current != size:

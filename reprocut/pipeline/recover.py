@@ -89,6 +89,19 @@ def _source_finish(failure: Failure) -> Callable[[str], str] | None:
     return lambda code: pin_script_dir(ending_with_a_sync(code), folder)
 
 
+def script_repro(failure: Failure) -> Callable[[str], str] | None:
+    """repro.py's text for a script reduction's best, when its finishing check takes both
+    changes (reprocut.source.reducer: a sync at the end, formatted) and its folder is pinned
+    (pipeline/scripts.py): what the verification started ahead runs."""
+    if not failure.script:
+        return None
+    from reprocut.source.finish import ending_with_a_sync, format_code
+    from reprocut.source.recorded import pin_script_dir
+
+    folder = Path(failure.script).resolve().parent
+    return lambda code: pin_script_dir(format_code(ending_with_a_sync(code)), folder)
+
+
 def walk_back_outcome(
     log: AcceptedLog,
     outcome: Outcome,

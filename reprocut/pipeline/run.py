@@ -17,6 +17,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,13 @@ from reprocut.pipeline.finish import report_inputs, result_json, with_repro_mess
 from reprocut.pipeline.first_check import FirstCheck
 from reprocut.pipeline.inputs import load_inputs
 from reprocut.pipeline.phases import FORK_SERVER, READ, REPORT, VERIFY, Phases
-from reprocut.pipeline.recover import agree, memcheck_evidence, start_memcheck, walk_back_outcome
+from reprocut.pipeline.recover import (
+    agree,
+    memcheck_evidence,
+    script_repro,
+    start_memcheck,
+    walk_back_outcome,
+)
 from reprocut.pipeline.request_repro import (
     PATH_EMPTY_INPUTS,
     PATH_SHRINK,
@@ -53,6 +60,7 @@ from reprocut.pipeline.same_bug import (
     stopped_note,
 )
 from reprocut.pipeline.settings import STANDBY_DEPTH, ShrinkSettings, limits_json
+from reprocut.pipeline.verify_ahead import offering, start_verify_ahead, went_ahead_verification
 from reprocut.pipeline.ways import Shrinking, make_repro
 from reprocut.report.display.console import print_line
 from reprocut.report.display.shrink import print_phase, shrink_display
@@ -142,6 +150,15 @@ def shrink_recording(
         case_memcheck = None if source else start_case_memcheck(
             _out(run_dir, settings), log, failure, render_case, inputs, timeout=settings.timeout * 3
         )  # fmt: skip
+        verify_ahead = start_verify_ahead(
+            _out(run_dir, settings), failure.signature, failure.device, runs=settings.runs,
+            timeout=settings.timeout * 2, memcheck_timeout=settings.timeout * 3,
+            standbys=ahead.plain, kernel=failure.kernel,
+        )  # fmt: skip
+        if verify_ahead is not None:
+            cleanup.callback(verify_ahead.close)
+            on_event = offering(on_event, verify_ahead, finish_script=script_repro(failure),
+                                render_case=partial(render_case, inputs=inputs))  # fmt: skip
         shrinking = Shrinking(
             run_dir, failure, inputs, environment, oracle, settings, phases, on_event, console,
             out=_out(run_dir, settings), source=source, log=log,
@@ -163,19 +180,27 @@ def shrink_recording(
         repro = out / "repro.py"
         atomic_write(repro, outcome.code)
         print_phase(console, f"verifying: {settings.runs} plain runs of python {repro.name}")
+        went_ahead = verify_ahead.take(outcome.code) if verify_ahead is not None else None
         with ThreadPoolExecutor(max_workers=2) as pool:
-            memcheck = start_memcheck(pool, repro, failure, timeout=settings.timeout * 3,
-                                      standby=ahead.memcheck)  # fmt: skip
+            if went_ahead is not None and went_ahead.memcheck is not None:
+                if ahead.memcheck is not None:
+                    ahead.memcheck.close()
+                memcheck = went_ahead.memcheck_for(repro)
+            else:
+                memcheck = start_memcheck(pool, repro, failure, timeout=settings.timeout * 3,
+                                          standby=ahead.memcheck)  # fmt: skip
             original = start_original_memcheck(
                 pool, repro, failure, log, source=outcome.from_script, render=render_case,
                 inputs=inputs, timeout=settings.timeout * 3, started=script_memcheck,
                 started_case=case_memcheck,
             )  # fmt: skip
             with phases.phase(VERIFY):
-                verification = verify(
-                    repro, failure.signature, runs=settings.runs, timeout=settings.timeout * 2,
-                    standbys=ahead.standbys_for(repro),
-                )  # fmt: skip
+                verification = went_ahead_verification(went_ahead)
+                if verification is None:
+                    verification = verify(
+                        repro, failure.signature, runs=settings.runs,
+                        timeout=settings.timeout * 2, standbys=ahead.standbys_for(repro),
+                    )  # fmt: skip
             outcome, verification, walked = walk_back_outcome(
                 log, outcome, verification, failure, inputs, environment, runs=settings.runs,
                 timeout=settings.timeout * 2, out=out, console=console,
