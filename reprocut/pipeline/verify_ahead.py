@@ -37,10 +37,12 @@ from reprocut.model.errors import ExitCode
 from reprocut.model.signature import is_memory_error
 from reprocut.source.results import SourceAccepted
 
-# seconds a best must stand before its verification starts: on the H200 the script passes
-# accepted a candidate every 0.7-3.6 s while they still found some, so a shorter wait starts
-# (and stops) one every few seconds, each three interpreters and a memcheck
-SETTLE = 2.0
+# seconds a best must stand before its verification starts. On the H200 (f56cbf0, four shrinks
+# at once) 2 s started one 1-18 times a shrink, all but the last stopped by a newer best: their
+# memchecks and interpreters slowed every check (median 1.0-1.7 s against 0.9-1.1 s) more than
+# the verification ahead saved. The reductions there go 5 s without a new best 0-7 times
+# (69c0cb6's check logs), and their last best stood 1.5-20 s.
+SETTLE = 5.0
 # seconds after its memcheck that a speculation's plain runs start, if its best still stands:
 # they took 1.4-9 s where its memcheck took 7-16 s, so they end before it all the same, and a
 # best replaced meanwhile has cost one process, not four
