@@ -21,7 +21,7 @@ from reprocut.source.passes import PASSES, PassContext, delete_statements
 from reprocut.source.probe import probe_launch
 from reprocut.source.recorded import reduce_recorded
 from reprocut.source.reducer import reduce_source
-from reprocut.source.results import SourceAccepted, SourceChecked
+from reprocut.source.results import SourceAccepted, SourceChecked, SourceRound
 from reprocut.source.size import sort_key
 
 BAD = Signature("ValueError", None, None, "bad value <n>")
@@ -170,6 +170,10 @@ def test_the_default_ends_when_a_round_removes_nothing_not_at_a_clock():
     last = max(i for i, e in enumerate(events) if isinstance(e, SourceAccepted))
     refused = [e for e in events[last + 1 :] if isinstance(e, SourceChecked)]
     assert refused and not any(e.accepted for e in refused)  # the final round: all refused
+    # each round that changed the best says so, the last (which changed nothing) does not
+    rounds = [i for i, e in enumerate(events) if isinstance(e, SourceRound)]
+    assert rounds and rounds[-1] > last
+    assert not any(isinstance(e, SourceAccepted) for e in events[rounds[-1] :])
     again = reducer_for(reducer.best)
     assert again.run() == "fixed point" and again.accepted == {}
 

@@ -49,7 +49,7 @@ def test_a_best_that_stood_is_verified_ahead_and_answers_for_the_same_code(tmp_p
     expected = _expected(tmp_path)
     standbys = Standbys(2, cwd=tmp_path)
     ahead = VerifyAhead(tmp_path, expected, runs=2, timeout=120, memcheck_timeout=120,
-                        standbys=standbys, memcheck=False, settle=0.1)  # fmt: skip
+                        standbys=standbys, memcheck=False, settle=0.1, after_a_round=False)  # fmt: skip
     try:
         ahead.offer(5, lambda index: FAILS.format(index=index))
         _wait_for(lambda: ahead._current is not None)
@@ -66,6 +66,24 @@ def test_a_best_that_stood_is_verified_ahead_and_answers_for_the_same_code(tmp_p
     assert not (tmp_path / "ahead").exists()
 
 
+def test_nothing_goes_ahead_before_the_first_round_has_ended(tmp_path: Path):
+    """A best offered in the reduction's first round waits for its end, then goes ahead."""
+    expected = _expected(tmp_path)
+    standbys = Standbys(2, cwd=tmp_path)
+    ahead = VerifyAhead(tmp_path, expected, runs=2, timeout=120, memcheck_timeout=120,
+                        standbys=standbys, memcheck=False, settle=0.05)  # fmt: skip
+    try:
+        ahead.offer(5, lambda index: FAILS.format(index=index))
+        time.sleep(1.0)
+        assert ahead._current is None and not (tmp_path / "ahead").exists()
+        ahead.round_ended()
+        _wait_for(lambda: ahead._current is not None)
+        assert ahead._current.script.read_text() == FAILS.format(index=5)  # type: ignore[union-attr]
+    finally:
+        ahead.close()
+        standbys.close()
+
+
 def test_a_newer_best_stops_the_older_and_other_code_is_not_answered_ahead(tmp_path: Path):
     """A best offered after another has started stops its runs (their interpreters end) and
     is verified in interpreters started again; repro.py of other code gets nothing."""
@@ -73,7 +91,7 @@ def test_a_newer_best_stops_the_older_and_other_code_is_not_answered_ahead(tmp_p
     standbys = Standbys(2, cwd=tmp_path)
     texts = {"slow": SLOW, "fails": FAILS.format(index=7)}
     ahead = VerifyAhead(tmp_path, expected, runs=2, timeout=120, memcheck_timeout=120,
-                        standbys=standbys, memcheck=False, settle=0.1)  # fmt: skip
+                        standbys=standbys, memcheck=False, settle=0.1, after_a_round=False)  # fmt: skip
     try:
         ahead.offer("slow", texts.__getitem__)
         _wait_for(lambda: ahead._current is not None)
@@ -147,7 +165,7 @@ def test_memcheck_goes_ahead_a_newer_best_stops_it_and_the_plain_runs_follow(tmp
     texts = {"slow": SLOW_CUDA, "fault": SPARSE_FAULT}
     standbys = Standbys(2, cwd=tmp_path)
     ahead = VerifyAhead(tmp_path, expected, runs=2, timeout=120, memcheck_timeout=300,
-                        standbys=standbys, memcheck=True, settle=0.1)  # fmt: skip
+                        standbys=standbys, memcheck=True, settle=0.1, after_a_round=False)  # fmt: skip
     try:
         ahead.offer("slow", texts.__getitem__)
         _wait_for(lambda: ahead._current is not None)

@@ -1,6 +1,6 @@
 """repro.py's verification started before the reduction ends: the plain runs, and for a memory
-fault on the GPU the memcheck, of the best repro so far once no better one has come for
-`SETTLE` seconds.
+fault on the GPU the memcheck, of the best repro so far once the reduction's first round has
+ended and no better one has come for `SETTLE` seconds.
 
 Why: on the H200 (69c0cb6, four shrinks at once) the verification took 7-16 s after each
 reduction (three plain runs, 1.4-9 s, then the repro's memcheck, ending 2.4-8 s after them),
@@ -35,14 +35,15 @@ from reprocut.check.verify import DEVICE_BUSY, Verification, verify
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.errors import ExitCode
 from reprocut.model.signature import is_memory_error
-from reprocut.source.results import SourceAccepted
+from reprocut.source.results import SourceAccepted, SourceRound
 
 # seconds a best must stand before its verification starts. On the H200 (f56cbf0, four shrinks
-# at once) 2 s started one 1-18 times a shrink, all but the last stopped by a newer best: their
-# memchecks and interpreters slowed every check (median 1.0-1.7 s against 0.9-1.1 s) more than
-# the verification ahead saved. The reductions there go 5 s without a new best 0-7 times
-# (69c0cb6's check logs), and their last best stood 1.5-20 s.
-SETTLE = 5.0
+# at once, no wait for the first round) 2 s started one 1-18 times a shrink, most in the first
+# round, their memchecks of 1 GB candidates running for tens of seconds: they slowed every
+# check (median 1.0-1.9 s against 0.9-1.1 s) more than the verification ahead saved. After the
+# first round (69c0cb6's check logs) a best stood over 2 s 0-6 times a shrink, and the last
+# one 2-20 s.
+SETTLE = 2.0
 # seconds after its memcheck that a speculation's plain runs start, if its best still stands:
 # they took 1.4-9 s where its memcheck took 7-16 s, so they end before it all the same, and a
 # best replaced meanwhile has cost one process, not four
@@ -124,10 +125,13 @@ class VerifyAhead:
         memcheck: bool,
         kernel: str | None = None,
         settle: float | None = None,
+        after_a_round: bool = True,
     ) -> None:
         """`out`: repro.py's folder; `standbys`: the verification's interpreters (the plain
         runs go ahead only in them: a fresh run would gain little and could not be stopped);
-        `memcheck`: run memcheck too (a memory fault on the GPU), filtering `kernel`."""
+        `memcheck`: run memcheck too (a memory fault on the GPU), filtering `kernel`;
+        `after_a_round`: nothing starts before the reduction's first round has ended
+        (`round_ended`)."""
         self.folder = out / FOLDER
         self.expected, self.runs = expected, runs
         self.timeout, self.memcheck_timeout = timeout, memcheck_timeout
@@ -136,6 +140,7 @@ class VerifyAhead:
         self._lock = threading.Condition()
         self._offered: tuple[Any, Render, float] | None = None
         self._plain_at: float | None = None  # when the current speculation's plain runs start
+        self._allowed = not after_a_round
         self._current: Speculation | None = None
         self._count = 0
         self._closed = False
@@ -152,6 +157,15 @@ class VerifyAhead:
                 return
             self._offered = (best, render, time.monotonic())
             self._plain_at = None
+            self._lock.notify_all()
+
+    def round_ended(self) -> None:
+        """A round of the reduction changed the best and another follows: bests may be
+        verified ahead from now on. The first round's go 1 GB tensors and whole training
+        steps: on the H200 (126c0d1) their memchecks ran 24-49 s each, and slowed every other
+        shrink's checks on the GPU more than the verification ahead saved."""
+        with self._lock:
+            self._allowed = True
             self._lock.notify_all()
 
     def take(self, repro_text: str) -> Speculation | None:
@@ -191,9 +205,9 @@ class VerifyAhead:
                     if self._closed:
                         return
                     now, offered, plain_at = time.monotonic(), self._offered, self._plain_at
-                    due = [] if offered is None else [offered[2] + self.settle]
+                    due = [] if offered is None or not self._allowed else [offered[2] + self.settle]
                     due += [] if plain_at is None else [plain_at]
-                    if offered is not None and offered[2] + self.settle <= now:
+                    if self._allowed and offered is not None and offered[2] + self.settle <= now:
                         self._offered = None
                         break
                     if plain_at is not None and plain_at <= now:
@@ -336,6 +350,8 @@ def offering(
         if isinstance(event, SourceAccepted):
             if finish_script is not None:
                 ahead.offer(event.code, finish_script)
+        elif isinstance(event, SourceRound) or getattr(event, "kind", None) == "round":
+            ahead.round_ended()
         elif getattr(event, "kind", None) == "accepted" and isinstance(
             getattr(event, "best", None), ReproCase
         ):

@@ -57,7 +57,8 @@ def sort_key(case: ReproCase) -> tuple[Any, ...]:
 
 @dataclass(frozen=True, slots=True)
 class ShrinkEvent:
-    """What the shrinker is doing, for the display: kind is "pass", "check", "accepted", "done"."""
+    """What the shrinker is doing, for the display: kind is "pass", "check", "accepted",
+    "round" (a round changed the best: another follows), "done"."""
 
     kind: str
     pass_name: str
@@ -203,6 +204,7 @@ class Shrinker:
                 if self.best is before:
                     self.stopped = FIXED_POINT
                     break
+                self._emit("round")  # the best changed: another round follows
         except BudgetExhausted as exc:
             self.exhausted = True
             self.stopped = exc.reason

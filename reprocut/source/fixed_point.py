@@ -25,7 +25,7 @@ from reprocut.model.limits import CHECK_CAP, FIXED_POINT, MAX_CHECKS, TimeLimit
 from reprocut.model.signature import NUMBER, same_numbers
 from reprocut.source.passes import PASSES, PassContext, SourcePass, calls_focus
 from reprocut.source.passes.tree import Options
-from reprocut.source.results import SourceAccepted, SourceChecked, SourceEvent
+from reprocut.source.results import SourceAccepted, SourceChecked, SourceEvent, SourceRound
 from reprocut.source.size import count_lines, sort_key
 from reprocut.source.speculation import BudgetSpent, CallableChecks, Checks, Speculation
 from reprocut.source.validity import Rules, sibling_text
@@ -235,6 +235,7 @@ class SourceReducer:
                     went_back = self.roll_back() or went_back
                 if self.best == before and not went_back and not self.roll_back(wait=True):
                     return FIXED_POINT
+                self._emit(SourceRound(self.current_pass, self.checks, self.best_lines()))
         except BudgetSpent as exc:
             return exc.reason
         finally:

@@ -30,7 +30,17 @@ class SourceChecked:
     lines: int = 0
 
 
-SourceEvent = SourceAccepted | SourceChecked
+@dataclass(frozen=True, slots=True)
+class SourceRound:
+    """A round of passes changed the best: another round follows (the later rounds take little,
+    their best is the repro's, or nearly)."""
+
+    pass_name: str  # the round's last pass
+    checks: int
+    lines: int
+
+
+SourceEvent = SourceAccepted | SourceChecked | SourceRound
 
 
 @dataclass(frozen=True, slots=True)
