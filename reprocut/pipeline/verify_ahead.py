@@ -38,11 +38,10 @@ from reprocut.model.signature import is_memory_error
 from reprocut.source.results import SourceAccepted, SourceRound
 
 # seconds a best must stand before its verification starts. On the H200 (f56cbf0, four shrinks
-# at once, no wait for the first round) 2 s started one 1-18 times a shrink, most in the first
-# round, their memchecks of 1 GB candidates running for tens of seconds: they slowed every
-# check (median 1.0-1.9 s against 0.9-1.1 s) more than the verification ahead saved. After the
-# first round (69c0cb6's check logs) a best stood over 2 s 0-6 times a shrink, and the last
-# one 2-20 s.
+# at once, no wait for the first round) 2 s started 1-18 a shrink, 60 of 91 in the first round,
+# all but the last stopped by a newer best, and every check was slower (median 1.0-1.7 s
+# against 0.9-1.5 s); 5 s (126c0d1) did not make the shrinks faster either. After the first
+# round (69c0cb6's check logs) a best stood over 2 s 0-6 times a shrink, the last one 2-20 s.
 SETTLE = 2.0
 # seconds after its memcheck that a speculation's plain runs start, if its best still stands:
 # they took 1.4-9 s where its memcheck took 7-16 s, so they end before it all the same, and a
@@ -161,9 +160,10 @@ class VerifyAhead:
 
     def round_ended(self) -> None:
         """A round of the reduction changed the best and another follows: bests may be
-        verified ahead from now on. The first round's go 1 GB tensors and whole training
-        steps: on the H200 (126c0d1) their memchecks ran 24-49 s each, and slowed every other
-        shrink's checks on the GPU more than the verification ahead saved."""
+        verified ahead from now on. In the first round the best changes every few seconds and
+        its candidates still make the script's full-size tensors: on the H200 at f56cbf0, 60
+        of the 91 verifications ahead started in ten shrinks were in it (all but one of them
+        stopped by a newer best), and the checks of every shrink beside them were slower."""
         with self._lock:
             self._allowed = True
             self._lock.notify_all()
