@@ -244,6 +244,17 @@ def test_a_known_kernel_is_checked_alone_and_everything_when_that_finds_no_acces
     assert evidence.to_json()["kernel_filter"] == evidence.kernel_filter
 
 
+# a column id 2**30 past the size: cuSPARSE reads far outside every allocation
+SPARSE_FAULT = (
+    "import torch\n\n\ndef main():\n"
+    '    indices = torch.tensor([[0], [2**30]], device="cuda")\n'
+    '    values = torch.ones(1, device="cuda")\n'
+    "    adj = torch.sparse_coo_tensor(indices, values, (4, 4), check_invariants=False)\n"
+    '    x = torch.randn(4, 8, device="cuda")\n'
+    "    torch.sparse.mm(adj, x)\n    torch.cuda.synchronize()\n\n\nmain()\n"
+)
+
+
 @pytest.mark.cuda
 def test_memcheck_on_a_real_out_of_bounds_sparse_repro(tmp_path) -> None:
     """On a GPU with compute-sanitizer: a column id 2**30 past the size sends cuSPARSE far
@@ -251,14 +262,7 @@ def test_memcheck_on_a_real_out_of_bounds_sparse_repro(tmp_path) -> None:
     if sanitizer.find_sanitizer() is None:
         pytest.skip("compute-sanitizer is not installed")
     script = tmp_path / "repro.py"
-    script.write_text(
-        "import torch\n\n\ndef main():\n"
-        '    indices = torch.tensor([[0], [2**30]], device="cuda")\n'
-        '    values = torch.ones(1, device="cuda")\n'
-        "    adj = torch.sparse_coo_tensor(indices, values, (4, 4), check_invariants=False)\n"
-        '    x = torch.randn(4, 8, device="cuda")\n'
-        "    torch.sparse.mm(adj, x)\n    torch.cuda.synchronize()\n\n\nmain()\n"
-    )
+    script.write_text(SPARSE_FAULT)
     plain = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120,
                            env={**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})  # fmt: skip
     assert plain.returncode != 0

@@ -3,8 +3,10 @@ interpreters, real plain runs, a real shrink."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,9 +14,11 @@ import pytest
 from reprocut.check.plainrun import Standbys
 from reprocut.check.verify import run_plain
 from reprocut.cli import main
+from reprocut.model.case import Signature
 from reprocut.model.errors import ExitCode
 from reprocut.pipeline.verify_ahead import VerifyAhead, code_of
 from tests.test_pipeline import _embedding_recording
+from tests.test_sanitizer import SPARSE_FAULT
 
 FAILS = "import torch\n\ntorch.zeros(2)[{index}]\n"
 SLOW = "import torch\nimport time\n\ntime.sleep(60)\ntorch.zeros(2)[9]\n"
@@ -35,6 +39,28 @@ def _wait_for(predicate, seconds: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def _verifying_ahead(
+    tmp_path: Path,
+    expected: Signature,
+    *,
+    memcheck: bool = False,
+    after_a_round: bool = False,
+    settle: float = 0.1,
+) -> Iterator[VerifyAhead]:
+    """A VerifyAhead over two interpreters started now, both ended (and its folder removed)
+    when the block ends."""
+    standbys = Standbys(2, cwd=tmp_path)
+    ahead = VerifyAhead(tmp_path, expected, runs=2, timeout=120, memcheck_timeout=300,
+                        standbys=standbys, memcheck=memcheck, settle=settle,
+                        after_a_round=after_a_round)  # fmt: skip
+    try:
+        yield ahead
+    finally:
+        ahead.close()
+        standbys.close()
+
+
 def test_code_of_leaves_the_module_docstring_out() -> None:
     code = "import torch\n\ntorch.zeros(2)[5]\n"
     assert code_of(f'"""Header.\n\nMore.\n"""\n\n{code}') == code
@@ -47,10 +73,7 @@ def test_a_best_that_stood_is_verified_ahead_and_answers_for_the_same_code(tmp_p
     """The plain runs of the best that stood run in the interpreters started ahead and stand
     for repro.py's when its code is the same, whatever its header says."""
     expected = _expected(tmp_path)
-    standbys = Standbys(2, cwd=tmp_path)
-    ahead = VerifyAhead(tmp_path, expected, runs=2, timeout=120, memcheck_timeout=120,
-                        standbys=standbys, memcheck=False, settle=0.1, after_a_round=False)  # fmt: skip
-    try:
+    with _verifying_ahead(tmp_path, expected) as ahead:
         ahead.offer(5, lambda index: FAILS.format(index=index))
         _wait_for(lambda: ahead._current is not None)
         speculation = ahead.take('"""repro.py\'s header."""\n\n' + FAILS.format(index=5))
@@ -60,39 +83,27 @@ def test_a_best_that_stood_is_verified_ahead_and_answers_for_the_same_code(tmp_p
         assert (verification.runs, verification.reproduced) == (2, 2)
         assert all(outcome.returncode == 1 for outcome in verification.outcomes)
         assert speculation.memcheck is None
-    finally:
-        ahead.close()
-        standbys.close()
     assert not (tmp_path / "ahead").exists()
 
 
 def test_nothing_goes_ahead_before_the_first_round_has_ended(tmp_path: Path):
     """A best offered in the reduction's first round waits for its end, then goes ahead."""
     expected = _expected(tmp_path)
-    standbys = Standbys(2, cwd=tmp_path)
-    ahead = VerifyAhead(tmp_path, expected, runs=2, timeout=120, memcheck_timeout=120,
-                        standbys=standbys, memcheck=False, settle=0.05)  # fmt: skip
-    try:
+    with _verifying_ahead(tmp_path, expected, after_a_round=True, settle=0.05) as ahead:
         ahead.offer(5, lambda index: FAILS.format(index=index))
         time.sleep(1.0)
         assert ahead._current is None and not (tmp_path / "ahead").exists()
         ahead.round_ended()
         _wait_for(lambda: ahead._current is not None)
         assert ahead._current.script.read_text() == FAILS.format(index=5)  # type: ignore[union-attr]
-    finally:
-        ahead.close()
-        standbys.close()
 
 
 def test_a_newer_best_stops_the_older_and_other_code_is_not_answered_ahead(tmp_path: Path):
     """A best offered after another has started stops its runs (their interpreters end) and
     is verified in interpreters started again; repro.py of other code gets nothing."""
     expected = _expected(tmp_path)
-    standbys = Standbys(2, cwd=tmp_path)
     texts = {"slow": SLOW, "fails": FAILS.format(index=7)}
-    ahead = VerifyAhead(tmp_path, expected, runs=2, timeout=120, memcheck_timeout=120,
-                        standbys=standbys, memcheck=False, settle=0.1, after_a_round=False)  # fmt: skip
-    try:
+    with _verifying_ahead(tmp_path, expected) as ahead:
         ahead.offer("slow", texts.__getitem__)
         _wait_for(lambda: ahead._current is not None)
         first = ahead._current
@@ -108,9 +119,6 @@ def test_a_newer_best_stops_the_older_and_other_code_is_not_answered_ahead(tmp_p
         )
         assert second.verification.result(timeout=120).reproduced == 2
         assert ahead.take(FAILS.format(index=9)) is None  # other code: verified afresh
-    finally:
-        ahead.close()
-        standbys.close()
 
 
 def test_a_shrink_uses_the_verification_that_went_ahead(
@@ -137,14 +145,6 @@ def test_a_shrink_uses_the_verification_that_went_ahead(
     assert not (run.path / "ahead").exists()
 
 
-SPARSE_FAULT = (
-    "import torch\n\n\ndef main():\n"
-    '    indices = torch.tensor([[0], [2**30]], device="cuda")\n'
-    '    values = torch.ones(1, device="cuda")\n'
-    "    adj = torch.sparse_coo_tensor(indices, values, (4, 4), check_invariants=False)\n"
-    '    x = torch.randn(4, 8, device="cuda")\n'
-    "    torch.sparse.mm(adj, x)\n    torch.cuda.synchronize()\n\n\nmain()\n"
-)
 SLOW_CUDA = "import torch\nimport time\n\nx = torch.zeros(2, device='cuda')\ntime.sleep(120)\n"
 
 
@@ -163,10 +163,7 @@ def test_memcheck_goes_ahead_a_newer_best_stops_it_and_the_plain_runs_follow(tmp
     expected = run_plain(fault, timeout=120).signature
     assert expected is not None
     texts = {"slow": SLOW_CUDA, "fault": SPARSE_FAULT}
-    standbys = Standbys(2, cwd=tmp_path)
-    ahead = VerifyAhead(tmp_path, expected, runs=2, timeout=120, memcheck_timeout=300,
-                        standbys=standbys, memcheck=True, settle=0.1, after_a_round=False)  # fmt: skip
-    try:
+    with _verifying_ahead(tmp_path, expected, memcheck=True) as ahead:
         ahead.offer("slow", texts.__getitem__)
         _wait_for(lambda: ahead._current is not None)
         first = ahead._current
@@ -186,6 +183,3 @@ def test_memcheck_goes_ahead_a_newer_best_stops_it_and_the_plain_runs_follow(tmp
         evidence = memcheck.result(timeout=300)
         assert evidence.status == "found", evidence.to_json()
         assert evidence.log == str(tmp_path / "sanitizer.log") and Path(evidence.log).is_file()
-    finally:
-        ahead.close()
-        standbys.close()

@@ -54,7 +54,7 @@ def agree(
     """Plain runs for the oracle's process-sensitive candidates (`max_seconds` of them at
     most), and the accepted-candidate log. A script reduction starts from the user's script,
     which failed so in their own run."""
-    finish = _source_finish(failure)
+    finish = script_finish(failure)
     ahead, oracle.plain_ahead = oracle.plain_ahead, None  # record's, already importing torch
     agreement = PlainAgreement(
         ahead, timeout=timeout, finish=finish if source else None, max_seconds=max_seconds,
@@ -78,28 +78,19 @@ def unshrunk_script(failure: Failure) -> str:
     return with_script_dir_on_path(script.read_text(), script.parent)
 
 
-def _source_finish(failure: Failure) -> Callable[[str], str] | None:
-    """What a source reduction does to its result, for each accepted script alike."""
-    if not failure.script:
-        return None
-    from reprocut.source.finish import ending_with_a_sync
-    from reprocut.source.recorded import pin_script_dir
-
-    folder = Path(failure.script).resolve().parent
-    return lambda code: pin_script_dir(ending_with_a_sync(code), folder)
-
-
-def script_repro(failure: Failure) -> Callable[[str], str] | None:
-    """repro.py's text for a script reduction's best, when its finishing check takes both
-    changes (reprocut.source.reducer: a sync at the end, formatted) and its folder is pinned
-    (pipeline/scripts.py): what the verification started ahead runs."""
+def script_finish(failure: Failure, *, formatted: bool = False) -> Callable[[str], str] | None:
+    """What a source reduction does to its result (None: no script): a sync at its end and the
+    script's folder pinned, for each accepted script alike; `formatted`: formatted too, as
+    repro.py is when the finishing check takes both changes (reprocut.source.reducer,
+    pipeline/scripts.py), which the verification started ahead runs."""
     if not failure.script:
         return None
     from reprocut.source.finish import ending_with_a_sync, format_code
     from reprocut.source.recorded import pin_script_dir
 
     folder = Path(failure.script).resolve().parent
-    return lambda code: pin_script_dir(format_code(ending_with_a_sync(code)), folder)
+    layout = format_code if formatted else (lambda code: code)
+    return lambda code: pin_script_dir(layout(ending_with_a_sync(code)), folder)
 
 
 def walk_back_outcome(

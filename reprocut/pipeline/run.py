@@ -40,7 +40,7 @@ from reprocut.pipeline.phases import FORK_SERVER, READ, REPORT, VERIFY, Phases
 from reprocut.pipeline.recover import (
     agree,
     memcheck_evidence,
-    script_repro,
+    script_finish,
     start_memcheck,
     walk_back_outcome,
 )
@@ -157,7 +157,7 @@ def shrink_recording(
         )  # fmt: skip
         if verify_ahead is not None:
             cleanup.callback(verify_ahead.close)
-            on_event = offering(on_event, verify_ahead, finish_script=script_repro(failure),
+            on_event = offering(on_event, verify_ahead, finish_script=script_finish(failure, formatted=True),
                                 render_case=partial(render_case, inputs=inputs))  # fmt: skip
         shrinking = Shrinking(
             run_dir, failure, inputs, environment, oracle, settings, phases, on_event, console,

@@ -14,8 +14,6 @@ plain runs compare its error code or type and kind, the shrinker's checks the op
 from __future__ import annotations
 
 import shutil
-import threading
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -37,12 +35,14 @@ from reprocut.model.limits import MAX_CHECKS, MAX_TIME, SAFETY_CAP_HIT, TimeLimi
 from reprocut.model.recording import Failure
 from reprocut.model.signature import is_memory_error
 from reprocut.pipeline.cases import Outcome
+from reprocut.pipeline.daemon import in_daemon_thread
 from reprocut.report.display.shrink import print_phase
 from reprocut.shrink.emitter import SIDECAR_NAME, count_statements
 from reprocut.shrink.walkback import AcceptedLog, Entry, Render, WalkBack, install, walk_back
 from reprocut.source.speculation import default_slots
 
 ORIGINAL_LOG = "sanitizer-original.log"
+ORIGINAL_THREAD = "reprocut-original-memcheck"
 PLAIN_ONLY = "op: a plain run cannot see which op raised (the shrinker's checks compared it)"
 
 
@@ -60,10 +60,10 @@ def start_script_memcheck(
     if not (is_memory_error(failure.signature) and failure.device.startswith("cuda")):
         return None
     out.mkdir(parents=True, exist_ok=True)
-    return _in_daemon_thread(lambda: run_memcheck(
+    return in_daemon_thread(lambda: run_memcheck(
         script.resolve(), timeout=timeout, kernel=failure.kernel, argv=list(failure.argv),
         cwd=Path(failure.cwd or script.resolve().parent), log=out / ORIGINAL_LOG,
-    ))  # fmt: skip
+    ), name=ORIGINAL_THREAD)  # fmt: skip
 
 
 def start_case_memcheck(
@@ -96,26 +96,9 @@ def start_case_memcheck(
             )
 
         future.set_running_or_notify_cancel()  # begun: start_original_memcheck may take it
-        _in_daemon_thread(work, future)
+        in_daemon_thread(work, future, name=ORIGINAL_THREAD)
 
     log.on_first = start
-    return future
-
-
-def _in_daemon_thread(
-    work: Callable[[], Evidence], future: Future[Evidence] | None = None
-) -> Future[Evidence]:
-    """`work` on a daemon thread: a shrink that ends early (its original did not reproduce,
-    Ctrl-C) does not wait for a memcheck it no longer needs, as a pool's thread would make it."""
-    future = Future() if future is None else future
-
-    def run() -> None:
-        try:
-            future.set_result(work())
-        except BaseException as exc:  # the caller's .result() raises it
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="reprocut-original-memcheck", daemon=True).start()
     return future
 
 

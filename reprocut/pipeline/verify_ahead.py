@@ -35,6 +35,7 @@ from reprocut.check.verify import DEVICE_BUSY, Verification, verify
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.errors import ExitCode
 from reprocut.model.signature import is_memory_error
+from reprocut.pipeline.daemon import in_daemon_thread
 from reprocut.source.results import SourceAccepted, SourceRound
 
 # seconds a best must stand before its verification starts. On the H200 (f56cbf0, four shrinks
@@ -71,11 +72,12 @@ def code_of(text: str) -> str:
 
 @dataclass
 class Speculation:
-    """One verification started ahead: its script, its plain runs and memcheck (None: not run
-    ahead), and what stops them."""
+    """One verification started ahead: its script (and the code it runs, `code_of` its text),
+    its plain runs and memcheck (None: not run ahead), and what stops them."""
 
     index: int
     script: Path
+    code: str
     verification: Future[Verification] | None
     memcheck: Future[Evidence] | None
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -175,7 +177,7 @@ class VerifyAhead:
         current, self._current = self._current, None
         if current is None:
             return None
-        if code_of(current.script.read_text()) == code_of(repro_text):
+        if current.code == code_of(repro_text):
             check_log.log("verify_ahead", event="used", index=current.index)
             return current
         current.stop()
@@ -231,7 +233,7 @@ class VerifyAhead:
         runs `PLAIN_LATER` seconds later if no newer best has come by then (at once if there
         is no memcheck)."""
         if self._current is not None:
-            if code_of(self._current.script.read_text()) == code_of(text):
+            if self._current.code == code_of(text):
                 return  # the same code (a case whose header alone changed)
             self._current.stop()
             check_log.log("verify_ahead", event="stopped", index=self._current.index)
@@ -246,12 +248,12 @@ class VerifyAhead:
         script = self.folder / str(self._count) / "repro.py"
         script.parent.mkdir(parents=True, exist_ok=True)
         script.write_text(text)
-        speculation = self._current = Speculation(self._count, script, None, None)
+        speculation = self._current = Speculation(self._count, script, code_of(text), None, None)
         if memcheck:
-            speculation.memcheck = _in_thread(partial(
+            speculation.memcheck = in_daemon_thread(partial(
                 run_memcheck, script, timeout=self.memcheck_timeout, kernel=self.kernel,
                 cancel=speculation.cancel,
-            ))  # fmt: skip
+            ), name="reprocut-verify-ahead-run")  # fmt: skip
         check_log.log("verify_ahead", event="started", index=self._count, memcheck=memcheck)
         if plain and not memcheck:
             self._start_plain(speculation)
@@ -270,10 +272,10 @@ class VerifyAhead:
             self.standbys.refill()
             return
         speculation.interpreters = interpreters
-        speculation.verification = _in_thread(partial(
+        speculation.verification = in_daemon_thread(partial(
             verify, speculation.script, self.expected, runs=self.runs, timeout=self.timeout,
             standbys=interpreters,
-        ))  # fmt: skip
+        ), name="reprocut-verify-ahead-run")  # fmt: skip
         check_log.log("verify_ahead", event="plain", index=speculation.index)
 
 
@@ -291,21 +293,6 @@ def went_ahead_verification(speculation: Speculation | None) -> Verification | N
         return None
     verification = speculation.verification.result()
     return verification if usable(verification) else None
-
-
-def _in_thread(work: Callable[[], Any]) -> Future[Any]:
-    """`work` on a daemon thread (a shrink that ends early does not wait for it)."""
-    future: Future[Any] = Future()
-    future.set_running_or_notify_cancel()
-
-    def run() -> None:
-        try:
-            future.set_result(work())
-        except BaseException as exc:
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="reprocut-verify-ahead-run", daemon=True).start()
-    return future
 
 
 def start_verify_ahead(
