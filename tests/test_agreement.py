@@ -22,6 +22,7 @@ from reprocut.check.oracle import ForkOnly, Oracle, Passed, Reproduced
 from reprocut.check.verify import run_plain, verify
 from reprocut.model.case import Signature, signature_to_json
 from reprocut.model.recording import ErrorInfo, Failure
+from reprocut.model.signature import classify
 from reprocut.pipeline.cases import Outcome
 from reprocut.pipeline.recover import walk_back_outcome
 from reprocut.shrink.header import Environment
@@ -150,6 +151,42 @@ def test_a_plain_run_that_ran_out_of_cuda_memory_runs_again_before_it_refuses(tm
     with PlainAgreement() as agreement:
         seen = agreement(other, str(script), str(tmp_path), [], verdict, EMBEDDING)
         assert isinstance(seen, ForkOnly) and agreement.runs == 2
+
+
+# what a plain run raising this error shows (torch 2.11 raises AcceleratorError, a RuntimeError)
+ILLEGAL_ADDRESS = classify("RuntimeError", "CUDA error: an illegal memory access was encountered")
+
+
+def test_a_faults_plain_run_that_raised_another_cuda_error_runs_again_before_it_refuses(tmp_path):
+    """Where a bad address lands decides which CUDA error a fault raises, and it can differ from
+    run to run: a memory fault's plain run that raised another CUDA error runs once more, and
+    only a second disagreement refuses. Other disagreements are believed at once (a fork-only
+    failure passes, or cannot find the fork's custom op)."""
+    marker = tmp_path / "ran-once"
+    script = tmp_path / "repro.py"
+    candidate = (
+        "import pathlib\n\n"
+        f"marker = pathlib.Path({str(marker)!r})\n"
+        "if not marker.exists():\n"
+        "    marker.write_text('1')\n"
+        "    raise RuntimeError('CUDA error: operation not supported on global/shared address space')\n"
+        "raise RuntimeError('CUDA error: an illegal memory access was encountered')\n"
+    )
+    verdict = Reproduced(ILLEGAL_ADDRESS, "an illegal memory access was encountered", "", 1.0)
+    with PlainAgreement() as agreement:
+        seen = agreement(candidate, str(script), str(tmp_path), [], verdict, ILLEGAL_ADDRESS)
+        assert seen is verdict and agreement.disagreements == 0 and agreement.runs == 2
+    always = candidate.replace("if not marker.exists():", "if True:")
+    with PlainAgreement() as agreement:
+        seen = agreement(always, str(script), str(tmp_path), [], verdict, ILLEGAL_ADDRESS)
+        assert isinstance(seen, ForkOnly) and agreement.runs == 2
+        assert seen.plain is not None and "address space" in seen.plain.kind
+    for other in ("raise KeyError('mylib')", "pass"):
+        once = always.replace("raise RuntimeError('CUDA error: operation", f"{other}  # ('")
+        once = once.replace("raise RuntimeError('CUDA error: an illegal", "pass  # ('")
+        with PlainAgreement() as agreement:
+            seen = agreement(once, str(script), str(tmp_path), [], verdict, ILLEGAL_ADDRESS)
+            assert isinstance(seen, ForkOnly) and agreement.runs == 1
 
 
 def test_a_candidate_that_may_set_the_environment_is_confirmed_in_a_fresh_interpreter(tmp_path):
