@@ -92,15 +92,42 @@ def note(frame):
         with open(target, "w") as handle:
             json.dump(list(seen.values()), handle)
 
-def profile(frame, event, arg):
-    # before each call out of the script (a library may abort the process inside it, as
-    # cuSPARSE's cudaFree of a workspace does after the fault) and when a script frame ends
-    if event == "call" and frame.f_back is not None and frame.f_back.f_code.co_filename == script:
-        note(frame.f_back)
-    elif event in ("c_call", "return") and frame.f_code.co_filename == script:
-        note(frame)
+# before each call the script makes (a library may abort the process inside it, as cuSPARSE's
+# cudaFree of a workspace does after the fault) and when a script frame ends
+monitoring = getattr(sys, "monitoring", None)
+tool = None
+if monitoring is not None:
+    tool = next((i for i in range(6) if monitoring.get_tool(i) is None), None)
+if tool is not None:
+    # only the script's own code is watched: a profile function called for every call of every
+    # module (torch's import: millions) made the repro's memcheck seconds slower
+    events = monitoring.events
 
-sys.setprofile(profile)
+    def started(code, offset):
+        if code.co_filename == script:
+            monitoring.set_local_events(tool, code, events.CALL | events.PY_RETURN)
+        return monitoring.DISABLE
+
+    def calls(code, offset, callee, arg):
+        note(sys._getframe(1))
+
+    def returns(code, offset, value):
+        note(sys._getframe(1))
+
+    monitoring.use_tool_id(tool, "reprocut tensor map")
+    monitoring.register_callback(tool, events.PY_START, started)
+    monitoring.register_callback(tool, events.CALL, calls)
+    monitoring.register_callback(tool, events.PY_RETURN, returns)
+    monitoring.set_events(tool, events.PY_START)
+else:  # before Python 3.12
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_back is not None and frame.f_back.f_code.co_filename == script:
+            note(frame.f_back)
+        elif event in ("c_call", "return") and frame.f_code.co_filename == script:
+            note(frame)
+
+    sys.setprofile(profile)
 runpy.run_path(script, run_name="__main__")
 """
 
