@@ -128,16 +128,19 @@ def test_without_compute_sanitizer_there_is_a_note_and_nothing_fails(tmp_path, m
 STAND_IN = """\
 #!{python}
 # Runs the program as compute-sanitizer would (its options dropped), then writes a memcheck
-# error whose address lies 3.5 GiB before the lowest tensor the wrapper mapped (so that tensor
-# is the nearest whatever the allocator's layout), and that tensor's name to $STAND_IN_NAMED.
+# error whose address lies 3.5 GiB after the end of the highest tensor the wrapper mapped (so that
+# tensor is the nearest whatever the allocator's layout; before the lowest one the address can be
+# negative: a Python built without PIE, as Ubuntu's, has its heap near address 0), and that
+# tensor's name to $STAND_IN_NAMED.
 import json, os, subprocess, sys
 args = sys.argv[1:]
 log = args[args.index("--log-file") + 1]
 program = args[args.index("--log-file") + 2:]
 subprocess.run(program)
-lowest = min(json.load(open(os.environ["REPROCUT_TENSOR_MAP"])), key=lambda t: t["storage_ptr"])
-address = lowest["storage_ptr"] - int(3.5 * 2**30)
-open(os.environ["STAND_IN_NAMED"], "w").write(lowest["name"])
+highest = max(json.load(open(os.environ["REPROCUT_TENSOR_MAP"])),
+              key=lambda t: t["storage_ptr"] + t["storage_bytes"])
+address = highest["storage_ptr"] + highest["storage_bytes"] + int(3.5 * 2**30)
+open(os.environ["STAND_IN_NAMED"], "w").write(highest["name"])
 assert os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
 open(log, "w").write(
     "========= Invalid __global__ read of size 4 bytes\\n"
@@ -173,7 +176,7 @@ def test_the_wrapper_maps_the_repros_tensors_and_names_the_address(tmp_path, mon
     name = (tmp_path / "named.txt").read_text()
     arg = {"table": 0, "ids": 2}[name]  # torch.index_select(table, 0, ids)
     assert evidence.findings[1] == (
-        f"thread (3,0,0) in block (1,0,0): reads 4 B at 3.5 GiB before the start of `{name}` "
+        f"thread (3,0,0) in block (1,0,0): reads 4 B at 3.5 GiB after the end of `{name}` "
         f"(arg {arg})"
     )
     assert Path(evidence.log).read_text().startswith("========= Invalid __global__ read")
@@ -195,7 +198,7 @@ def test_the_tensor_map_survives_a_process_that_dies_inside_the_failing_call(tmp
     assert evidence.status == "found", evidence
     name = (tmp_path / "named.txt").read_text()
     assert name in ("table", "ids")
-    assert f"before the start of `{name}`" in evidence.findings[1]
+    assert f"after the end of `{name}`" in evidence.findings[1]
 
 
 FILTER_STAND_IN = """\
@@ -509,7 +512,7 @@ def test_a_memcheck_started_ahead_gives_what_a_fresh_one_gives(tmp_path, monkeyp
     assert fresh.status == ahead.status == "found", (fresh, ahead)
     assert ahead.findings == fresh.findings
     assert ahead.findings[1] == (
-        "thread (3,0,0) in block (1,0,0): reads 4 B at 3.5 GiB before the start of `table` (arg 0)"
+        "thread (3,0,0) in block (1,0,0): reads 4 B at 3.5 GiB after the end of `table` (arg 0)"
     )
     assert [t.name for t in ahead.tensors] == [t.name for t in fresh.tensors] == ["table"]
     assert Path(ahead.log) == script.with_name(sanitizer.LOG_NAME)
