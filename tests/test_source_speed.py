@@ -15,6 +15,7 @@ from pure_candidates import BAD, failure_of
 from reprocut.check.oracle import Cancelled, Oracle, Passed, Ticket
 from reprocut.check.preload import choose_preloads
 from reprocut.model.case import Signature
+from reprocut.source.checks import OracleChecks, preload_imports
 from reprocut.source.fixed_point import SourceReducer
 from reprocut.source.passes import PASSES, PassContext
 from reprocut.source.reducer import reduce_source
@@ -78,6 +79,48 @@ def test_torch_dynamo_is_preloaded_for_a_script_whose_first_step_imports_it(tmp_
     assert choose_preloads(script, (tmp_path,)).modules() == ()
     script.write_text("import torch\nprint(torch.ones(2).sum())\n")
     assert choose_preloads(script, (tmp_path,)).modules() == ()
+
+
+def test_torch_dynamo_used_by_the_script_alone_waits_for_a_check_that_uses_it(tmp_path: Path):
+    """A script reduction's cut to the failing call leaves the optimizer behind: torch._dynamo,
+    which only the script's own training set-up uses, is imported by the server once a check the
+    reduction waits on uses it. Checks ahead of their turn, and the user's script checked beside
+    the first candidates, import it in their own child; a user module that uses it keeps it
+    preloaded (every candidate importing that module needs it)."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nw = torch.ones(2)\nopt = torch.optim.SGD([w], lr=0.1)\n")
+    choice = choose_preloads(script, (tmp_path,), defer_dynamo=True)
+    assert choice.modules() == () and [p.module for p in choice.deferred] == ["torch._dynamo"]
+    (tmp_path / "ops.py").write_text("import torch\n\nopt = torch.optim.SGD\n")
+    script.write_text("import torch\nimport ops\nopt = torch.optim.SGD([torch.ones(2)], lr=0.1)\n")
+    choice = choose_preloads(script, (tmp_path,), defer_dynamo=True)
+    assert choice.modules() == ("torch._dynamo",) and choice.deferred == ()
+
+    script.write_text("import torch\nw = torch.ones(2)\nopt = torch.optim.SGD([w], lr=0.1)\n")
+    probe = "import sys\nprint('torch.' '_dynamo' in sys.modules)\n"  # names no dynamo user
+    optimizer = "import torch\nprint(torch.optim.SGD([torch.ones(1)], lr=0.1))\n"
+    with Oracle(timeout=60) as fresh:
+        deferred = preload_imports(fresh, script, tmp_path, [], defer_dynamo=True).deferred
+        checks = OracleChecks(fresh, script, cwd=tmp_path, argv=[], expected=BAD, timeout=60,
+                              slots=2, deferred=deferred)  # fmt: skip
+        try:
+
+            def server_has_dynamo() -> bool:
+                verdict = checks.run(probe, 0, Ticket())
+                assert isinstance(verdict, Passed), verdict
+                return verdict.stdout.split() == ["True"]
+
+            assert not server_has_dynamo()
+            ahead = Ticket()
+            ahead.ahead = 1
+            checks.run(optimizer, 1, ahead)  # begun ahead of its turn
+            checks.run(optimizer, 2, None)  # the user's script, beside the first candidates
+            assert not server_has_dynamo()
+            assert isinstance(checks.run(optimizer, 0, Ticket()), Passed)  # waited on
+            assert server_has_dynamo()
+            assert fresh.preloaded is not None and fresh.preloaded["loaded"] == ["torch._dynamo"]
+        finally:
+            checks.close()
 
 
 def test_a_module_that_is_not_installed_is_not_preloaded(tmp_path: Path):

@@ -295,6 +295,21 @@ class Oracle:
             finally:
                 self._server_lock.release()
 
+    def preload_more(self, modules: list[list[Any]]) -> None:
+        """Have the running fork server import these too, now (its next children wait for them;
+        those at work are answered once the import ends), and every later server with the rest
+        of its preload. For imports only some checks need (check/preload.py `deferred`)."""
+        with self._server_lock:
+            if self._preload is None or not self.fork or not modules:
+                return  # no preload (none chosen, or refused): children import what they use
+            self._preload = {**self._preload, "preload": [*self._preload["preload"], *modules]}
+            server, replies = self._server, self._replies
+            if server is None or server.poll() is not None or replies is None:
+                return  # the next server imports them with the rest
+            if not self._await_preload(replies):
+                return  # the server was unfit to fork: replaced by one without preloads
+            self._preload_sent = replies.send({**self._preload, "preload": modules})
+
     def warm_up(self) -> None:
         """Start the fork server now (it imports torch: seconds), e.g. while a script runs or a
         recording is read, on a thread of the caller's: checks that come meanwhile wait for it.

@@ -66,6 +66,8 @@ TRUSTED = frozenset({"torch._dynamo", "triton", "triton.language", "numpy", "cup
 class PreloadChoice:
     preloads: tuple[Preload, ...]
     skipped: tuple[tuple[str, str], ...]  # (module, why it is not preloaded)
+    # imported once a check that needs them is the one the reduction waits on (`defer_dynamo`)
+    deferred: tuple[Preload, ...] = ()
 
     def modules(self) -> tuple[str, ...]:
         return tuple(p.module for p in self.preloads)
@@ -74,11 +76,32 @@ class PreloadChoice:
 # --- choosing (reprocut's side) ----------------------------------------------------------------
 
 
-def choose_preloads(script: Path, search_dirs: Sequence[Path]) -> PreloadChoice:
-    """The imports of `script` and of the user's modules it imports, as the server may run them."""
+def choose_preloads(
+    script: Path, search_dirs: Sequence[Path], *, defer_dynamo: bool = False
+) -> PreloadChoice:
+    """The imports of `script` and of the user's modules it imports, as the server may run them.
+
+    `defer_dynamo`: torch._dynamo goes to `deferred` when only the script itself uses it (its
+    optimizer, say), not a module of the user's it imports. A script reduction's cut to the
+    failing call keeps the definitions and the failing function, not the training set-up: on the
+    H200 the server's import of torch._dynamo (about 5 s with four shrinks at once) was paid
+    before the first check of every CuPy and Triton script, whose candidates never used it."""
     chooser = _Chooser(tuple(Path(d).resolve() for d in search_dirs))
-    chooser.read(Path(script).resolve())
-    return PreloadChoice(tuple(dict.fromkeys(chooser.preloads)), tuple(chooser.skipped))
+    top = Path(script).resolve()
+    chooser.read(top)
+    preloads = tuple(dict.fromkeys(chooser.preloads))
+    if defer_dynamo and DYNAMO in preloads and chooser.dynamo_files == {top}:
+        deferred = (DYNAMO,)
+        preloads = tuple(p for p in preloads if p != DYNAMO)
+    else:
+        deferred = ()
+    return PreloadChoice(preloads, tuple(chooser.skipped), deferred)
+
+
+def uses_dynamo(code: str) -> bool:
+    """Does `code` name a part of torch that imports torch._dynamo when used (DYNAMO_USERS)? A
+    name in a comment or a string counts too: then the import comes early, which is safe."""
+    return any(name in code for name in DYNAMO_USERS)
 
 
 class _Chooser:
@@ -88,6 +111,7 @@ class _Chooser:
         self.skipped: list[tuple[str, str]] = []
         self.read_files: set[Path] = set()
         self.environ_written: str | None = None  # where the environment was first written
+        self.dynamo_files: set[Path] = set()  # the files that use a part of torch using it
 
     def read(self, path: Path) -> None:
         if path in self.read_files:
@@ -102,6 +126,7 @@ class _Chooser:
                 self.environ_written = f"{path.name}:{getattr(node, 'lineno', '?')}"
             elif self.environ_written is None and _uses_dynamo(node):
                 self.preloads.append(DYNAMO)  # (torch._dynamo reads the environment at import)
+                self.dynamo_files.add(path)
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     self.consider(alias.name, ())

@@ -10,12 +10,13 @@ pays for importing triton, cupy or transformers.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from reprocut.check.connection import Ticket
-from reprocut.check.preload import PreloadChoice, choose_preloads
+from reprocut.check.preload import Preload, PreloadChoice, choose_preloads, uses_dynamo
 from reprocut.model.case import Signature
 from reprocut.source.validity import sets_environment
 
@@ -27,13 +28,20 @@ def candidate_path(script_path: Path, slot: int = 0) -> Path:
 
 
 def preload_imports(
-    oracle: Any, script_path: Path, cwd: Path, argv: Sequence[str], also: Sequence[Path] = ()
+    oracle: Any,
+    script_path: Path,
+    cwd: Path,
+    argv: Sequence[str],
+    also: Sequence[Path] = (),
+    *,
+    defer_dynamo: bool = False,
 ) -> PreloadChoice:
     """Have the oracle's fork server import the script's installed packages ahead. `also`:
-    more folders whose modules are the user's own (never preloaded)."""
+    more folders whose modules are the user's own (never preloaded). `defer_dynamo`: see
+    choose_preloads; the choice's `deferred` are for OracleChecks to ask for."""
     dirs = tuple(dict.fromkeys((script_path.parent, cwd, *also)))
-    choice = choose_preloads(script_path, dirs)
-    if choice.preloads and getattr(oracle, "fork", False):
+    choice = choose_preloads(script_path, dirs, defer_dynamo=defer_dynamo)
+    if (choice.preloads or choice.deferred) and getattr(oracle, "fork", False):
         oracle.preload([p.to_json() for p in choice.preloads], filename=str(script_path),
                        cwd=str(cwd), argv=list(argv))  # fmt: skip
     return choice
@@ -52,8 +60,14 @@ class OracleChecks:
         expected: Signature,
         timeout: float,
         slots: int = 1,
+        deferred: Sequence[Preload] = (),
     ) -> None:
         self.oracle = oracle
+        # imported by the server once a check that uses them is the one the reduction waits on
+        # (checks ahead of their turn, and the user's script checked aside, import them in their
+        # own child): the cut to the failing call leaves the optimizer behind
+        self.deferred = [p.to_json() for p in deferred]
+        self._deferring = threading.Lock()
         self.script_path = script_path
         self.cwd = cwd
         self.argv = list(argv)
@@ -68,6 +82,11 @@ class OracleChecks:
     def run(self, code: str, slot: int, ticket: Ticket | None) -> Any:
         path = self.paths[slot]
         path.write_text(code)
+        if self.deferred and self._waited_on(slot, ticket) and uses_dynamo(code):
+            with self._deferring:
+                deferred, self.deferred = self.deferred, []
+            if deferred:
+                self.oracle.preload_more(deferred)
         return self.oracle.check_source(
             code,
             filename=str(path),
@@ -82,6 +101,12 @@ class OracleChecks:
             # candidate may set the environment that start reads
             fresh_child=sets_environment(code, self.search_dirs),
         )
+
+    def _waited_on(self, slot: int, ticket: Ticket | None) -> bool:
+        """Is the reduction waiting for this check (not one begun ahead of its turn, nor the
+        user's script beside the first candidates: reprocut.source.reducer's slot past these)?"""
+        aside = self.slots >= 2 and slot == self.slots
+        return not aside and (ticket is None or ticket.ahead == 0)
 
     def settle(self, code: str, slot: int, verdict: Any) -> Any:
         return self.oracle.confirm_verdict(

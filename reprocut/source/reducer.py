@@ -86,10 +86,14 @@ def reduce_source(
                 from reprocut.check.oracle import Oracle  # the fork server: torch imported once
 
                 oracle = stack.enter_context(Oracle(expected, timeout=timeout))
+            deferred = ()
             if preload:
-                preload_imports(oracle, script_path, cwd, argv)
+                deferred = preload_imports(
+                    oracle, script_path, cwd, argv, defer_dynamo=True
+                ).deferred
             runner = OracleChecks(oracle, script_path, cwd=cwd, argv=argv, expected=expected,
-                                  timeout=timeout, slots=parallel or default_slots())  # fmt: skip
+                                  timeout=timeout, slots=parallel or default_slots(),
+                                  deferred=deferred)  # fmt: skip
             stack.callback(runner.close)
         else:
             runner = CallableChecks(check, parallel or 1)
