@@ -47,13 +47,15 @@ def _verifying_ahead(
     memcheck: bool = False,
     after_a_round: bool = False,
     settle: float = 0.1,
+    first_round_settle: float = 60.0,
 ) -> Iterator[VerifyAhead]:
     """A VerifyAhead over two interpreters started now, both ended (and its folder removed)
     when the block ends."""
     standbys = Standbys(2, cwd=tmp_path)
     ahead = VerifyAhead(tmp_path, expected, runs=2, timeout=120, memcheck_timeout=300,
                         standbys=standbys, memcheck=memcheck, settle=settle,
-                        after_a_round=after_a_round)  # fmt: skip
+                        after_a_round=after_a_round,
+                        first_round_settle=first_round_settle)  # fmt: skip
     try:
         yield ahead
     finally:
@@ -86,8 +88,9 @@ def test_a_best_that_stood_is_verified_ahead_and_answers_for_the_same_code(tmp_p
     assert not (tmp_path / "ahead").exists()
 
 
-def test_nothing_goes_ahead_before_the_first_round_has_ended(tmp_path: Path):
-    """A best offered in the reduction's first round waits for its end, then goes ahead."""
+def test_in_the_first_round_a_best_goes_ahead_only_once_it_stood_longer(tmp_path: Path):
+    """A best offered in the reduction's first round goes ahead once the round has ended, or
+    once it has stood the first round's longer while."""
     expected = _expected(tmp_path)
     with _verifying_ahead(tmp_path, expected, after_a_round=True, settle=0.05) as ahead:
         ahead.offer(5, lambda index: FAILS.format(index=index))
@@ -96,6 +99,13 @@ def test_nothing_goes_ahead_before_the_first_round_has_ended(tmp_path: Path):
         ahead.round_ended()
         _wait_for(lambda: ahead._current is not None)
         assert ahead._current.script.read_text() == FAILS.format(index=5)  # type: ignore[union-attr]
+    with _verifying_ahead(tmp_path, expected, after_a_round=True, settle=0.05,
+                          first_round_settle=1.5) as ahead:  # fmt: skip
+        started = time.monotonic()
+        ahead.offer(6, lambda index: FAILS.format(index=index))
+        _wait_for(lambda: ahead._current is not None)
+        assert time.monotonic() - started >= 1.5  # no round ended: the longer while
+        assert ahead._current.script.read_text() == FAILS.format(index=6)  # type: ignore[union-attr]
 
 
 def test_a_newer_best_stops_the_older_and_other_code_is_not_answered_ahead(tmp_path: Path):

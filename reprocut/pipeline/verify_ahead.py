@@ -1,6 +1,6 @@
 """repro.py's verification started before the reduction ends: the plain runs, and for a memory
-fault on the GPU the memcheck, of the best repro so far once the reduction's first round has
-ended and no better one has come for `SETTLE` seconds.
+fault on the GPU the memcheck, of the best repro so far once no better one has come for `SETTLE`
+seconds after the reduction's first round (`FIRST_ROUND_SETTLE` seconds in it).
 
 Why: on the H200 (69c0cb6, four shrinks at once) the verification took 7-16 s after each
 reduction (three plain runs, 1.4-9 s, then the repro's memcheck, ending 2.4-8 s after them),
@@ -44,6 +44,12 @@ from reprocut.source.results import SourceAccepted, SourceRound
 # against 0.9-1.5 s); 5 s (126c0d1) did not make the shrinks faster either. After the first
 # round (69c0cb6's check logs) a best stood over 2 s 0-6 times a shrink, the last one 2-20 s.
 SETTLE = 2.0
+# seconds a best must stand in the reduction's first round (`after_a_round`). An op-level
+# shrink's first round ends with long runs of sizes that no longer fail: on the H200 (44c17e5)
+# cuda_triton_op_compiled's last best stood 20 s in it, its verification waiting for the round's
+# end and then taking 14 s after the reduction. In ten shrinks' check logs a stand of 10 s in the
+# first round came 4 times besides (three in script reductions, each then replaced).
+FIRST_ROUND_SETTLE = 10.0
 # seconds after its memcheck that a speculation's plain runs start, if its best still stands:
 # they took 1.4-9 s where its memcheck took 7-16 s, so they end before it all the same, and a
 # best replaced meanwhile has cost one process, not four
@@ -127,12 +133,13 @@ class VerifyAhead:
         kernel: str | None = None,
         settle: float | None = None,
         after_a_round: bool = True,
+        first_round_settle: float = FIRST_ROUND_SETTLE,
     ) -> None:
         """`out`: repro.py's folder; `standbys`: the verification's interpreters (the plain
         runs go ahead only in them: a fresh run would gain little and could not be stopped);
         `memcheck`: run memcheck too (a memory fault on the GPU), filtering `kernel`;
-        `after_a_round`: nothing starts before the reduction's first round has ended
-        (`round_ended`)."""
+        `after_a_round`: until the reduction's first round has ended (`round_ended`), a best
+        must stand `first_round_settle` seconds, not `settle`."""
         self.folder = out / FOLDER
         self.expected, self.runs = expected, runs
         self.timeout, self.memcheck_timeout = timeout, memcheck_timeout
@@ -142,6 +149,7 @@ class VerifyAhead:
         self._offered: tuple[Any, Render, float] | None = None
         self._plain_at: float | None = None  # when the current speculation's plain runs start
         self._allowed = not after_a_round
+        self.first_round_settle = first_round_settle
         self._current: Speculation | None = None
         self._count = 0
         self._closed = False
@@ -207,9 +215,10 @@ class VerifyAhead:
                     if self._closed:
                         return
                     now, offered, plain_at = time.monotonic(), self._offered, self._plain_at
-                    due = [] if offered is None or not self._allowed else [offered[2] + self.settle]
+                    settle = self.settle if self._allowed else self.first_round_settle
+                    due = [] if offered is None else [offered[2] + settle]
                     due += [] if plain_at is None else [plain_at]
-                    if self._allowed and offered is not None and offered[2] + self.settle <= now:
+                    if offered is not None and offered[2] + settle <= now:
                         self._offered = None
                         break
                     if plain_at is not None and plain_at <= now:
