@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import subprocess
 import sys
 import time
@@ -158,10 +159,9 @@ ILLEGAL_ADDRESS = classify("RuntimeError", "CUDA error: an illegal memory access
 
 
 def test_a_faults_plain_run_that_raised_another_cuda_error_runs_again_before_it_refuses(tmp_path):
-    """Where a bad address lands decides which CUDA error a fault raises, and it can differ from
-    run to run: a memory fault's plain run that raised another CUDA error runs once more, and
-    only a second disagreement refuses. Other disagreements are believed at once (a fork-only
-    failure passes, or cannot find the fork's custom op)."""
+    """A memory fault's plain run that raised another CUDA error runs once more, and only a
+    second disagreement refuses. Other disagreements are believed at once (a fork-only failure
+    passes, or cannot find the fork's custom op)."""
     marker = tmp_path / "ran-once"
     script = tmp_path / "repro.py"
     candidate = (
@@ -169,7 +169,7 @@ def test_a_faults_plain_run_that_raised_another_cuda_error_runs_again_before_it_
         f"marker = pathlib.Path({str(marker)!r})\n"
         "if not marker.exists():\n"
         "    marker.write_text('1')\n"
-        "    raise RuntimeError('CUDA error: operation not supported on global/shared address space')\n"
+        "    raise RuntimeError('CUDA error: unspecified launch failure')\n"
         "raise RuntimeError('CUDA error: an illegal memory access was encountered')\n"
     )
     verdict = Reproduced(ILLEGAL_ADDRESS, "an illegal memory access was encountered", "", 1.0)
@@ -180,13 +180,42 @@ def test_a_faults_plain_run_that_raised_another_cuda_error_runs_again_before_it_
     with PlainAgreement() as agreement:
         seen = agreement(always, str(script), str(tmp_path), [], verdict, ILLEGAL_ADDRESS)
         assert isinstance(seen, ForkOnly) and agreement.runs == 2
-        assert seen.plain is not None and "address space" in seen.plain.kind
+        assert seen.plain is not None and "launch failure" in seen.plain.kind
     for other in ("raise KeyError('mylib')", "pass"):
-        once = always.replace("raise RuntimeError('CUDA error: operation", f"{other}  # ('")
+        once = always.replace("raise RuntimeError('CUDA error: unspecified", f"{other}  # ('")
         once = once.replace("raise RuntimeError('CUDA error: an illegal", "pass  # ('")
         with PlainAgreement() as agreement:
             seen = agreement(once, str(script), str(tmp_path), [], verdict, ILLEGAL_ADDRESS)
             assert isinstance(seen, ForkOnly) and agreement.runs == 1
+
+
+def test_an_illegal_address_that_landed_in_the_host_window_agrees(tmp_path, monkeypatch):
+    """The same bad pointer raises CUDA's invalid address space error where it lands in the
+    host's window: for an illegal memory access that plain run agrees (the candidate faults in
+    a plain process too), and the check log says it was the related error. Not for another
+    fault: a misaligned access is a bug of its own."""
+    from reprocut.check import check_log
+
+    log = tmp_path / "checks.jsonl"
+    monkeypatch.setenv(check_log.LOG_ENV, str(log))
+    script = tmp_path / "repro.py"
+    landed = (
+        "raise RuntimeError('CUDA driver error: CUDA_ERROR_INVALID_ADDRESS_SPACE: operation not "
+        "supported on global/shared address space')\n"
+    )
+    verdict = Reproduced(ILLEGAL_ADDRESS, "an illegal memory access was encountered", "", 1.0)
+    with PlainAgreement() as agreement:
+        seen = agreement(landed, str(script), str(tmp_path), [], verdict, ILLEGAL_ADDRESS)
+        assert seen is verdict and agreement.runs == 1 and agreement.disagreements == 0
+    plain = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(e["agreed"], e.get("related")) for e in plain if e["kind"] == "plain"] == [
+        (True, True)
+    ]
+    misaligned = classify("RuntimeError", "CUDA error: misaligned address")
+    odd = Reproduced(misaligned, "misaligned address", "", 1.0)
+    with PlainAgreement() as agreement:
+        seen = agreement(landed, str(script), str(tmp_path), [], odd, misaligned)
+        assert isinstance(seen, ForkOnly) and agreement.runs == 2
 
 
 def test_a_candidate_that_may_set_the_environment_is_confirmed_in_a_fresh_interpreter(tmp_path):
