@@ -78,7 +78,7 @@ def _another_fault(outcome: RunOutcome, expected: Signature) -> bool:
     """A memory fault's plain run that raised another CUDA error: run once more before it
     refuses. Which error a fault raises can differ from run to run (at 44c17e5 on the H200 the
     second plain run of cuda_cupy_host_pointers' cut to its failing call raised the original's
-    illegal address where the first had not; refused, that cut took the reduction back to the
+    illegal address where the first had not; refused at 237d005, the cut took the reduction to the
     whole script: 160 s instead of 62). A run that passes, or raises no CUDA error, is believed
     at once: that is how a candidate that fails only in a fork shows (a custom op it cannot
     find). The invalid address space error agrees as it is (`_where_the_address_landed`)."""
