@@ -40,6 +40,7 @@ from reprocut.check.connection import (
 from reprocut.check.connections import ConnectionChoice
 from reprocut.check.fresh import run_fresh, run_with_timeout
 from reprocut.check.machine_slots import MachineSlots
+from reprocut.check.server_preload import ServerPreload
 from reprocut.check.sidecars import Sidecars
 from reprocut.check.verdicts import (
     Cancelled,
@@ -73,7 +74,6 @@ __all__ = [
     "verdict_from_reply",
 ]
 SERVER_GRACE = 30.0  # seconds the server may take beyond a check's own timeout before we give up
-PRELOAD_TIMEOUT = 300.0  # a trial import and the real one of every preloaded package
 
 
 class Oracle:
@@ -119,9 +119,7 @@ class Oracle:
         self.workdir = Path(self._tmp.name)
         self._server: subprocess.Popen[str] | None = None
         self._replies: Replies | None = None
-        self._preload: dict[str, Any] | None = None  # the preload request, sent to each server
-        self._preload_sent: int | None = None  # its id, while its reply is still to come
-        self.preloaded: dict[str, Any] | None = None  # the server's reply: loaded, refused
+        self._preload = ServerPreload()  # what each server imports for its children
         self._counts = threading.Lock()
         self.fork_disabled: str | None = None  # why the oracle fell back to fresh processes
         self.sidecars = Sidecars()  # the captured tensors each check's folder holds
@@ -275,23 +273,23 @@ class Oracle:
             return verdict
         return self.confirm(code, filename, cwd, argv, verdict, expected or self.expected)
 
+    @property
+    def preloaded(self) -> dict[str, Any] | None:
+        """The server's reply to the preload: what it loaded, refused, and why."""
+        return self._preload.reply
+
     def preload(
         self, modules: list[list[Any]], *, filename: str, cwd: str, argv: list[str]
     ) -> None:
         """Have the fork server import these (`[module, [names]]`, see check/preload.py) once,
         as the script at `filename` would, before its next children: now if it runs, else as
         it starts. Checks wait for it; `preloaded` then says what it loaded and refused."""
-        self._preload = {
-            "preload": modules,
-            "filename": filename,
-            "cwd": cwd,
-            "sys_path0": str(Path(filename).resolve().parent),
-            "argv": argv,
-        }
+        self._preload.choose(modules, filename=filename, cwd=cwd, argv=argv)
         if self.fork and self._server_lock.acquire(blocking=False):
             try:
                 if self._server is not None and self._server.poll() is None:
-                    self._send_preload()
+                    assert self._replies is not None
+                    self._preload.send(self._replies)
             finally:
                 self._server_lock.release()
 
@@ -300,15 +298,11 @@ class Oracle:
         those at work are answered once the import ends), and every later server with the rest
         of its preload. For imports only some checks need (check/preload.py `deferred`)."""
         with self._server_lock:
-            if self._preload is None or not self.fork or not modules:
-                return  # no preload (none chosen, or refused): children import what they use
-            self._preload = {**self._preload, "preload": [*self._preload["preload"], *modules]}
-            server, replies = self._server, self._replies
-            if server is None or server.poll() is not None or replies is None:
-                return  # the next server imports them with the rest
-            if not self._await_preload(replies):
-                return  # the server was unfit to fork: replaced by one without preloads
-            self._preload_sent = replies.send({**self._preload, "preload": modules})
+            if not (self.fork and modules):
+                return
+            running = self._server is not None and self._server.poll() is None
+            if not self._preload.more(modules, self._replies if running else None):
+                self._stop_server()  # unfit to fork: the next server imports torch only
 
     def warm_up(self) -> None:
         """Start the fork server now (it imports torch: seconds), e.g. while a script runs or a
@@ -380,29 +374,7 @@ class Oracle:
         """Start a server and its reply reader (the caller holds the server lock)."""
         self._server = self._start_server()
         self._replies = Replies(self._server)
-        if self._preload is not None:
-            self._send_preload()
-
-    def _send_preload(self) -> None:
-        assert self._replies is not None and self._preload is not None
-        self._preload_sent = self._replies.send(self._preload)
-
-    def _await_preload(self, replies: Replies) -> bool:
-        """The preload's reply, once; False when it left the server unfit to fork (then the
-        server is replaced by one without preloads)."""
-        sent, self._preload_sent = self._preload_sent, None
-        if sent is None:
-            return True
-        reply = replies.wait(sent, PRELOAD_TIMEOUT) or {"outcome": "error", "unsafe": None}
-        self.preloaded = reply
-        check_log.log(
-            "preload", **{k: reply.get(k) for k in ("loaded", "refused", "unsafe", "seconds")}
-        )
-        if not reply.get("unsafe"):
-            return True
-        self._preload = None  # never again: the next server imports torch only
-        self._stop_server()
-        return False
+        self._preload.send(self._replies)
 
     def _ready_server(self) -> tuple[subprocess.Popen[str], Replies] | None:
         """The running server and its replies, started (and its preload awaited) if need be;
@@ -417,8 +389,9 @@ class Oracle:
                         self.fork_disabled = str(exc)
                         return None
                 assert self._replies is not None
-                if self._await_preload(self._replies):
+                if self._preload.answered(self._replies):
                     break
+                self._stop_server()  # unfit to fork: replaced by one without preloads
             assert self._server is not None and self._replies is not None
             return self._server, self._replies
 
