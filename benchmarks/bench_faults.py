@@ -42,7 +42,14 @@ from benchmarks.bench_source import SourceCase, run_shrinkray
 from benchmarks.corpus_audit import audit
 from benchmarks.corpus_cases import CORPUS, CorpusCase, load_cases
 from benchmarks.corpus_score import CaseScore, RunOutput, score_case, with_audit
-from benchmarks.faults_table import FaultRow, Reduced, matches_truth, repros_folder, write
+from benchmarks.faults_table import (
+    FaultRow,
+    Reduced,
+    matches_truth,
+    previous_result,
+    repros_folder,
+    write,
+)
 from benchmarks.run_corpus import case_outputs, environment, record_command, run_json
 from reprocut.check.verify import run_plain
 from reprocut.model.case import Signature
@@ -293,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         "generic_version": generic_reducer.version() if options.generic else "(not run)",
         **environment(options.device),
     }
+    previous = previous_result(options.out, options.device)  # before the partial writes
     rows: list[FaultRow] = []
     lock = threading.Lock()
     root = Path(tempfile.mkdtemp(prefix="reprocut-faults-"))
@@ -319,14 +327,14 @@ def main(argv: list[str] | None = None) -> int:
             partial = {**meta, "wall_seconds": round(time.perf_counter() - started, 1)}
             if len(rows) < len(cases):
                 partial["incomplete"] = f"{len(rows)} of {len(cases)} cases"
-            write(sorted(rows, key=lambda r: r.case), partial, options.out)
+            write(sorted(rows, key=lambda r: r.case), partial, options.out, previous)
         return row
 
     with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
         done = list(pool.map(one, cases))
     shutil.rmtree(root, ignore_errors=True)  # what matters was copied to the repros folder
     meta["wall_seconds"] = round(time.perf_counter() - started, 1)
-    markdown = write(sorted(done, key=lambda r: r.case), meta, options.out)
+    markdown = write(sorted(done, key=lambda r: r.case), meta, options.out, previous)
     print(markdown.read_text())
     print(f"wrote {markdown}")
     return 0

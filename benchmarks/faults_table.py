@@ -218,19 +218,32 @@ def repros_folder(out: Path, device: str) -> Path:
     return out / f"faults-{device}-repros"
 
 
-def write(rows: list[FaultRow], meta: dict[str, Any], out: Path) -> Path:
+def write(
+    rows: list[FaultRow], meta: dict[str, Any], out: Path, previous: dict[str, Any] | None = None
+) -> Path:
     """faults-<device>.md and .json in `out`, overwriting the last run's (the date is inside);
-    the markdown ends with the repro sizes against that last run's (size_trend.py)."""
+    the markdown ends with the repro sizes against that last run's (size_trend.py). `previous`:
+    that run's JSON, read before this run wrote anything (`previous_result`); by default the
+    file as it is now."""
     out.mkdir(parents=True, exist_ok=True)
     stem = f"faults-{meta['device']}"
     cases = [row.to_json() for row in rows]
-    previous = read_previous(out / f"{stem}.json") or {}
+    if previous is None:
+        previous = previous_result(out, meta["device"])
     since = str((previous.get("meta") or {}).get("date", ""))
     trend = trend_lines(sizes(previous.get("cases") or []), sizes(cases), unit="lines", since=since)
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "cases": cases}, indent=1) + "\n")
     markdown = out / f"{stem}.md"
     markdown.write_text(render(rows, meta) + "\n".join(trend) + "\n")
     return markdown
+
+
+def previous_result(out: Path, device: str) -> dict[str, Any]:
+    """The last run's JSON in `out` ({} if none). A benchmark that writes its partial results
+    as each case ends reads it once, before its first write: else its final table compared
+    itself with its own partial one ("every repro the same size as in the previous result",
+    whatever the sizes had been before)."""
+    return read_previous(out / f"faults-{device}.json") or {}
 
 
 def sizes(cases: list[dict[str, Any]]) -> list[Sized]:

@@ -17,6 +17,7 @@ from benchmarks.faults_table import (  # noqa: E402
     FaultRow,
     Reduced,
     matches_truth,
+    previous_result,
     render,
     repros_folder,
     write,
@@ -110,6 +111,12 @@ def test_results_keep_one_name_per_device_and_a_rerun_overwrites(tmp_path):
     assert "1 repro(s) larger" in text
     assert "| gnn_sparse_adjacency / reprocut | 9 | 12 | 60.0 | 40.0 | **larger** |" in text
     assert repros_folder(tmp_path, "cuda") == tmp_path / "faults-cuda-repros"
+    # a run that writes its partial table as each case ends compares its final one with the
+    # result from before it, read first, not with its own partial table
+    before = previous_result(tmp_path, "cuda")
+    write([row], {**meta, "date": "2026-12-03", "incomplete": "1 of 2 cases"}, tmp_path, before)
+    final = write([row], {**meta, "date": "2026-12-03"}, tmp_path, before).read_text()
+    assert "| gnn_sparse_adjacency / reprocut | 12 | 9 | 40.0 | 60.0 |" in final
 
 
 def test_truth_may_list_the_access_kinds_a_bug_makes():
