@@ -129,19 +129,32 @@ def test_the_plain_run_runs_the_candidate_as_repro_py_will_be_written(tmp_path):
         assert isinstance(seen, ForkOnly) and unfinished.disagreements == 1
 
 
+def _first_run_differs(
+    marker: Path, first: str, then: str, *, imports: str = "import pathlib\n"
+) -> str:
+    """A candidate whose first run (no `marker` yet) runs the statement `first`, every later
+    run the statement `then`."""
+    return (
+        f"{imports}\n"
+        f"marker = pathlib.Path({str(marker)!r})\n"
+        "if not marker.exists():\n"
+        "    marker.write_text('1')\n"
+        f"    {first}\n"
+        f"{then}\n"
+    )
+
+
 def test_a_plain_run_that_ran_out_of_cuda_memory_runs_again_before_it_refuses(tmp_path):
     """Beside the reduction's checks (and other shrinks') a plain run can find the GPU's
     memory taken: that says nothing of the candidate. It runs once more; only what that run
     says counts. Here the first run raises CUDA's out-of-memory error, the second the bug."""
     marker = tmp_path / "ran-once"
     script = tmp_path / "repro.py"
-    candidate = (
-        "import pathlib\nimport torch\n\n"
-        f"marker = pathlib.Path({str(marker)!r})\n"
-        "if not marker.exists():\n"
-        "    marker.write_text('1')\n"
-        "    raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB')\n"
-        "torch.nn.functional.embedding(torch.tensor([12]), torch.zeros(10, 4))\n"
+    candidate = _first_run_differs(
+        marker,
+        "raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB')",
+        "torch.nn.functional.embedding(torch.tensor([12]), torch.zeros(10, 4))",
+        imports="import pathlib\nimport torch\n",
     )
     verdict = Reproduced(EMBEDDING, "index out of range in self", "", 1.0)
     with PlainAgreement() as agreement:
@@ -164,13 +177,10 @@ def test_a_faults_plain_run_that_raised_another_cuda_error_runs_again_before_it_
     passes, or cannot find the fork's custom op)."""
     marker = tmp_path / "ran-once"
     script = tmp_path / "repro.py"
-    candidate = (
-        "import pathlib\n\n"
-        f"marker = pathlib.Path({str(marker)!r})\n"
-        "if not marker.exists():\n"
-        "    marker.write_text('1')\n"
-        "    raise RuntimeError('CUDA error: unspecified launch failure')\n"
-        "raise RuntimeError('CUDA error: an illegal memory access was encountered')\n"
+    candidate = _first_run_differs(
+        marker,
+        "raise RuntimeError('CUDA error: unspecified launch failure')",
+        "raise RuntimeError('CUDA error: an illegal memory access was encountered')",
     )
     verdict = Reproduced(ILLEGAL_ADDRESS, "an illegal memory access was encountered", "", 1.0)
     with PlainAgreement() as agreement:

@@ -302,11 +302,11 @@ class PlainAgreement:
                           again=True)  # fmt: skip
         seen = outcome.signature
         related = _where_the_address_landed(seen, expected)
+        agreed = seen is not None and (related or seen.matches(expected, compare_op=False))
         check_log.log("plain", seconds=round(outcome.seconds, 3), script=script.name,
-                      agreed=seen is not None and (related or seen.matches(expected, compare_op=False)),
-                      seen=_seen(outcome), returncode=outcome.returncode,
+                      agreed=agreed, seen=_seen(outcome), returncode=outcome.returncode,
                       **({"related": True} if related else {}))  # fmt: skip
-        if seen is not None and (related or seen.matches(expected, compare_op=False)):
+        if agreed:
             self.confirmed = mark
             return verdict
         self.disagreements += 1
