@@ -112,6 +112,7 @@ def run_one(case: bench_source.SourceCase, config: str, options: argparse.Namesp
         "verified": bench_source.verify(case, result.code, options.timeout),
         "parallel": getattr(result, "parallel", 1),
         "discarded": getattr(result, "discarded", 0),
+        "known": getattr(result, "known_failures", 0),
         "preloaded": list(getattr(result, "preloaded", ())),
     }
 
@@ -168,23 +169,25 @@ def report(rows: list[dict], skipped: list[str], options: argparse.Namespace, wa
         "",
         "`checks`: verdicts the reducer used (a one-at-a-time run's count); `discarded`: "
         "speculative checks cancelled or dropped once an earlier candidate was accepted; "
+        "`known`: candidates not run, their code up to the statement where a checked one raised "
+        "another failure being that one's (reprocut.source.failed_prefix); "
         "`s/check`: seconds / checks; `same`: the final script is the `sequential` one, "
         "character for character; `verified`: a fresh `python` of the result, in a clean copy "
         "of the case, fails the same way.",
         "",
-        "| case | config | checks | discarded | seconds | s/check | final lines | verified | same | stopped | preloaded |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| case | config | checks | discarded | known | seconds | s/check | final lines | verified | same | stopped | preloaded |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['case']} | {r['config']} | error: {r['error']} |||||||||")
+            lines.append(f"| {r['case']} | {r['config']} | error: {r['error']} ||||||||||")
             continue
         same = (
             "" if r["case"] not in base else "yes" if r["code"] == base[r["case"]]["code"] else "no"
         )
         per = r["seconds"] / max(r["checks"], 1)
         lines.append(
-            f"| {r['case']} | {r['config']} | {r['checks']} | {r['discarded']} | "
+            f"| {r['case']} | {r['config']} | {r['checks']} | {r['discarded']} | {r.get('known', 0)} | "
             f"{r['seconds']:.1f} | {per:.3f} | {r['lines']} | {'yes' if r['verified'] else 'no'} "
             f"| {same} | {r['stopped']} | {', '.join(r['preloaded']) or '-'} |"
         )

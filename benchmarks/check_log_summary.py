@@ -6,8 +6,9 @@ A check line carries no pass name: it belongs to the pass that was running (in i
 when the check started (its stamp less its seconds). Checks before the first pass or after the
 reduction ended (the first check, the cpu check, confirmations) show as OUTSIDE. Per pass: checks
 run, bets cancelled after they had started (their child seconds spent for nothing), candidates
+not run because their code up to where a checked one raised was that one's (`known`), candidates
 accepted, wall seconds of the pass, child seconds (in the processes that ran them) and the
-verdicts. The reduction ends at its `done` event or when its phase (shrink, source_reduce) ends.
+verdicts; below the table, the other failures the checks saw most often. The reduction ends at its `done` event or when its phase (shrink, source_reduce) ends.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 OUTSIDE = "OUTSIDE"
+TOP = 6  # the other failures listed under each table
 REDUCTION_PHASES = ("shrink", "source_reduce")
 
 
@@ -31,6 +33,7 @@ class PassRow:
     name: str
     runs: int = 0
     cancelled: int = 0
+    known: int = 0
     accepted: int = 0
     wall: float = 0.0
     child: float = 0.0
@@ -41,12 +44,14 @@ class PassRow:
 class Summary:
     passes: dict[str, PassRow]
     phases: dict[str, float]
+    failures: Counter[str] = field(default_factory=Counter)  # "pass: what it raised" -> checks
 
     def total(self) -> PassRow:
         whole = PassRow("total")
         for row in self.passes.values():
             whole.runs += row.runs
             whole.cancelled += row.cancelled
+            whole.known += row.known
             whole.accepted += row.accepted
             whole.wall += row.wall
             whole.child += row.child
@@ -75,7 +80,8 @@ def _spans(events: list[dict[str, Any]]) -> list[tuple[float, float, str]]:
                                  and "seconds" in event):  # fmt: skip
             marks.append((event["t"], None))
     spans = []
-    for (start, name), (end, _) in zip(marks, [*marks[1:], (float("inf"), None)], strict=True):
+    ends = [*(at for at, _ in marks[1:]), float("inf")][: len(marks)]  # none without marks
+    for (start, name), end in zip(marks, ends, strict=True):
         if name is not None:
             spans.append((start, end, name))
     return spans
@@ -95,9 +101,12 @@ def summarize(events: list[dict[str, Any]]) -> Summary:
                 return passes[name]
         return passes.setdefault(OUTSIDE, PassRow(OUTSIDE))
 
+    failures: Counter[str] = Counter()
     for event in events:
         if event["kind"] == "accepted":
             owner(event["t"]).accepted += 1
+        if event["kind"] == "known_failure":
+            owner(event["t"]).known += 1
         if event["kind"] != "check":
             continue
         row = owner(event["t"] - float(event.get("seconds") or 0.0))
@@ -110,12 +119,14 @@ def summarize(events: list[dict[str, Any]]) -> Summary:
         row.runs += 1
         row.child += float(child or 0.0)
         row.verdicts[verdict] += 1
+        if event.get("failed"):
+            failures[f"{row.name}: {event['failed']}"] += 1
     phases = {
         str(event["phase"]): float(event["seconds"])
         for event in events
         if event["kind"] == "phase" and "seconds" in event
     }
-    return Summary(passes, phases)
+    return Summary(passes, phases, failures)
 
 
 def _verdicts(counter: Counter[str]) -> str:
@@ -128,14 +139,17 @@ def markdown(title: str, summary: Summary) -> str:
         "",
         "phases: " + ", ".join(f"{name} {sec:.1f} s" for name, sec in summary.phases.items()),
         "",
-        "| pass | runs | cancelled once started | accepted | wall s | child s | verdicts |",
-        "|---|---|---|---|---|---|---|",
+        "| pass | runs | cancelled once started | known | accepted | wall s | child s | verdicts |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in [*summary.passes.values(), summary.total()]:
         lines.append(
-            f"| {row.name} | {row.runs} | {row.cancelled} | {row.accepted} | {row.wall:.1f} | "
-            f"{row.child:.1f} | {_verdicts(row.verdicts)} |"
+            f"| {row.name} | {row.runs} | {row.cancelled} | {row.known} | {row.accepted} | "
+            f"{row.wall:.1f} | {row.child:.1f} | {_verdicts(row.verdicts)} |"
         )
+    if summary.failures:
+        lines += ["", "other failures, most often first:", ""]
+        lines += [f"- {count} × {what}" for what, count in summary.failures.most_common(TOP)]
     return "\n".join(lines) + "\n"
 
 

@@ -52,9 +52,13 @@ def log_check(
     verdict: Any, reply: dict[str, Any], seconds: float, waited: float, code: str, **fields: Any
 ) -> None:
     """One check's line: its seconds (`waited` of them for a machine slot, `child_seconds` in
-    the process that ran it), its verdict, the candidate's lines."""
+    the process that ran it), its verdict, the candidate's lines, and for a failure that is not
+    the expected one what it was (`failed`), which says what a pass's wasted checks broke."""
     if not enabled():
         return
+    signature = getattr(verdict, "signature", None)
+    if type(verdict).__name__ == "OtherFailure" and signature is not None:
+        fields["failed"] = f"{signature.error_type}: {signature.kind}"[:200]
     log(
         "check",
         seconds=round(seconds, 3),

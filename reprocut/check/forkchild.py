@@ -53,17 +53,32 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
             settle_cuda()  # a candidate ending right after its faulting launch fails too
     except SystemExit as exc:
         if exc.code not in (None, 0):
-            verdict = {"status": "raised", "error": _error(RaisedError.from_exception(exc))}
+            verdict = {"status": "raised", "error": _error(RaisedError.from_exception(exc)),
+                       "line": module_line(exc, filename)}  # fmt: skip
     except BaseException as exc:
         raised = RaisedError.from_exception(exc, attribution)
         verdict = {
             "status": "raised",
             "error": _error(raised),
             "traceback": traceback.format_exc()[-TAIL_BYTES:],
+            "line": module_line(exc, filename),
         }
     verdict["seconds"] = time.perf_counter() - started
     verdict["cuda"] = _cuda_started()
     return verdict
+
+
+def module_line(exc: BaseException, filename: str) -> int | None:
+    """The line the code's own module level was running when `exc` left it (its outermost
+    frame): what the code before that statement did, it does again wherever it is the same
+    (reprocut.source.failed_prefix)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename == filename and code.co_name == "<module>":
+            return tb.tb_lineno
+        tb = tb.tb_next
+    return None
 
 
 def _cuda_started() -> bool:

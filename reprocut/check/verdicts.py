@@ -34,6 +34,7 @@ class OtherFailure:
     message: str
     stderr: str
     seconds: float
+    line: int | None = None  # the code's module-level line it raised from (None: not known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +119,10 @@ def verdict_from_reply(
     compare_op = compare_op and (synchronized or signature.error_code is None)
     if expected is not None and signature.matches(expected, compare_op=compare_op):
         return Reproduced(signature, message, _tail(stderr), seconds)
-    return OtherFailure(signature, message, _tail(stderr), seconds)
+    line = verdict.get("line")
+    return OtherFailure(
+        signature, message, _tail(stderr), seconds, line if isinstance(line, int) else None
+    )
 
 
 def _tail(text: str) -> str:

@@ -23,6 +23,7 @@ from reprocut.check import check_log
 from reprocut.model.case import Signature
 from reprocut.model.limits import CHECK_CAP, FIXED_POINT, MAX_CHECKS, TimeLimit
 from reprocut.model.signature import NUMBER, same_numbers
+from reprocut.source.failed_prefix import FailedPrefixes
 from reprocut.source.passes import PASSES, PassContext, SourcePass, calls_focus
 from reprocut.source.passes.tree import Options
 from reprocut.source.results import SourceAccepted, SourceChecked, SourceEvent, SourceRound
@@ -90,6 +91,10 @@ class SourceReducer:
     # reproduce (reprocut.check.agreement); `True`: wait for the run still going
     refused: Callable[[bool], str | None] | None = None
     rejected: dict[str, int] = field(default_factory=dict)  # by the validity rules, by rule
+    # the code before a statement that raised another failure: a candidate beginning with it
+    # raises there too (reprocut.source.failed_prefix)
+    failed: FailedPrefixes = field(default_factory=FailedPrefixes, repr=False)
+    known_failures: int = 0  # candidates not run for that
     current_pass: str = ""
     _keys: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
     _speculation: Speculation | None = field(default=None, repr=False)
@@ -118,9 +123,10 @@ class SourceReducer:
         return reproduces(verdict, self.expected, self.message)
 
     def admissible(self, candidate: str, pass_name: str | None = None) -> bool:
-        """Worth a run: not a repeat, strictly smaller, still making the failing call, and
-        breaking no validity rule the best keeps (reprocut.source.validity). `pass_name`: the
-        pass that made it (default: the one running)."""
+        """Worth a run: not a repeat, strictly smaller, still making the failing call, breaking
+        no validity rule the best keeps (reprocut.source.validity), and not beginning with the
+        code up to where a checked candidate raised another failure (`failed`). `pass_name`:
+        the pass that made it (default: the one running)."""
         if candidate in self.seen or self.key(candidate) >= self.key(self.best):
             return False
         if self.drops_focus(candidate):
@@ -129,7 +135,15 @@ class SourceReducer:
         if broken:
             self.seen.add(candidate)
             self.rejected[broken[0]] = self.rejected.get(broken[0], 0) + 1
-        return not broken
+            return False
+        if self.failed.covers(candidate):
+            self.seen.add(candidate)
+            self.known_failures += 1
+            check_log.log(
+                "known_failure", reducer="source", pass_name=pass_name or self.current_pass
+            )
+            return False
+        return True
 
     def breaks_rules(self, candidate: str, pass_name: str | None = None) -> list[str]:
         rules = self.rules
@@ -157,6 +171,8 @@ class SourceReducer:
         self.seen.add(candidate)
         self.checks += 1
         ok = self.is_same_failure(verdict)
+        if not ok:
+            self.failed.add(candidate, verdict)
         if ok:
             if not self._history:
                 self._history.append(self.best)

@@ -211,6 +211,7 @@ def _reduce(
         original_lines=count_lines(original),
         parallel=runner.slots,
         discarded=reducer.discarded,
+        known_failures=reducer.known_failures,
     )
 
 

@@ -55,4 +55,6 @@ class SourceResult:
     original_lines: int = 0
     parallel: int = 1  # candidates checked at once
     discarded: int = 0  # speculative checks whose verdicts were not needed (not in `checks`)
+    # candidates not run: their code up to where a checked one raised was that one's
+    known_failures: int = 0
     preloaded: tuple[str, ...] = ()  # packages the fork server imported for every check
