@@ -9,6 +9,8 @@ from reprocut.model.signature import (
     assertion_kind,
     classify,
     cuda_error_code,
+    device_in_words,
+    is_cuda_failure,
     is_memory_error,
     normalize_message,
     number_pattern,
@@ -133,6 +135,20 @@ def test_op_mismatch_is_another_bug():
     b = Signature("IndexError", None, "aten::index_select", "index out of range in self")
     assert not a.matches(b)
     assert a.matches(Signature("IndexError", None, None, "index out of range in self"))
+
+
+def test_a_driver_error_without_a_code_here_is_still_a_cuda_failure():
+    """CuPy's CUDA_ERROR_INVALID_ADDRESS_SPACE (the H200, a kernel handed host pointers) has no
+    code in CUDA_ERRORS; it is asynchronous all the same, and on the GPU."""
+    message = (
+        "CUDA_ERROR_INVALID_ADDRESS_SPACE: operation not supported on global/shared address space"
+    )
+    assert cuda_error_code(message)[0] is None
+    assert is_cuda_failure("CUDADriverError", message)
+    assert is_cuda_failure("CUDARuntimeError", "cudaErrorSomethingNew: a new failure")
+    assert device_in_words("CUDADriverError", message) == "cuda"
+    assert not is_cuda_failure("ValueError", "CUDA_ERROR_ is a prefix of driver error names")
+    assert not is_cuda_failure("IndexError", "index out of range in self")
 
 
 def test_cupy_driver_and_runtime_errors_have_codes():

@@ -87,9 +87,7 @@ def _another_fault(outcome: RunOutcome, expected: Signature) -> bool:
         return False
     if _where_the_address_landed(seen, expected):
         return False
-    return "CUDA_ERROR_" in seen.kind or is_cuda_failure(
-        seen.error_type, seen.kind, seen.error_code
-    )
+    return is_cuda_failure(seen.error_type, seen.kind, seen.error_code)
 
 
 # an illegal address's other face: the same bad pointer, landing in the host's window of the
