@@ -299,8 +299,8 @@ def test_source_reduction_of_a_stride_ignoring_extension_end_to_end(tmp_path, mo
     assert result["limits"]["max_time"] is None  # no clock: the safety cap only
     passes = result["passes"]  # which passes cut it, by count
     assert passes and all(count > 0 for count in passes.values())
-    jumped = passes.get("jump_to_call", 0) + passes.get("jump_ahead", 0)
-    assert passes.get("delete_statements", 0) + jumped > 0
+    # the kernel is called from the model's `forward(self, x)`: the jump makes the call alone
+    assert passes.get("jump_to_call", 0) + passes.get("jump_ahead", 0) == 1
     repro = (out / "repro.py").read_text()
     assert len([line for line in repro.splitlines() if line.strip()]) <= 12
     elsewhere = tmp_path / "elsewhere"

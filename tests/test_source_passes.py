@@ -855,6 +855,71 @@ def test_jump_to_call_needs_probed_tensors_and_a_call_inside_a_function():
     assert list(candidates(jump_to_call, TRAINING, at_top)) == []
 
 
+MODEL_KERNEL = code("""
+    import torch
+
+    RANK = 8
+
+
+    def kernel(x, bias, scale=1.0):
+        if bias.stride(0) == 0:
+            raise ValueError("bad")
+        return x + bias * scale
+
+
+    class Model:
+        def __init__(self):
+            self.bias = torch.zeros(RANK)
+
+        def forward(self, x, scale):
+            hidden = x * 2
+            return kernel(hidden, self.bias.expand_as(hidden), scale=0.5)
+
+
+    def main():
+        model = Model()
+        for step in range(3):
+            model.forward(torch.randn(4, RANK), step)
+
+
+    main()
+""")
+EXPANDED = TensorSpec((4, 8), stride=(0, 1))
+
+
+def test_jump_to_call_makes_the_failing_call_alone_where_its_function_takes_self():
+    """`forward(self, x)`: no probe makes `self`, so the body's candidates fail; the last one
+    is the definitions the call needs and the call itself, on the probed tensors."""
+    focus = "return kernel(hidden, self.bias.expand_as(hidden), scale=0.5)"
+    context = PassContext(
+        specs=(TensorSpec((4, 8)), EXPANDED), named_specs=(("x", TensorSpec((4, 8))),), focus=focus
+    )
+    *with_body, alone = candidates(jump_to_call, MODEL_KERNEL, context)
+    assert all("self.bias" in c for c in with_body)  # each reads a `self` nothing binds
+    assert alone.endswith(
+        "kernel(torch.randn((4, 8), dtype=torch.float32), torch.randn((8,), "
+        "dtype=torch.float32).as_strided((4, 8), (0, 1), 0), scale=0.5)\n"
+    )
+    assert "def kernel" in alone and "torch.manual_seed(0)" in alone
+    assert "class Model" not in alone and "def main" not in alone and "RANK" not in alone
+    assert raises_bad(alone) == VALUE_ERROR
+    # only the call's own tensors known: the call alone is the one candidate
+    only_args = PassContext(specs=context.specs, focus=focus)
+    assert list(candidates(jump_to_call, MODEL_KERNEL, only_args)) == [alone]
+
+
+def test_the_call_alone_needs_every_argument_probed_or_constant():
+    """`scale=scale`, a parameter's value, is neither a probed tensor nor a constant."""
+    focus = "return kernel(hidden, self.bias.expand_as(hidden), scale=scale)"
+    source = MODEL_KERNEL.replace("scale=0.5)", "scale=scale)")
+    context = PassContext(specs=(TensorSpec((4, 8)), EXPANDED), focus=focus)
+    assert list(candidates(jump_to_call, source, context)) == []
+    one_short = PassContext(
+        specs=(TensorSpec((4, 8)),), focus=focus.replace("scale=scale", "scale=0.5")
+    )
+    assert list(candidates(jump_to_call, MODEL_KERNEL, one_short)) == []
+
+
 def test_jump_to_call_binds_probed_plain_values_over_defaults():
     context = PassContext(
         named_specs=(("x", OFFSET_VIEW),),

@@ -23,6 +23,8 @@ from reprocut.source.passes.tree import (
     body_statements,
     compiles,
     focus_callee,
+    focus_calls,
+    is_constant,
     parse,
 )
 
@@ -34,8 +36,9 @@ _MAIN_GUARD = m.If(
 def jump_to_call(code: str, context: PassContext) -> Generator[Any, Any, None]:
     """The definitions, the probed tensors as the failing function's parameters, and its body up
     to the failing call; first with what nothing refers to any more dropped, then as it is; in
-    each, the parameters first made where they are first used, then all before the body."""
-    if not context.named_specs:
+    each, the parameters first made where they are first used, then all before the body. Last,
+    the definitions and the failing call alone, made on the probed tensors (`_call_alone`)."""
+    if not (context.named_specs or context.specs):
         return
     module = parse(code)
     if module is None:
@@ -43,26 +46,58 @@ def jump_to_call(code: str, context: PassContext) -> Generator[Any, Any, None]:
     function = focus_scope(module, context.focus)
     if not isinstance(function, cst.FunctionDef):
         return  # the call is made at top level already
-    body = _body_up_to_call(module, function, focus_callee(context.focus))
-    if body is None:
-        return
     defined = _defined_names(module)
     kept = [s for s in module.body if _is_set_up(s, defined)]
-    bindings = _parameter_bindings(function, context)
-    eager = [*(b for _, b in bindings), *body]
-    pruned = _without_unused(module, kept, eager)
-    runs = [_bound_before_use(bindings, body), eager]
-    tried = set()
-    for set_up in (pruned, kept) if len(pruned) < len(kept) else (kept,):
-        for run in runs:
-            candidate = _compiled(module.with_changes(body=[*set_up, *run]))
-            if candidate is not None and any(is_random(b) for _, b in bindings):
-                candidate = seeded(candidate)
-            if candidate is None or candidate in tried:
-                continue
-            tried.add(candidate)
-            if (yield candidate):
-                return
+    tried: set[str] = set()
+    body = _body_up_to_call(module, function, focus_callee(context.focus))
+    if body is not None and context.named_specs:
+        bindings = _parameter_bindings(function, context)
+        eager = [*(b for _, b in bindings), *body]
+        pruned = _without_unused(module, kept, eager)
+        runs = [_bound_before_use(bindings, body), eager]
+        for set_up in (pruned, kept) if len(pruned) < len(kept) else (kept,):
+            for run in runs:
+                candidate = _compiled(module.with_changes(body=[*set_up, *run]))
+                if candidate is not None and any(is_random(b) for _, b in bindings):
+                    candidate = seeded(candidate)
+                if candidate is None or candidate in tried:
+                    continue
+                tried.add(candidate)
+                if (yield candidate):
+                    return
+    alone = _call_alone(module, context)
+    if alone is not None:
+        candidate = _compiled(
+            module.with_changes(body=[*_without_unused(module, kept, [alone]), alone])
+        )
+        if candidate is not None and candidate not in tried:
+            yield seeded(candidate) if is_random(alone) else candidate
+
+
+def _call_alone(module: cst.Module, context: PassContext) -> cst.SimpleStatementLine | None:
+    """The failing call as a statement of its own, each argument the tensor probed there or
+    the constant it was: the jump where the function making the call cannot be called on what
+    reached it (a model's `forward`, whose `self` no probe makes). None when an argument is
+    neither (a number computed in the function), or the call's arguments are unpacked."""
+    calls = focus_calls(module, context.focus)
+    if not calls or not context.specs:
+        return None
+    call = calls[0]
+    positional = [a for a in call.args if a.keyword is None]
+    if any(a.star for a in call.args) or len(positional) != len(context.specs):
+        return None
+    args = []
+    for arg, spec in zip(positional, context.specs, strict=True):
+        if spec is not None:
+            args.append(arg.with_changes(value=spec_expression(spec)))
+        elif is_constant(arg.value):
+            args.append(arg)
+        else:
+            return None
+    keywords = [a for a in call.args if a.keyword is not None]
+    if not all(is_constant(a.value) for a in keywords):
+        return None
+    return cst.SimpleStatementLine([cst.Expr(call.with_changes(args=[*args, *keywords]))])
 
 
 def jump_ahead(code: str, context: PassContext) -> Generator[Any, Any, None]:
