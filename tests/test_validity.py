@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
+import pytest
+import torch
+
 from reprocut.model.case import Signature
 from reprocut.source.fixed_point import SourceReducer
 from reprocut.source.passes import PassContext
@@ -204,6 +207,20 @@ def test_a_factory_or_a_tensor_method_missing_its_size_is_rejected_unrun() -> No
     assert rules.rejects(view, BEST) == ["TypeError: table.as_strided() without its 2 argument(s)"]
     keyworded = _variant("torch.randint(0, 1 << 20, (64,)", "torch.randint(high=9, size=(64,)")
     assert rules.rejects(keyworded, BEST) == []
+    # the size of torch.randint and torch.full must be a sequence: a number there raises
+    dropped = _variant("torch.randint(0, 1 << 20, (64,)", "torch.randint(0, 1 << 20")
+    assert rules.rejects(dropped, BEST) == []  # `1 << 20` is no literal: left to the run
+    literal = _variant("torch.randint(0, 1 << 20, (64,)", "torch.randint(0, 64")
+    assert rules.rejects(literal, BEST) == [
+        "TypeError: torch.randint() given a number for its size"
+    ]
+    assert rules.rejects(_variant("torch.randint(0, 1 << 20, (64,)", "torch.randint(9, (64,)"),
+                         BEST) == []  # fmt: skip
+    full = _variant('torch.randn(1000, 16, device="cuda")', 'torch.full(1000, 1.0, device="cuda")')
+    assert rules.rejects(full, BEST) == ["TypeError: torch.full() given a number for its size"]
+    for text in ("torch.randint(0, 64)", "torch.full(1000, 1.0)"):  # what torch itself says
+        with pytest.raises(TypeError):
+            eval(text, {"torch": torch})
 
 
 CUPY_BEST = """\

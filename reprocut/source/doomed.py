@@ -53,6 +53,9 @@ OPTIONS = frozenset({
     "device", "dtype", "layout", "requires_grad", "pin_memory", "generator", "out",
     "memory_format", "names", "options", "backend", "jitify", "enable_cooperative_groups",
 })  # fmt: skip
+# factories whose size must be a sequence, by its positional index (-1: the last given):
+# `torch.randint(0, 7)` reads 7 as its size and raises, as `torch.full(5, 1.0)` does
+SEQUENCE_SIZE = {"torch.randint": -1, "torch.full": 0}
 # methods of a tensor and the positional arguments they require
 REQUIRED_METHOD_ARGUMENTS = {"as_strided": 2, "expand": 1, "view": 1, "reshape": 1}
 _MODULES = ("torch.", "cupy.", "cp.", "np.", "numpy.", "triton.")
@@ -149,18 +152,34 @@ def _bound_kinds(statement: cst.SimpleStatementLine, kinds: dict[str, str]) -> d
 
 def missing_arguments(module: cst.Module) -> list[str]:
     """`TypeError: f() needs n` for each factory call with fewer arguments than it requires
-    (`torch.randn(size=(2,))` has its size; `torch.randn(device="cuda")` has none)."""
+    (`torch.randn(size=(2,))` has its size; `torch.randn(device="cuda")` has none), and for a
+    size that must be a sequence given as a number (`torch.randint(0, 7)`, the tuple dropped)."""
     found = []
     for call in (n for n in all_nodes(module) if isinstance(n, cst.Call)):
         needed = _required(call.func)
         if needed is None or any(a.star for a in call.args):
             continue
-        given = [a for a in call.args if a.keyword is None or a.keyword.value not in OPTIONS]
-        if len(given) >= needed:
-            continue
         shown = dotted(call.func) or _EMPTY.code_for_node(call.func)
-        found.append(f"TypeError: {shown}() without its {needed} argument(s)")
+        given = [a for a in call.args if a.keyword is None or a.keyword.value not in OPTIONS]
+        if len(given) < needed:
+            found.append(f"TypeError: {shown}() without its {needed} argument(s)")
+        elif _size_is_a_number(shown, call):
+            found.append(f"TypeError: {shown}() given a number for its size")
     return found
+
+
+def _size_is_a_number(name: str, call: cst.Call) -> bool:
+    index = SEQUENCE_SIZE.get(name)
+    positional = [a.value for a in call.args if a.keyword is None]
+    if (
+        index is None
+        or not positional
+        or any(a.keyword.value == "size" for a in call.args if a.keyword)
+    ):
+        return False
+    size = positional[index]
+    number = size.expression if isinstance(size, cst.UnaryOperation) else size
+    return isinstance(number, cst.Integer | cst.Float)
 
 
 def _required(func: cst.BaseExpression) -> int | None:
