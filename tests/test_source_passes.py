@@ -920,6 +920,62 @@ def test_the_call_alone_needs_every_argument_probed_or_constant():
     assert list(candidates(jump_to_call, MODEL_KERNEL, one_short)) == []
 
 
+LAUNCHING_LAYER = code("""
+    import torch
+
+
+    class Kernel:
+        \"\"\"`kernel[grid](...)` as Triton launches, raising where a real kernel would fault.\"\"\"
+
+        def __getitem__(self, grid):
+            def launch(x, out, n, scale, BLOCK):
+                if grid[0] * BLOCK > x.numel():
+                    raise ValueError("bad")
+
+            return launch
+
+
+    kernel = Kernel()
+
+
+    class Layer:
+        temperature = 2.0
+
+        def forward(self, x):
+            out = torch.empty_like(x)
+            n = x.numel()
+            grid = (n // 4 + 1,)
+            kernel[grid](x, out, n, 1.0 / self.temperature, BLOCK=4)
+            return out
+
+
+    if __name__ == "__main__":
+        Layer().forward(torch.randn(64))
+""")
+
+
+def test_the_call_alone_takes_its_plain_values_and_grid_from_the_probe():
+    """A launch inside `forward(self, x)`: `n` and the grid come from the probe, bound to their
+    names first (a named grid is the sanitizer's to judge, not the validity rules'); a computed
+    argument with no name of its own (`1.0 / self.temperature`) takes its value in place."""
+    focus = "kernel[grid](x, out, n, 1.0 / self.temperature, BLOCK=4)"
+    context = PassContext(
+        specs=(TensorSpec((64,)), TensorSpec((64,)), None, None),
+        call_args=(None, None, 64, 0.5),
+        call_grid=(17,),
+        focus=focus,
+    )
+    (alone,) = candidates(jump_to_call, LAUNCHING_LAYER, context)
+    assert alone.endswith(
+        "n = 64\ngrid = (17,)\nkernel[grid](torch.randn((64,), dtype=torch.float32), "
+        "torch.randn((64,), dtype=torch.float32), n, 0.5, BLOCK=4)\n"
+    )
+    assert "class Layer" not in alone and "class Kernel" in alone
+    assert raises_bad(alone) == VALUE_ERROR
+    unprobed = PassContext(specs=context.specs, call_grid=(17,), focus=focus)
+    assert list(candidates(jump_to_call, LAUNCHING_LAYER, unprobed)) == []  # `n` unknown
+
+
 def test_jump_to_call_binds_probed_plain_values_over_defaults():
     context = PassContext(
         named_specs=(("x", OFFSET_VIEW),),

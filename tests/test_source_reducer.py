@@ -427,6 +427,75 @@ def test_a_custom_kernel_fault_reduces_to_a_short_verified_script(name: str, tmp
     assert truth["kind"] in done.stderr, done.stderr[-2000:]
 
 
+LAYER_LAUNCH = """\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_bias_kernel(x_ptr, bias_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    b = tl.load(bias_ptr + offs, mask=mask)  # as if bias were contiguous like x
+    tl.store(out_ptr + offs, x + b, mask=mask)
+
+
+class BiasLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.zeros(256, 1, 4096, device="cuda"))
+
+    def forward(self, x):
+        bias = self.bias.expand(-1, x.shape[1], -1)  # stride 0 over tokens: 4 MB of storage
+        out = torch.empty_like(x)
+        n = x.numel()
+        grid = (triton.cdiv(n, 1024),)
+        add_bias_kernel[grid](x, bias, out, n, BLOCK=1024)  # reprocut: culprit
+        return out
+
+
+def main():
+    model = BiasLayer()
+    for step in range(3):
+        x = torch.randn(256, 256, 4096, device="cuda")  # 1 GiB, read through the 4 MB bias
+        model(x).sum().item()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_a_triton_launch_in_a_models_forward_is_cut_to_the_launch_alone(tmp_path: Path):
+    """`forward(self, x)` cannot be called on what the probe read (no `self`) and `main()`
+    takes no tensors: the jump makes the launch alone, `n` and the grid from the probe."""
+    script = tmp_path / "train.py"
+    script.write_text(LAYER_LAUNCH)
+    file, line, focus = culprit(tmp_path)
+    launch = probe_launch(script, cwd=tmp_path, argv=[], file=file, line=line, focus=focus)
+    assert launch.launch.grid is not None and launch.launch.args[3] == 256 * 256 * 4096
+    expected = Signature("RuntimeError", 700, None, "an illegal memory access was encountered")
+    result = reduce_source(
+        script, cwd=tmp_path, argv=[], expected=expected, specs=launch.args,
+        named_specs=launch.params, named_values=launch.values, call_values=launch.launch,
+        focus=focus, timeout=120,
+    )  # fmt: skip
+    assert dict(result.accepted).get("jump_to_call") == 1, result.code
+    assert result.lines <= 20 and "class BiasLayer" not in result.code, result.code
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "repro.py").write_text(result.code)
+    done = subprocess.run(
+        [sys.executable, str(alone / "repro.py")], cwd=alone, capture_output=True, text=True,
+        timeout=300, env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"},
+    )  # fmt: skip
+    assert "illegal memory access" in done.stderr, done.stderr[-2000:]
+
+
 def test_pin_script_dir_keeps_sibling_imports_working_anywhere():
     from reprocut.source.recorded import pin_script_dir
 

@@ -12,7 +12,8 @@ failing call among them) and names what would raise first; the validity rules
 
 Only what certainly raises is named: a name read by a top-level simple statement before the
 failing call's statement (or by the failing call's own callee and arguments) and bound by no
-statement before it; a factory call missing a positional argument it requires; a CuPy launch
+statement before it; a factory call missing a positional argument it requires, or given a
+number where its size must be a sequence (`torch.randint(0, 7)`); a CuPy launch
 argument the best wrapped in `cupy.asarray(...)` that the candidate no longer wraps. Anything that
 could bind names unseen (`global`, star imports, `exec`, `globals()`) turns the name rule off;
 compound statements (loops, branches, `with`) count as binding every name in them; a `def` or

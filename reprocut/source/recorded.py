@@ -72,6 +72,7 @@ def reduce_recorded(
         specs=specs,
         named_specs=launch.params,
         named_values=launch.values,
+        call_values=launch.launch,
         focus=focus,
         timeout=timeout,
         message=failure.error.message,  # how its numbers relate stays

@@ -30,6 +30,7 @@ from reprocut.source.checks import OracleChecks, preload_imports
 from reprocut.source.custom_ops import custom_op_name, registering_names
 from reprocut.source.finish import ending_with_a_sync, format_code
 from reprocut.source.fixed_point import Check, SourceReducer, reproduces
+from reprocut.source.launch_specs import LaunchValues
 from reprocut.source.passes import PASSES, PassContext, SourcePass
 from reprocut.source.results import SourceEvent, SourceResult
 from reprocut.source.size import count_lines, count_small_statements
@@ -51,6 +52,7 @@ def reduce_source(
     specs: Sequence[TensorSpec | None] = (),
     named_specs: Sequence[tuple[str, TensorSpec]] = (),
     named_values: Sequence[tuple[str, Any]] = (),
+    call_values: LaunchValues | None = None,
     focus: str | None = None,
     passes: Sequence[SourcePass] = PASSES,
     timeout: float = 60.0,
@@ -71,7 +73,8 @@ def reduce_source(
     `specs` are the tensors recorded at the failing call by argument position (`focus`: that
     line's text) and `named_specs` the tensor parameters of the function making it,
     `named_values` its plain ones (see `probe_launch`): they may replace what computed them,
-    strides and storage offsets kept.
+    strides and storage offsets kept. `call_values`: the failing call's own plain values (its
+    numbers, a launch's grid), for the jump that makes the call alone.
     `message`: the original failure's message, whose numbers every accepted candidate's relate
     as they do (default: the message of the script's own check).
     Raises NotReproducedError when the script does not fail that way to begin with.
@@ -108,6 +111,7 @@ def reduce_source(
             specs=specs,
             named_specs=named_specs,
             named_values=named_values,
+            call_values=call_values or LaunchValues(),
             focus=focus,
             passes=passes,
             runner=runner,
@@ -148,6 +152,7 @@ def _reduce(
     specs: Sequence[TensorSpec | None],
     named_specs: Sequence[tuple[str, TensorSpec]],
     named_values: Sequence[tuple[str, Any]],
+    call_values: LaunchValues,
     focus: str | None,
     passes: Sequence[SourcePass],
     runner: Checks,
@@ -159,6 +164,9 @@ def _reduce(
         specs=tuple(specs),
         named_specs=tuple(named_specs),
         named_values=tuple(named_values),
+        call_args=call_values.args,
+        call_keywords=call_values.keywords,
+        call_grid=call_values.grid,
         focus=focus,
         memory_fault=is_memory_error(expected),
         ways=max(2, runner.slots),

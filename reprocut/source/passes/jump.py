@@ -67,18 +67,18 @@ def jump_to_call(code: str, context: PassContext) -> Generator[Any, Any, None]:
                     return
     alone = _call_alone(module, context)
     if alone is not None:
-        candidate = _compiled(
-            module.with_changes(body=[*_without_unused(module, kept, [alone]), alone])
-        )
+        set_up = _without_unused(module, kept, alone)
+        candidate = _compiled(module.with_changes(body=[*set_up, *alone]))
         if candidate is not None and candidate not in tried:
-            yield seeded(candidate) if is_random(alone) else candidate
+            yield seeded(candidate) if any(is_random(s) for s in alone) else candidate
 
 
-def _call_alone(module: cst.Module, context: PassContext) -> cst.SimpleStatementLine | None:
-    """The failing call as a statement of its own, each argument the tensor probed there or
-    the constant it was: the jump where the function making the call cannot be called on what
-    reached it (a model's `forward`, whose `self` no probe makes). None when an argument is
-    neither (a number computed in the function), or the call's arguments are unpacked."""
+def _call_alone(module: cst.Module, context: PassContext) -> list[cst.BaseStatement] | None:
+    """The failing call as a statement of its own, each tensor argument the one probed there,
+    each other argument the constant it was or the value probed (bound to its name first when
+    it is a name: `n = 4096`, and `grid = (4,)` for a launch's computed grid): the jump where
+    the function making the call cannot be called on what reached it (a model's `forward`,
+    whose `self` no probe makes). None when an argument is neither, or they are unpacked."""
     calls = focus_calls(module, context.focus)
     if not calls or not context.specs:
         return None
@@ -86,18 +86,55 @@ def _call_alone(module: cst.Module, context: PassContext) -> cst.SimpleStatement
     positional = [a for a in call.args if a.keyword is None]
     if any(a.star for a in call.args) or len(positional) != len(context.specs):
         return None
+    values = context.call_args
+    if len(values) != len(positional):
+        values = (None,) * len(positional)
+    keywords = dict(context.call_keywords)
+    bound: dict[str, cst.BaseExpression] = {}
     args = []
-    for arg, spec in zip(positional, context.specs, strict=True):
-        if spec is not None:
-            args.append(arg.with_changes(value=spec_expression(spec)))
-        elif is_constant(arg.value):
-            args.append(arg)
+    for arg in call.args:
+        if arg.keyword is None:
+            at = len(args)
+            spec, value = context.specs[at], values[at]
+            made = spec_expression(spec) if spec is not None else _plain(arg.value, value, bound)
         else:
+            made = _plain(arg.value, keywords.get(arg.keyword.value), bound)
+        if made is None:
             return None
-    keywords = [a for a in call.args if a.keyword is not None]
-    if not all(is_constant(a.value) for a in keywords):
+        args.append(arg.with_changes(value=made))
+    func = call.func
+    if isinstance(func, cst.Subscript) and len(func.slice) == 1:
+        element = func.slice[0]
+        if not isinstance(element.slice, cst.Index):
+            return None
+        grid = _plain(element.slice.value, context.call_grid, bound, name="grid")
+        if grid is None:
+            return None
+        func = func.with_changes(slice=[element.with_changes(slice=cst.Index(grid))])
+    made_first = [
+        cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], value)])
+        for name, value in bound.items()
+    ]
+    alone = cst.SimpleStatementLine([cst.Expr(call.with_changes(func=func, args=args))])
+    return [*made_first, alone]
+
+
+def _plain(
+    expression: cst.BaseExpression, value: Any, bound: dict[str, cst.BaseExpression],
+    name: str | None = None,
+) -> cst.BaseExpression | None:  # fmt: skip
+    """A call's plain argument: a constant as it is; else its probed value, bound to the name
+    it was read from (or to `name`) first, so that a launch's grid stays a name (the validity
+    rules leave a named grid to the sanitizer), or in its place. None: no value was probed."""
+    if is_constant(expression):
+        return expression
+    if value is None:
         return None
-    return cst.SimpleStatementLine([cst.Expr(call.with_changes(args=[*args, *keywords]))])
+    target = expression.value if isinstance(expression, cst.Name) else name
+    if target is None:
+        return literal(value)
+    bound[target] = literal(value)
+    return cst.Name(target)
 
 
 def jump_ahead(code: str, context: PassContext) -> Generator[Any, Any, None]:

@@ -51,6 +51,11 @@ class PassContext:
     named_specs: tuple[tuple[str, TensorSpec], ...] = ()
     # ...and its plain parameters (numbers, strings, tuples of them) with their values
     named_values: tuple[tuple[str, Any], ...] = ()
+    # the failing call's own plain values: each positional argument's (None: not a number or a
+    # tuple of numbers), its keywords', and the grid of a `kernel[grid](...)` launch
+    call_args: tuple[Any, ...] = ()
+    call_keywords: tuple[tuple[str, Any], ...] = ()
+    call_grid: Any = None
     focus: str | None = None  # the failing source line's text (its call is tried first)
     # the failure is a memory fault: what reaches the failing call is not swapped for `0`
     memory_fault: bool = False
