@@ -76,6 +76,18 @@ def test_a_clause_added_to_the_statement_that_raised_is_not_covered(oracle: Orac
     assert not failed.covers(raising + "except ValueError:\n    pass\n")
 
 
+def test_a_failure_where_the_best_runs_the_same_code_is_the_runs_not_the_codes(
+    oracle: Oracle, tmp_path: Path
+):
+    """The candidate raised in code the best (which reproduces) runs as it is: one of the two
+    runs went otherwise (a flaky read), and keeping it would refuse every later edit."""
+    verdict = check(oracle, PRELUDE, tmp_path)
+    best = PRELUDE.replace("helper(1)", "helper(1)\nprint('the failing call')")
+    failed = FailedPrefixes()
+    assert not failed.add(PRELUDE, verdict, best=best) and len(failed) == 0
+    assert failed.add(PRELUDE, verdict, best=best.replace('"a", None', '"a", "b"'))
+
+
 def test_a_failure_another_run_may_not_repeat_is_not_kept():
     cuda = Signature("AcceleratorError", 700, None, "an illegal memory access was encountered")
     oom = Signature("OutOfMemoryError", None, None, "CUDA out of memory. Tried to allocate <n>")

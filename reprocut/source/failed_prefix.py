@@ -27,14 +27,20 @@ class FailedPrefixes:
     def __init__(self) -> None:
         self._by_length: dict[int, set[str]] = {}  # lines in the prefix -> prefixes
 
-    def add(self, code: str, verdict: Any) -> bool:
-        """Keep the prefix of `code` that `verdict` says raised (True when it was kept)."""
+    def add(self, code: str, verdict: Any, best: str = "") -> bool:
+        """Keep the prefix of `code` that `verdict` says raised (True when it was kept). Not
+        when `best`, which reproduces, begins with the same prefix: the same code raised
+        otherwise in one run and not in the other, so it is the run, not the code (a flaky
+        read of a file), and keeping it would refuse every candidate that edits later lines."""
         if not isinstance(verdict, OtherFailure) or verdict.line is None or _may_vary(verdict):
             return False
         end = _statement_end(code, verdict.line)
         if end is None:
             return False
-        self._by_length.setdefault(end, set()).add("\n".join(code.splitlines()[:end]))
+        prefix = "\n".join(code.splitlines()[:end])
+        if best and "\n".join(best.splitlines()[:end]) == prefix:
+            return False
+        self._by_length.setdefault(end, set()).add(prefix)
         return True
 
     def covers(self, code: str) -> bool:

@@ -172,7 +172,7 @@ class SourceReducer:
         self.checks += 1
         ok = self.is_same_failure(verdict)
         if not ok:
-            self.failed.add(candidate, verdict)
+            self.failed.add(candidate, verdict, best=self.best)
         if ok:
             if not self._history:
                 self._history.append(self.best)
