@@ -649,6 +649,26 @@ def test_simplify_expressions_and_hoist_subexpressions():
     """)
 
 
+def test_hoisting_offers_no_module_for_a_value():
+    """`np.int32(n)` -> `np`, `torch.randn(...)` -> `torch`: no call takes a module for a value
+    (on the CPU stand-in of the misaligned case, `os.path.join(...)` -> `os.path` was one such
+    check); an attribute of a module's (`sys.path`, a list) is a value and still offered."""
+    source = code("""
+        import sys
+        import numpy as np
+        import torch as T
+        x = T.randn(4).mul(np.int32(2))
+        y = T.ones_like(x)
+        sys.path.insert(0, "vendor")
+    """)
+    found = list(candidates(hoist_subexpressions, source, PassContext()))
+    assert found and not any(text in c for c in found for text in ("y = T\n", ".mul(np)"))
+    assert any("y = x\n" in c for c in found)
+    assert any("x = T.randn(4)\n" in c for c in found)  # `.mul(...)` -> its receiver
+    assert any("x = np.int32(2)\n" in c for c in found)  # -> its argument
+    assert any("\nsys.path\n" in c for c in found)
+
+
 def test_facts_of_literal_tensors_fold_to_literals():
     """On the H200 a CuPy reduction kept `n = torch.randn((256, 256, 4096)).numel()`: a 1 GiB
     tensor drawn on the CPU by every later check, for one integer."""

@@ -23,6 +23,7 @@ from reprocut.source.passes.tree import (
     transform,
     variable_counts,
 )
+from reprocut.source.passes.walk import of_type
 
 # --- shrink_integers -------------------------------------------------------------------------
 
@@ -235,12 +236,30 @@ def _simplifications_from(
 # --- hoist_subexpressions -------------------------------------------------------------------
 
 
-def _children(node: cst.CSTNode) -> list[cst.BaseExpression]:
-    """Sub-expressions that may stand in for a node: `a.m(x)` -> `a`, `a[i]` -> `a`, ..."""
+def imported_modules(module: cst.Module) -> frozenset[str]:
+    """The names `import x` and `import x.y as z` bind, anywhere in the module: modules."""
+    names = set()
+    for node in of_type(module, cst.Import):
+        for alias in node.names:
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                names.add(alias.asname.name.value)
+            else:
+                names.add(cst.Module([]).code_for_node(alias.name).split(".")[0])
+    return frozenset(names)
+
+
+def _children(node: cst.CSTNode, modules: frozenset[str] = frozenset()) -> list[cst.BaseExpression]:
+    """Sub-expressions that may stand in for a node: `a.m(x)` -> `a`, `a[i]` -> `a`, ...; not
+    a module (`torch.randn(4)` -> `torch`, `np.int32(n)` -> `np`: `modules`, the names its
+    imports bind), which no call takes for a value: where the value goes unused, deleting the
+    statement is the same cut."""
     if isinstance(node, cst.Call):
         options = [a.value for a in node.args if a.keyword is None and not a.star][:1]
-        if isinstance(node.func, cst.Attribute):
-            options.insert(0, node.func.value)
+        func = node.func
+        if isinstance(func, cst.Attribute) and not (
+            isinstance(func.value, cst.Name) and func.value.value in modules
+        ):
+            options.insert(0, func.value)
         return options
     if isinstance(node, cst.Subscript):
         return [node.value]
@@ -254,13 +273,14 @@ def _children(node: cst.CSTNode) -> list[cst.BaseExpression]:
 
 
 class _HoistSites(cst.CSTVisitor):
-    def __init__(self) -> None:
+    def __init__(self, modules: frozenset[str]) -> None:
         self.found: list[cst.BaseExpression] = []
+        self.modules = modules
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, cst.BaseExpression) and is_constant(node):
             return False
-        if _children(node):
+        if _children(node, self.modules):
             self.found.append(node)  # type: ignore[arg-type]
         return True
 
@@ -295,9 +315,10 @@ def _hoists_from(code: str, first: int) -> Iterator[tuple[int, str | None]]:
     module = parse(code)
     if module is None:
         return
-    visitor = _HoistSites()
+    modules = imported_modules(module)
+    visitor = _HoistSites(modules)
     module.visit(visitor)
     for i in range(first, len(visitor.found)):
         site = visitor.found[i]
-        for child in _children(site):
+        for child in _children(site, modules):
             yield i, transform(code, _ReplaceExpression(site, child), module)
