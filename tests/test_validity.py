@@ -193,6 +193,29 @@ def test_names_read_after_the_failing_call_or_bound_unseen_are_left_to_the_run()
     assert Rules(focus="kernel(grid)").rejects(inside, inside.replace("import torch\n", "")) == []
 
 
+def test_a_name_bound_to_a_literal_and_used_as_no_literal_allows_is_rejected_unrun() -> None:
+    """simplify_expressions' `ids = 0` or `= None`: the launch then reads `ids.data_ptr()`."""
+    rules = Rules(focus=FOCUS)
+    zero = _variant('ids = torch.randint(0, 1 << 20, (64,), device="cuda")', "ids = 0")
+    assert rules.rejects(zero, BEST) == ["AttributeError: int ids.data_ptr"]
+    indexed = _variant('out = torch.empty(64, 16, device="cuda")',
+                       'out = None\nrows = out[0]')  # fmt: skip
+    assert rules.rejects(indexed, BEST) == [
+        "TypeError: out (NoneType) indexed",
+        "AttributeError: NoneType out.data_ptr",
+    ]
+    called = _variant('table = torch.randn(1000, 16, device="cuda")',
+                      'table = torch.randn(1000, 16, device="cuda")\nmake = ()\nmake()')  # fmt: skip
+    assert rules.rejects(called, BEST) == ["TypeError: make (tuple) called"]
+    # what such a value allows, or a name bound again since, is left to the run
+    allowed = _variant("import torch\n", 'import torch\nname = "ids"\nkey = name.upper()[0]\n')
+    assert rules.rejects(allowed, BEST) == []
+    again = _variant("ids = torch.randint(", "ids = 0\nids = torch.randint(")
+    assert rules.rejects(again, BEST) == []
+    inside = _variant("import torch\n", "import torch\nn = 0\nf = lambda: n.shape\n")
+    assert rules.rejects(inside, BEST) == []  # a lambda's body runs later, if at all
+
+
 def test_a_factory_or_a_tensor_method_missing_its_size_is_rejected_unrun() -> None:
     rules = Rules()
     no_size = _variant('torch.randn(1000, 16, device="cuda")', 'torch.randn(device="cuda")')

@@ -13,7 +13,9 @@ failing call among them) and names what would raise first; the validity rules
 Only what certainly raises is named: a name read by a top-level simple statement before the
 failing call's statement (or by the failing call's own callee and arguments) and bound by no
 statement before it; a factory call missing a positional argument it requires, or given a
-number where its size must be a sequence (`torch.randint(0, 7)`); a CuPy launch
+number where its size must be a sequence (`torch.randint(0, 7)`); a name bound to a literal
+(`ids = 0`, simplify_expressions' value) called, indexed, or read for an attribute its type
+lacks (`ids.shape`) before the failing call or by it; a CuPy launch
 argument the best wrapped in `cupy.asarray(...)` that the candidate no longer wraps. Anything that
 could bind names unseen (`global`, star imports, `exec`, `globals()`) turns the name rule off;
 compound statements (loops, branches, `with`) count as binding every name in them; a `def` or
@@ -81,6 +83,7 @@ def unbound_names(module: cst.Module, focus: str | None) -> list[str]:
     inside = {id(node) for call in calls for node in walk(call)}
     bound = set(ALWAYS_BOUND)
     kinds: dict[str, str] = {}  # what each name was last bound to: "module", "literal", ""
+    literals: dict[str, type] = {}  # names bound to a literal, by the literal's type
     found = []
     for statement in module.body:
         holds_call = any(id(node) in inside for node in walk(statement))
@@ -90,24 +93,93 @@ def unbound_names(module: cst.Module, focus: str | None) -> list[str]:
                 found += [f"NameError: {n}" for n in reads(call) if n not in bound]
                 if isinstance(call.func, cst.Name) and kinds.get(call.func.value):
                     found.append(f"TypeError: {call.func.value} is a {kinds[call.func.value]}")
+                else:
+                    found += misused_literals(call, literals)
             break
         if isinstance(statement, cst.SimpleStatementLine) and not any(
             isinstance(node, cst.NamedExpr) for node in walk(statement)
         ):
             found += [f"NameError: {n}" for n in reads(statement) if n not in bound]
+            found += misused_literals(statement, literals)
             bound |= binds(statement)
             kinds.update(_bound_kinds(statement, kinds))
+            for name in binds(statement):
+                literals.pop(name, None)
+            literals.update(_literal_types(statement))
         elif isinstance(statement, cst.FunctionDef | cst.ClassDef):
             # a definition reads its decorators (and a class its bases) when it runs, and
             # binds its own name only: its body runs later, if at all
             found += [f"NameError: {n}" for n in _definition_reads(statement) if n not in bound]
             bound.add(statement.name.value)
             kinds[statement.name.value] = ""
+            literals.pop(statement.name.value, None)
         else:  # a block: every name in it may be bound by it, to anything
             names = {node.value for node in walk(statement) if isinstance(node, cst.Name)}
             bound |= names
             kinds.update(dict.fromkeys(names, ""))
+            for name in names:
+                literals.pop(name, None)
     return list(dict.fromkeys(found))
+
+
+# what a literal's value can be indexed as
+_SUBSCRIPTABLE = (str, bytes, tuple, list, dict)
+
+
+def misused_literals(node: cst.CSTNode, literals: dict[str, type]) -> list[str]:
+    """What `node` does, as it runs, to a name bound to a literal that no such value allows:
+    calls it, indexes a number or None, reads an attribute its type lacks (`ids.shape` once
+    `ids = torch.randint(...)` was simplified to `ids = 0`)."""
+    found = []
+    for child in _evaluated(node):
+        if isinstance(child, cst.Call | cst.Subscript):
+            name = child.func if isinstance(child, cst.Call) else child.value
+            kind = literals.get(name.value) if isinstance(name, cst.Name) else None
+            if kind is None or (isinstance(child, cst.Subscript) and kind in _SUBSCRIPTABLE):
+                continue
+            what = "called" if isinstance(child, cst.Call) else "indexed"
+            found.append(f"TypeError: {name.value} ({kind.__name__}) {what}")  # type: ignore[union-attr]
+        elif isinstance(child, cst.Attribute) and isinstance(child.value, cst.Name):
+            kind = literals.get(child.value.value)
+            if kind is not None and not hasattr(kind, child.attr.value):
+                found.append(
+                    f"AttributeError: {kind.__name__} {child.value.value}.{child.attr.value}"
+                )
+    return found
+
+
+def _evaluated(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """`node` and what runs with it: not the bodies of lambdas and comprehensions, not `del`."""
+    yield node
+    if isinstance(node, (*_SCOPES, cst.Del)):
+        return
+    for child in child_nodes(node):
+        yield from _evaluated(child)
+
+
+def _literal_types(statement: cst.SimpleStatementLine) -> dict[str, type]:
+    """Names a statement binds to a literal (`x = 0`, `x = None`), with the literal's type."""
+    found = {}
+    for small in statement.body:
+        if isinstance(small, cst.Assign) and len(small.targets) == 1:
+            target = small.targets[0].target
+            kind = _literal_type(small.value)
+            if isinstance(target, cst.Name) and kind is not None:
+                found[target.value] = kind
+    return found
+
+
+def _literal_type(value: cst.BaseExpression) -> type | None:
+    if isinstance(value, cst.Name):
+        return {"None": type(None), "True": bool, "False": bool}.get(value.value)
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+        return _literal_type(value.expression)
+    if isinstance(value, cst.SimpleString):
+        return bytes if "b" in value.prefix.lower() else str
+    simple = {cst.Integer: int, cst.Float: float, cst.Imaginary: complex, cst.Tuple: tuple,
+              cst.List: list, cst.Dict: dict, cst.Set: set, cst.FormattedString: str,
+              cst.ConcatenatedString: str}  # fmt: skip
+    return simple.get(type(value))
 
 
 def _definition_reads(statement: cst.FunctionDef | cst.ClassDef) -> Iterator[str]:
