@@ -652,7 +652,7 @@ def test_simplify_expressions_and_hoist_subexpressions():
 def test_hoisting_offers_no_module_for_a_value():
     """`np.int32(n)` -> `np`, `torch.randn(...)` -> `torch`: no call takes a module for a value
     (on the CPU stand-in of the misaligned case, `os.path.join(...)` -> `os.path` was one such
-    check); an attribute of a module's (`sys.path`, a list) is a value and still offered."""
+    check)."""
     source = code("""
         import sys
         import numpy as np
@@ -666,7 +666,8 @@ def test_hoisting_offers_no_module_for_a_value():
     assert any("y = x\n" in c for c in found)
     assert any("x = T.randn(4)\n" in c for c in found)  # `.mul(...)` -> its receiver
     assert any("x = np.int32(2)\n" in c for c in found)  # -> its argument
-    assert any("\nsys.path\n" in c for c in found)
+    # a statement's call cut to its receiver does nothing, as deleting it does: not offered
+    assert not any("\nsys.path\n" in c for c in found)
 
 
 def test_facts_of_literal_tensors_fold_to_literals():
@@ -741,12 +742,23 @@ def test_a_memory_fault_keeps_what_reaches_the_failing_call():
     # another failure (a device assert, a Python error) may have them swapped out
     other = list(candidates(simplify_expressions, MEMORY_FAULT_LAUNCH, PassContext(focus=focus)))
     assert MEMORY_FAULT_LAUNCH.replace("torch.empty_like(x)", "0") in other
+    # nor the kernel it launches, nor the grid of a Triton launch: on the H200's fixed points
+    # `cupy.RawKernel(None, ...)` and `grid = None` were checks that could only raise
+    built = MEMORY_FAULT_LAUNCH.replace(
+        "import torch\n", 'import torch\n_KERNEL = cupy.RawKernel(SRC, "k")\n'
+    )
+    assert not any("RawKernel(0" in c or "RawKernel(None" in c
+                   for c in candidates(simplify_expressions, built, memory))  # fmt: skip
+    triton = "import torch\nn = 64\ngrid = (n // 4,)\nkernel[grid](torch.randn(n), n)\n"
+    launched = PassContext(focus="kernel[grid](torch.randn(n), n)", memory_fault=True)
+    assert list(candidates(simplify_expressions, triton, launched)) == []
 
 
 def test_names_reaching_the_failing_call_follow_assignments():
     module = cst.parse_module(MEMORY_FAULT_LAUNCH)
     calls = focus_calls(module, "_KERNEL((b,), (t,), args)")
-    assert names_reaching(module, calls) == {"args", "cupy", "x", "pe", "out", "torch"}
+    # the launch's arguments, what computes them, and what it calls (the kernel itself)
+    assert names_reaching(module, calls) == {"args", "cupy", "x", "pe", "out", "torch", "_KERNEL"}
     assert focus_calls(module, None) == [] and names_reaching(module, []) == set()
 
 

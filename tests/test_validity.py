@@ -279,7 +279,15 @@ def test_a_failing_call_whose_callee_is_bound_to_a_module_or_a_literal_is_reject
     best = CUPY_BEST.replace("x = torch", 'SOURCE = "..."\n' + made + "x = torch")
     rules = Rules(memory_fault=True, focus="KERNEL((1,), (64,), args)")
     assert rules.rejects(best, best) == []
-    assert rules.rejects(best.replace(made, "KERNEL = SOURCE\n"), best) == []  # a name: unknown
+    assert rules.rejects(best.replace(made, "KERNEL = SOURCE\n"), best) == [
+        "TypeError: KERNEL is a literal"  # SOURCE is one
+    ]
+    assert (
+        rules.rejects(
+            best.replace(made, 'KERNEL = cupy.RawModule(code=SOURCE).get_function("rows")\n'), best
+        )
+        == []
+    )  # a call's value: unknown
     assert rules.rejects(best.replace(made, 'KERNEL = "..."\n'), best) == [
         "TypeError: KERNEL is a literal"
     ]

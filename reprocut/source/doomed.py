@@ -103,9 +103,10 @@ def unbound_names(module: cst.Module, focus: str | None) -> list[str]:
             found += misused_literals(statement, literals)
             bound |= binds(statement)
             kinds.update(_bound_kinds(statement, kinds))
+            made = _literal_types(statement, literals)
             for name in binds(statement):
                 literals.pop(name, None)
-            literals.update(_literal_types(statement))
+            literals.update(made)
         elif isinstance(statement, cst.FunctionDef | cst.ClassDef):
             # a definition reads its decorators (and a class its bases) when it runs, and
             # binds its own name only: its body runs later, if at all
@@ -157,13 +158,16 @@ def _evaluated(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         yield from _evaluated(child)
 
 
-def _literal_types(statement: cst.SimpleStatementLine) -> dict[str, type]:
-    """Names a statement binds to a literal (`x = 0`, `x = None`), with the literal's type."""
+def _literal_types(
+    statement: cst.SimpleStatementLine, literals: dict[str, type]
+) -> dict[str, type]:
+    """Names a statement binds to a literal (`x = 0`, `x = None`, `y = x`), with its type."""
     found = {}
     for small in statement.body:
         if isinstance(small, cst.Assign) and len(small.targets) == 1:
-            target = small.targets[0].target
-            kind = _literal_type(small.value)
+            target, value = small.targets[0].target, small.value
+            kind = literals.get(value.value) if isinstance(value, cst.Name) else None
+            kind = kind or _literal_type(value)
             if isinstance(target, cst.Name) and kind is not None:
                 found[target.value] = kind
     return found
@@ -218,8 +222,8 @@ def _bound_kinds(statement: cst.SimpleStatementLine, kinds: dict[str, str]) -> d
                 isinstance(value, cst.Name) and value.value in ("None", "True", "False")
             ):
                 found[target.value] = "literal"
-            elif isinstance(value, cst.Name) and kinds.get(value.value) == "module":
-                found[target.value] = "module"
+            elif isinstance(value, cst.Name) and kinds.get(value.value) in ("module", "literal"):
+                found[target.value] = kinds[value.value]  # `_KERNEL = _SOURCE`: a string
     return found
 
 

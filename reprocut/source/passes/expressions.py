@@ -318,7 +318,18 @@ def _hoists_from(code: str, first: int) -> Iterator[tuple[int, str | None]]:
     modules = imported_modules(module)
     visitor = _HoistSites(modules)
     module.visit(visitor)
+    discarded = {id(n.value) for n in of_type(module, cst.Expr)}  # values of statements
     for i in range(first, len(visitor.found)):
         site = visitor.found[i]
         for child in _children(site, modules):
+            if id(site) in discarded and _is_dotted(child):
+                continue  # `torch.cuda.synchronize()` -> `torch.cuda`: a statement that does
+                # nothing, as deleting it does (delete_statements' candidate, checked already)
             yield i, transform(code, _ReplaceExpression(site, child), module)
+
+
+def _is_dotted(node: cst.BaseExpression) -> bool:
+    """A name or an attribute of one (`torch.cuda`): reading it does nothing."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return isinstance(node, cst.Name)

@@ -392,8 +392,11 @@ def _last_name(func: cst.BaseExpression) -> str | None:
 
 def names_reaching(module: cst.Module, calls: list[cst.Call]) -> set[str]:
     """Variables the calls read, directly or through the assignments that compute them
-    (by name, whatever the scope: it may say too much, never too little)."""
-    reached = {name for call in calls for arg in call.args for name in variable_counts(arg)}
+    (by name, whatever the scope: it may say too much, never too little): their arguments,
+    what they call (`_KERNEL = cupy.RawKernel(_SOURCE, ...)`: the kernel itself) and a
+    launch's grid (`kernel[grid](...)`; a CuPy launch's is an argument)."""
+    parts: list[cst.CSTNode] = [part for call in calls for part in (*call.args, call.func)]
+    reached = {name for part in parts for name in variable_counts(part)}
     if not reached:
         return reached
     flows = [
