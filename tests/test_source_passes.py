@@ -42,8 +42,9 @@ from reprocut.source.passes import (
     strip_comments,
     unwrap_blocks,
 )
+from reprocut.source.passes.expressions import names_reaching
 from reprocut.source.passes.specs import seeded
-from reprocut.source.passes.tree import focus_calls, names_reaching
+from reprocut.source.passes.tree import focus_calls
 from reprocut.source.size import sort_key
 
 VALUE_ERROR = Signature("ValueError", None, None, "bad")

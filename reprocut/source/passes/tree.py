@@ -390,32 +390,6 @@ def _last_name(func: cst.BaseExpression) -> str | None:
     return None
 
 
-def names_reaching(module: cst.Module, calls: list[cst.Call]) -> set[str]:
-    """Variables the calls read, directly or through the assignments that compute them
-    (by name, whatever the scope: it may say too much, never too little): their arguments,
-    what they call (`_KERNEL = cupy.RawKernel(_SOURCE, ...)`: the kernel itself) and a
-    launch's grid (`kernel[grid](...)`; a CuPy launch's is an argument)."""
-    parts: list[cst.CSTNode] = [part for call in calls for part in (*call.args, call.func)]
-    reached = {name for part in parts for name in variable_counts(part)}
-    if not reached:
-        return reached
-    flows = [
-        (
-            {name for t in a.targets for name in variable_counts(t.target)},
-            set(variable_counts(a.value)),
-        )
-        for a in of_type(module, cst.Assign)
-    ]
-    grown = True
-    while grown:
-        grown = False
-        for targets, values in flows:
-            if targets & reached and not values <= reached:
-                reached |= values
-                grown = True
-    return reached
-
-
 class Enclosing(cst.CSTVisitor):
     """The innermost function around a node (the module when there is none)."""
 
