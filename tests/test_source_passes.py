@@ -467,6 +467,30 @@ def test_remove_all_unused_is_one_candidate_or_none():
     assert list(candidates(remove_all_unused, "x = 1\nraise ValueError(x)\n", PassContext())) == []
 
 
+def test_the_forward_torch_runs_is_not_unused():
+    """`Fn.apply(x)` and `module(x)` run `forward` without naming it; other methods nothing
+    names go, as `backward` does when no gradient is asked for."""
+    source = code("""
+        import torch
+        class Scale(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                raise ValueError("bad")
+            @staticmethod
+            def backward(ctx, grad):
+                return grad
+        class Plain:
+            def run(self, x):
+                return x
+        Scale.apply(torch.ones(2))
+        Plain()
+    """)
+    (candidate,) = candidates(remove_all_unused, source, PassContext())
+    assert "def forward(ctx, x)" in candidate and "def backward" not in candidate
+    assert "def run" not in candidate  # a plain class's method nothing names
+    assert raises_bad(candidate) == VALUE_ERROR
+
+
 def test_inline_names_splits_tuple_assignments_and_inlines_literals():
     source = code("""
         import types

@@ -25,6 +25,7 @@ from reprocut.source.passes.tree import (
     transform,
     variable_counts,
 )
+from reprocut.source.passes.walk import of_type
 
 # --- delete_statements -----------------------------------------------------------------------
 
@@ -191,17 +192,38 @@ def _bound_names(statement: cst.BaseStatement) -> list[str] | None:
 
 
 def unused_definitions(module: cst.Module) -> list[cst.BaseStatement]:
-    """Definitions none of whose names are mentioned anywhere outside the definition itself."""
+    """Definitions none of whose names are mentioned anywhere outside the definition itself;
+    not the `forward` of an `autograd.Function` or `nn.Module`, which `apply` and a call run
+    without naming it (on the CPU segment_pool case, every round's removal of it raised
+    NotImplementedError)."""
     totals = name_counts(module)
+    called = _called_by_torch(module)
     unused = []
     for statement in statements_of(module):
         names = _bound_names(statement)
-        if not names:
+        if not names or id(statement) in called:
             continue
         inside = name_counts(statement)
         if all(totals.get(n, 0) - inside.get(n, 0) == 0 for n in names):
             unused.append(statement)
     return unused
+
+
+# base classes whose `forward` torch runs for the user (`Fn.apply(...)`, `module(x)`)
+_FORWARD_BASES = ("Function", "Module")
+
+
+def _called_by_torch(module: cst.Module) -> set[int]:
+    """The `forward` methods of the module's autograd Functions and nn.Modules, by id."""
+    found = set()
+    for node in of_type(module, cst.ClassDef):
+        bases = [module.code_for_node(b.value) for b in node.bases]
+        if not any(b.rsplit(".", 1)[-1] in _FORWARD_BASES for b in bases):
+            continue
+        for statement in body_statements(node.body):
+            if isinstance(statement, cst.FunctionDef) and statement.name.value == "forward":
+                found.add(id(statement))
+    return found
 
 
 def _without_unused(code: str) -> str | None:
