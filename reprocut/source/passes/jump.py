@@ -92,10 +92,10 @@ def _call_alone(module: cst.Module, context: PassContext) -> list[cst.BaseStatem
     keywords = dict(context.call_keywords)
     bound: dict[str, cst.BaseExpression] = {}
     args = []
+    given = iter(zip(context.specs, values, strict=True))  # the positional ones, in order
     for arg in call.args:
         if arg.keyword is None:
-            at = len(args)
-            spec, value = context.specs[at], values[at]
+            spec, value = next(given)
             made = spec_expression(spec) if spec is not None else _plain(arg.value, value, bound)
         else:
             made = _plain(arg.value, keywords.get(arg.keyword.value), bound)
