@@ -45,39 +45,37 @@ def reduced_code(name: str) -> str:
 
 def count(name: str) -> dict[str, int] | None:
     """Candidates per pass the reducer would run on the case's fixed point (None: no launch to
-    take for the failing call)."""
-    from reprocut.source.passes import PASSES, PassContext, calls_focus, candidates
+    take for the failing call), by the reducer's own `admissible`."""
+    from reprocut.model.case import Signature
+    from reprocut.source.fixed_point import SourceReducer
+    from reprocut.source.passes import PASSES, PassContext, candidates
     from reprocut.source.passes.launches import launches
     from reprocut.source.passes.tree import parse
-    from reprocut.source.size import sort_key
     from reprocut.source.validity import Rules
 
     code = reduced_code(name)
     module = parse(code)
     found = launches(module) if module is not None else []
-    if not found:
-        return None
-    kernel = found[-1].kernel
+    kernel = found[-1].kernel if found else None
     focus = next(
-        line
-        for line in reversed(code.splitlines())
-        if line.startswith((kernel + "(", kernel + "["))
-    )
-    context = PassContext(focus=focus, memory_fault=True)
-    rules = Rules(memory_fault=True, focus=focus)
-    best = sort_key(code, ())
-    seen: set[str] = set()
+        (line for line in reversed(code.splitlines())
+         if kernel and line.startswith((kernel + "(", kernel + "["))),
+        None,
+    )  # fmt: skip
+    if focus is None:
+        return None
+    shrink = json.loads((REPROS / f"{name}.shrink.json").read_text())
+    expected = Signature(**shrink["signature"])
+    reducer = SourceReducer(
+        best=code, expected=expected, check=lambda _: None, rules=Rules(memory_fault=True, focus=focus),
+        context=PassContext(focus=focus, memory_fault=True),
+    )  # fmt: skip
     counts: dict[str, int] = {}
     for source_pass in PASSES:
-        for candidate in candidates(source_pass, code, context):
-            if candidate in seen or sort_key(candidate, ()) >= best:
-                continue
-            seen.add(candidate)
-            if calls_focus(candidate, focus) is False:
-                continue
-            if rules.rejects(candidate, code, pass_name=source_pass.__name__):
-                continue
-            counts[source_pass.__name__] = counts.get(source_pass.__name__, 0) + 1
+        for candidate in candidates(source_pass, code, reducer.context):
+            if reducer.admissible(candidate, source_pass.__name__):
+                reducer.seen.add(candidate)
+                counts[source_pass.__name__] = counts.get(source_pass.__name__, 0) + 1
     return counts
 
 

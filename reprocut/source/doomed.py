@@ -30,7 +30,7 @@ from collections.abc import Iterator
 import libcst as cst
 
 from reprocut.source.passes.launches import launches
-from reprocut.source.passes.tree import dotted, focus_calls
+from reprocut.source.passes.tree import alias_name, dotted, focus_calls
 from reprocut.source.passes.walk import all_nodes, child_nodes, walk
 
 # module globals every script has besides the builtins
@@ -82,8 +82,8 @@ def unbound_names(module: cst.Module, focus: str | None) -> list[str]:
         return []
     inside = {id(node) for call in calls for node in walk(call)}
     bound = set(ALWAYS_BOUND)
-    kinds: dict[str, str] = {}  # what each name was last bound to: "module", "literal", ""
-    literals: dict[str, type] = {}  # names bound to a literal, by the literal's type
+    modules: set[str] = set()  # names last bound to a module (`import cupy`, `k = cupy`)
+    literals: dict[str, type] = {}  # names last bound to a literal, by the literal's type
     found = []
     for statement in module.body:
         holds_call = any(id(node) in inside for node in walk(statement))
@@ -91,8 +91,11 @@ def unbound_names(module: cst.Module, focus: str | None) -> list[str]:
             if isinstance(statement, cst.SimpleStatementLine):
                 call = next(c for c in calls if any(n is c for n in walk(statement)))
                 found += [f"NameError: {n}" for n in reads(call) if n not in bound]
-                if isinstance(call.func, cst.Name) and kinds.get(call.func.value):
-                    found.append(f"TypeError: {call.func.value} is a {kinds[call.func.value]}")
+                callee = call.func.value if isinstance(call.func, cst.Name) else None
+                if callee in modules:
+                    found.append(f"TypeError: {callee} is a module")
+                elif callee in literals:
+                    found.append(f"TypeError: {callee} is a literal")
                 else:
                     found += misused_literals(call, literals)
             break
@@ -101,25 +104,23 @@ def unbound_names(module: cst.Module, focus: str | None) -> list[str]:
         ):
             found += [f"NameError: {n}" for n in reads(statement) if n not in bound]
             found += misused_literals(statement, literals)
-            bound |= binds(statement)
-            kinds.update(_bound_kinds(statement, kinds))
-            made = _literal_types(statement, literals)
-            for name in binds(statement):
-                literals.pop(name, None)
-            literals.update(made)
+            names = binds(statement)
+            made_modules = _bound_modules(statement, modules)
+            made_literals = _literal_types(statement, literals)
+            _forget(names, modules, literals)
+            bound |= names
+            modules |= made_modules
+            literals.update(made_literals)
         elif isinstance(statement, cst.FunctionDef | cst.ClassDef):
             # a definition reads its decorators (and a class its bases) when it runs, and
             # binds its own name only: its body runs later, if at all
             found += [f"NameError: {n}" for n in _definition_reads(statement) if n not in bound]
             bound.add(statement.name.value)
-            kinds[statement.name.value] = ""
-            literals.pop(statement.name.value, None)
+            _forget({statement.name.value}, modules, literals)
         else:  # a block: every name in it may be bound by it, to anything
             names = {node.value for node in walk(statement) if isinstance(node, cst.Name)}
             bound |= names
-            kinds.update(dict.fromkeys(names, ""))
-            for name in names:
-                literals.pop(name, None)
+            _forget(names, modules, literals)
     return list(dict.fromkeys(found))
 
 
@@ -176,8 +177,11 @@ def _literal_types(
 def _literal_type(value: cst.BaseExpression) -> type | None:
     if isinstance(value, cst.Name):
         return {"None": type(None), "True": bool, "False": bool}.get(value.value)
-    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
-        return _literal_type(value.expression)
+    if isinstance(value, cst.UnaryOperation):  # `-1`, `+1`, `~1`, `not 1`
+        operand = _literal_type(value.expression)
+        if operand in (int, float, complex, bool):
+            return bool if isinstance(value.operator, cst.Not) else operand
+        return None
     if isinstance(value, cst.SimpleString):
         return bytes if "b" in value.prefix.lower() else str
     simple = {cst.Integer: int, cst.Float: float, cst.Imaginary: complex, cst.Tuple: tuple,
@@ -201,29 +205,27 @@ def _definition_reads(statement: cst.FunctionDef | cst.ClassDef) -> Iterator[str
             yield from reads(param.default)
 
 
-_LITERALS = (
-    cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Integer, cst.Float,
-    cst.Imaginary, cst.Tuple, cst.List, cst.Dict, cst.Set,
-)  # fmt: skip
+def _forget(names: set[str], modules: set[str], literals: dict[str, type]) -> None:
+    """Names bound again, to what is not known here."""
+    modules -= names
+    for name in names:
+        literals.pop(name, None)
 
 
-def _bound_kinds(statement: cst.SimpleStatementLine, kinds: dict[str, str]) -> dict[str, str]:
-    """The names this statement binds, each to "module" (`import x`, `k = x` for such an x),
-    "literal" (`k = "..."`, `k = None`) or "" (anything else)."""
-    found = dict.fromkeys(binds(statement), "")
+def _bound_modules(statement: cst.SimpleStatementLine, modules: set[str]) -> set[str]:
+    """The names this statement binds to a module: `import x`, `k = x` for such an x."""
+    found = set()
     for small in statement.body:
         if isinstance(small, cst.Import):
-            found.update({alias_name(a, first=True): "module" for a in small.names})
+            found |= {alias_name(a, first=True) for a in small.names}
         elif isinstance(small, cst.Assign) and len(small.targets) == 1:
             target, value = small.targets[0].target, small.value
-            if not isinstance(target, cst.Name):
-                continue
-            if isinstance(value, _LITERALS) or (
-                isinstance(value, cst.Name) and value.value in ("None", "True", "False")
+            if (
+                isinstance(target, cst.Name)
+                and isinstance(value, cst.Name)
+                and value.value in modules
             ):
-                found[target.value] = "literal"
-            elif isinstance(value, cst.Name) and kinds.get(value.value) in ("module", "literal"):
-                found[target.value] = kinds[value.value]  # `_KERNEL = _SOURCE`: a string
+                found.add(target.value)
     return found
 
 
@@ -254,9 +256,7 @@ def _size_is_a_number(name: str, call: cst.Call) -> bool:
         or any(a.keyword.value == "size" for a in call.args if a.keyword)
     ):
         return False
-    size = positional[index]
-    number = size.expression if isinstance(size, cst.UnaryOperation) else size
-    return isinstance(number, cst.Integer | cst.Float)
+    return _literal_type(positional[index]) in (int, float, bool)
 
 
 def _required(func: cst.BaseExpression) -> int | None:
@@ -397,10 +397,3 @@ def target_names(target: cst.CSTNode) -> set[str]:
     if isinstance(target, cst.StarredElement):
         return target_names(target.value)
     return set()
-
-
-def alias_name(alias: cst.ImportAlias, *, first: bool) -> str:
-    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-        return alias.asname.name.value
-    dotted = _EMPTY.code_for_node(alias.name)
-    return dotted.split(".")[0] if first else dotted

@@ -24,13 +24,12 @@ import libcst as cst
 
 from reprocut.source.doomed import (
     ALWAYS_BOUND,
-    alias_name,
     binds,
     binds_unseen,
     reads,
     target_names,
 )
-from reprocut.source.passes.tree import dotted
+from reprocut.source.passes.tree import alias_name, dotted
 from reprocut.source.passes.walk import all_nodes, child_nodes, walk
 
 # triton.language functions and the arguments they require (keywords count: `tl.zeros(shape,

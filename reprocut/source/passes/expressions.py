@@ -13,6 +13,7 @@ from reprocut.source.passes.launches import configuration_integers
 from reprocut.source.passes.tree import (
     Options,
     PassContext,
+    alias_name,
     count_statements,
     focus_calls,
     is_constant,
@@ -263,14 +264,11 @@ def _simplifications_from(
 
 def imported_modules(module: cst.Module) -> frozenset[str]:
     """The names `import x` and `import x.y as z` bind, anywhere in the module: modules."""
-    names = set()
-    for node in of_type(module, cst.Import):
-        for alias in node.names:
-            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                names.add(alias.asname.name.value)
-            else:
-                names.add(cst.Module([]).code_for_node(alias.name).split(".")[0])
-    return frozenset(names)
+    return frozenset(
+        alias_name(alias, first=True)
+        for node in of_type(module, cst.Import)
+        for alias in node.names
+    )
 
 
 def _children(node: cst.CSTNode, modules: frozenset[str] = frozenset()) -> list[cst.BaseExpression]:

@@ -161,6 +161,15 @@ def dotted(node: cst.BaseExpression) -> str | None:
     return None
 
 
+def alias_name(alias: cst.ImportAlias, *, first: bool) -> str:
+    """The name an import binds: `import a.b as c` binds c, `import a.b` binds a (`first`),
+    `from m import x` binds x (the name as written)."""
+    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+        return alias.asname.name.value
+    written = cst.Module([]).code_for_node(alias.name)
+    return written.split(".")[0] if first else written
+
+
 def is_constant(node: cst.CSTNode) -> bool:
     """A literal, or a tensor built from literals (`torch.randn(4, 8).as_strided(...)`).
 
