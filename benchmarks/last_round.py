@@ -36,11 +36,19 @@ def script_cases() -> list[str]:
 
 
 def reduced_code(name: str) -> str:
-    """The repro without the header docstring shrink adds after the reduction."""
+    """The repro as its reduction ended: without the header docstring shrink adds after it, and
+    without the `torch.cuda.synchronize()` the reducer's finish adds at its end
+    (reprocut.source.finish: the fork's child waits for the GPU after every candidate, so no
+    fixed point keeps one there; counted, it is a deletion no round offered)."""
     text = (REPROS / f"{name}.py").read_text()
     body = ast.parse(text).body
     first = body[1].lineno if body and isinstance(body[0], ast.Expr) else 1
-    return "\n".join(text.splitlines()[first - 1 :]) + "\n"
+    lines = text.splitlines()[first - 1 :]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if lines and lines[-1] == "torch.cuda.synchronize()":
+        lines.pop()
+    return "\n".join(lines) + "\n"
 
 
 def count(name: str) -> dict[str, int] | None:
@@ -109,6 +117,8 @@ def report(here: dict[str, dict[str, int] | None], there: dict[str, dict[str, in
         "their last round accepted nothing. `candidates`: what this checkout's passes make from",
         "each that its reducer would run (smaller, still making the failing call, no validity",
         "rule broken); each is a check spent in that round, on the H200 a second or more.",
+        "The `torch.cuda.synchronize()` the reducer's finish adds after its fixed point is no",
+        "part of it (counted before 2026-12-05: one deletion more a case).",
         "",
         "| case | candidates | " + ("before | " if there else "") + "by pass |",
         "|---|---|" + ("---|" if there else "") + "---|",

@@ -259,11 +259,12 @@ KERNEL((1,), (64,), args)
 
 def test_a_cupy_launch_keeps_its_arrays_wrapped() -> None:
     rules = Rules(memory_fault=True, focus="KERNEL((1,), (64,), args)")
-    for bare in ("x", "cupy", 'torch.randn(64, device="cuda")'):
+    unwrapped = "TypeError: KERNEL argument 0 is no CuPy array"
+    tensor = "TypeError: KERNEL argument 0 is a torch tensor"  # refused whatever the best
+    for bare, why in (("x", [tensor, unwrapped]), ("cupy", [unwrapped]),
+                      ('torch.randn(64, device="cuda")', [tensor, unwrapped])):  # fmt: skip
         candidate = CUPY_BEST.replace("cupy.asarray(x)", bare)
-        assert rules.rejects(candidate, CUPY_BEST) == [
-            "TypeError: KERNEL argument 0 is no CuPy array"
-        ]
+        assert rules.rejects(candidate, CUPY_BEST) == why, bare
     scalar = CUPY_BEST.replace(", 64)\n", ", n)\n").replace("args =", "n = 64\nargs =")
     assert rules.rejects(scalar, CUPY_BEST) == []  # a scalar was never wrapped
     short = CUPY_BEST.replace("KERNEL((1,), (64,), args)", "KERNEL((1,), (64,))")
@@ -453,3 +454,103 @@ def test_a_load_of_no_parameter_or_a_kernel_called_without_its_grid_is_rejected(
     assert "RuntimeError: add_kernel called without a grid" in Rules(
         memory_fault=True, focus="add_kernel(x, out, 64, BLOCK=16)"
     ).rejects(ungridded, TRITON_BEST)
+
+
+POINTERS_BEST = """\
+import cupy
+import torch
+
+ids = torch.randint(0, 9, (512,), device="cuda")
+out = ids
+table = torch.randn((50000, 64), device="cuda")
+n, dim = ids.numel(), table.shape[0]
+rows, cols = table.shape
+pointers = (ids.data_ptr(), table.data_ptr(), out.data_ptr(), n, dim)
+KERNEL((n,), (1,), pointers)
+"""
+
+
+def test_a_torch_tensor_or_a_tuple_handed_to_a_cupy_launch_is_rejected_unrun() -> None:
+    """What hoist_subexpressions made of `cuda_cupy_host_pointers` and `cuda_cupy_hashed_ids`
+    every round on the H200 (their last rounds' six candidates): `RawKernel.__call__` passes
+    arrays, scalars and None and raises "Unsupported type" for a torch tensor or a tuple,
+    written there or through names."""
+    rules = Rules(memory_fault=True, focus="KERNEL((n,), (1,), pointers)")
+    assert rules.rejects(POINTERS_BEST, POINTERS_BEST) == []
+    made = {  # the candidate's change: why it raises
+        ("(ids.data_ptr(),", "(ids,"): "argument 0 is a torch tensor",
+        ("table.data_ptr(), out", "table, out"): "argument 1 is a torch tensor",
+        ("out.data_ptr(), n", "out, n"): "argument 2 is a torch tensor",  # out = ids
+        ("ids.numel(), table", "ids, table"): "argument 3 is a torch tensor",  # n = ids
+        ("table.shape[0]\n", "table.shape\n"): "argument 4 is a tuple",  # dim = table.shape
+    }
+    for (old, new), why in made.items():
+        candidate = POINTERS_BEST.replace(old, new, 1)
+        assert rules.rejects(candidate, POINTERS_BEST) == [f"TypeError: KERNEL {why}"], new
+    left = {
+        "unpacked from a shape": POINTERS_BEST.replace(", n, dim)", ", rows, cols)"),
+        "a scalar": POINTERS_BEST.replace("out.data_ptr(), n", "out.data_ptr(), 7"),
+        "a name bound in a loop too": POINTERS_BEST.replace(
+            "KERNEL(", "for out in (ids,):\n    pass\nKERNEL("
+        ).replace("out.data_ptr(), n", "out, n"),
+        "another kernel's launch": POINTERS_BEST + "OTHER((1,), (1,), (ids,))\n",
+    }
+    for why, candidate in left.items():
+        assert rules.rejects(candidate, POINTERS_BEST) == [], why
+
+
+TRITON_FLAT = """\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_cond_kernel(x_ptr, c_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    c = tl.load(c_ptr + offs, mask=mask)
+    tl.store(o_ptr + offs, x + c, mask=mask)
+
+
+x = torch.randn((256, 4096), device="cuda")
+out = torch.empty_like(x)
+add_cond_kernel[(1024,)](x, torch.randn(4096, device="cuda").expand(256, 4096), out, x.numel(), BLOCK=1024)
+"""
+TRITON_FOCUS = (
+    'add_cond_kernel[(1024,)](x, torch.randn(4096, device="cuda").expand(256, 4096), out, '
+    "x.numel(), BLOCK=1024)"
+)
+
+
+def test_a_triton_kernel_left_storing_nothing_is_rejected_for_a_memory_fault() -> None:
+    """A load nothing uses is compiled away: with its store deleted, or hoisted to its pointer,
+    the kernel touches no memory (the last rounds of two Triton reductions on the H200 offered
+    three such candidates). A kernel that still writes, or calls what may, is left to the run."""
+    rules = Rules(memory_fault=True, focus=TRITON_FOCUS)
+    assert rules.rejects(TRITON_FLAT, TRITON_FLAT) == []
+    store = "    tl.store(o_ptr + offs, x + c, mask=mask)\n"
+    why = ["no memory access: kernel add_cond_kernel stores nothing"]
+    assert rules.rejects(TRITON_FLAT.replace(store, ""), TRITON_FLAT) == why
+    assert rules.rejects(TRITON_FLAT.replace(store, "    o_ptr + offs\n"), TRITON_FLAT) == why
+    wrapped = TRITON_FLAT.replace(store, "").replace(
+        "add_cond_kernel[(1024,)]", "torch.library.wrap_triton(add_cond_kernel)[(1024,)]"
+    )
+    wrapped_focus = TRITON_FOCUS.replace(
+        "add_cond_kernel[(1024,)]", "torch.library.wrap_triton(add_cond_kernel)[(1024,)]"
+    )
+    assert Rules(memory_fault=True, focus=wrapped_focus).rejects(wrapped, TRITON_FLAT) == why
+    assert Rules(focus=TRITON_FOCUS).rejects(TRITON_FLAT.replace(store, ""), TRITON_FLAT) == []
+    kept = {
+        "an atomic": "    tl.atomic_add(o_ptr + offs, x + c, mask=mask)\n",
+        "a helper that may store": "    store_sum(o_ptr + offs, x + c)\n",
+        "a volatile load": "    x = tl.load(x_ptr + offs, volatile=True)\n",
+        "a device assert": "    tl.device_assert(c == 0)\n",
+        "a tensor method, then a store": "    tl.store(o_ptr + offs, (x + c).to(tl.float16))\n",
+    }
+    helper = "@triton.jit\ndef store_sum(p, v):\n    tl.store(p, v)\n\n\n"
+    best = TRITON_FLAT.replace("@triton.jit\ndef add", helper + "@triton.jit\ndef add")
+    for what, line in kept.items():
+        candidate = best.replace(store, line)
+        assert rules.rejects(candidate, best) == [], what

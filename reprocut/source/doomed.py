@@ -15,8 +15,8 @@ failing call's statement (or by the failing call's own callee and arguments) and
 statement before it; a factory call missing a positional argument it requires, or given a
 number where its size must be a sequence (`torch.randint(0, 7)`); a name bound to a literal
 (`ids = 0`, simplify_expressions' value) called, indexed, or read for an attribute its type
-lacks (`ids.shape`) before the failing call or by it; a CuPy launch
-argument the best wrapped in `cupy.asarray(...)` that the candidate no longer wraps. Anything that
+lacks (`ids.shape`) before the failing call or by it (what a CuPy launch refuses:
+reprocut.source.cupy_launches). Anything that
 could bind names unseen (`global`, star imports, `exec`, `globals()`) turns the name rule off;
 compound statements (loops, branches, `with`) count as binding every name in them; a `def` or
 `class` binds its own name and reads its decorators (`@triton.jit` with `triton` deleted).
@@ -29,7 +29,6 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from reprocut.source.passes.launches import launches
 from reprocut.source.passes.tree import alias_name, dotted, focus_calls
 from reprocut.source.passes.walk import all_nodes, child_nodes, walk
 
@@ -62,8 +61,6 @@ SEQUENCE_SIZE = {"torch.randint": -1, "torch.full": 0}
 # methods of a tensor and the positional arguments they require
 REQUIRED_METHOD_ARGUMENTS = {"as_strided": 2, "expand": 1, "view": 1, "reshape": 1}
 _MODULES = ("torch.", "cupy.", "cp.", "np.", "numpy.", "triton.")
-# the wrappers that make a CuPy array of a tensor
-ARRAY_WRAPPERS = frozenset({"cupy.asarray", "cp.asarray", "cupy.from_dlpack", "cp.from_dlpack"})
 _EMPTY = cst.Module([])
 
 
@@ -270,56 +267,6 @@ def _required(func: cst.BaseExpression) -> int | None:
     if name is not None and name.startswith(_MODULES):  # `torch.view`: not a tensor's method
         return None
     return REQUIRED_METHOD_ARGUMENTS.get(func.attr.value)
-
-
-def unwrapped_arrays(candidate: cst.Module, best: cst.Module) -> list[str]:
-    """CuPy launch arguments the best wraps in `cupy.asarray(...)` (or `from_dlpack`) and the
-    candidate hands over bare: CuPy refuses a torch tensor, a module, a tuple."""
-    wanted = _wrapped_positions(best)
-    found = []
-    for kernel, elements in _cupy_launch_arguments(candidate):
-        for position in wanted.get(kernel, ()):
-            if position < len(elements) and _wrapper_of(elements[position]) is None:
-                found.append(f"TypeError: {kernel} argument {position} is no CuPy array")
-    return found
-
-
-def short_launches(candidate: cst.Module, best: cst.Module) -> list[str]:
-    """Calls of a kernel the best launches CuPy's way (`k(grid, block, args)`) with fewer than
-    those three arguments: `RawKernel.__call__` refuses them."""
-    kernels = {kernel for kernel, _ in _cupy_launch_arguments(best)}
-    return [
-        f"TypeError: {_EMPTY.code_for_node(node.func)} launched without its grid, block and args"
-        for node in all_nodes(candidate)
-        if isinstance(node, cst.Call)
-        and _EMPTY.code_for_node(node.func) in kernels
-        and len(node.args) < 3
-        and not any(a.star for a in node.args)
-    ]
-
-
-def _wrapped_positions(module: cst.Module) -> dict[str, set[int]]:
-    positions: dict[str, set[int]] = {}
-    for kernel, elements in _cupy_launch_arguments(module):
-        for k, element in enumerate(elements):
-            if _wrapper_of(element) is not None:
-                positions.setdefault(kernel, set()).add(k)
-    return positions
-
-
-def _cupy_launch_arguments(
-    module: cst.Module,
-) -> Iterator[tuple[str, tuple[cst.BaseExpression, ...]]]:
-    """(kernel, its arguments as written) for each CuPy launch `kernel(grid, block, args)`."""
-    return ((la.kernel, la.written) for la in launches(module) if la.block is not None)
-
-
-def _wrapper_of(value: cst.BaseExpression) -> str | None:
-    if isinstance(value, cst.Call) and value.args:
-        name = dotted(value.func)
-        if name in ARRAY_WRAPPERS:
-            return name
-    return None
 
 
 def binds_unseen(module: cst.Module) -> bool:

@@ -47,7 +47,7 @@ _LANGUAGE = ("tl.", "triton.language.")
 def uncompilable_kernels(module: cst.Module) -> list[str]:
     """Why a Triton kernel of `module` cannot compile (empty: it may)."""
     kernels = [node for node in all_nodes(module) if isinstance(node, cst.FunctionDef)
-               and node.decorators and all(_is_jit(d) for d in node.decorators)]  # fmt: skip
+               and node.decorators and all(is_jit(d) for d in node.decorators)]  # fmt: skip
     if not kernels or binds_unseen(module):
         return []
     known = ALWAYS_BOUND | bound_in(module.body)
@@ -71,7 +71,7 @@ def uncompilable_kernels(module: cst.Module) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _is_jit(decorator: cst.Decorator) -> bool:
+def is_jit(decorator: cst.Decorator) -> bool:
     """`@triton.jit`, `@jit` (from triton), or either called with options."""
     expression = decorator.decorator
     if isinstance(expression, cst.Call):
@@ -266,7 +266,7 @@ def _outside_kernels(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         if (
             isinstance(child, cst.FunctionDef)
             and child.decorators
-            and any(_is_jit(d) for d in child.decorators)
+            and any(is_jit(d) for d in child.decorators)
         ):
             continue
         yield child

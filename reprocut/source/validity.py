@@ -17,9 +17,12 @@ candidate before it is run and reject one that breaks a rule the current best ke
 - random tensors stay seeded: a top-level `torch.manual_seed` the best has stays while torch's
   random generators are called (else each run draws other values: another bug, or none);
 - nothing raises before the failing call: no name read before it is bound, no factory without
-  its size, no CuPy array argument handed over bare (reprocut.source.doomed);
+  its size (reprocut.source.doomed), no CuPy launch handed a bare tensor, a tuple or too few
+  arguments (reprocut.source.cupy_launches);
 - a Triton kernel still compiles and is launched with all its parameters
-  (reprocut.source.uncompilable).
+  (reprocut.source.uncompilable);
+- for a memory fault, the failing call's Triton kernel still stores something: with no store
+  its loads are compiled away and it touches no memory (reprocut.source.faultless).
 
 The sanitizer at the end (reprocut.check.sanitizer) is the final word; these rules only keep
 the search away from candidates no sanitizer run should be spent on.
@@ -37,8 +40,10 @@ from pathlib import Path
 import libcst as cst
 
 from reprocut.check.childenv import SETS_ENVIRONMENT
+from reprocut.source.cupy_launches import refused_arguments, short_launches, unwrapped_arrays
 from reprocut.source.custom_ops import registers, walk
-from reprocut.source.doomed import raises_before_the_call, short_launches, unwrapped_arrays
+from reprocut.source.doomed import raises_before_the_call
+from reprocut.source.faultless import faultless_launches
 from reprocut.source.passes import (
     import_module_name,
     parse,
@@ -172,12 +177,14 @@ class Rules:
         if module is None:
             return Counter()
         found: Counter[str] = Counter(raises_before_the_call(module, self.focus))
+        found.update(refused_arguments(module, self.focus))
         found.update(uncompilable_kernels(module))
         if not seeds_its_randomness(module):
             found[UNSEEDED] += 1
         if self.memory_fault:
             found.update(pointer_problems(module))
             found.update(f"moved off its device: {m}" for m in device_moves(module))
+            found.update(faultless_launches(module, self.focus))
             if pass_name not in RESHAPING_PASSES:  # literal grids and blocks only: a name's
                 found.update(  # value is the sanitizer's to judge
                     f"launch {la.kernel}[{la.config}]"

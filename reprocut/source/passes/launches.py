@@ -30,14 +30,16 @@ def bindings(module: cst.Module) -> dict[str, list[cst.BaseExpression]]:
     for node in all_nodes(module):
         if isinstance(node, cst.Assign):
             for target in node.targets:
-                for name, value in _pairs(target.target, node.value):
+                for name, value in assigned_pairs(target.target, node.value):
                     bound.setdefault(name, []).append(value)
     return bound
 
 
-def _pairs(
+def assigned_pairs(
     target: cst.BaseAssignTargetExpression, value: cst.BaseExpression
 ) -> list[tuple[str, cst.BaseExpression]]:
+    """(name, value) for each name the assignment binds to a value of its own: `a, b = x, 256`
+    gives both, `a, b = x.shape` neither."""
     if isinstance(target, cst.Name):
         return [(target.value, value)]
     if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple):
@@ -45,7 +47,7 @@ def _pairs(
         if len(names) == len(values) and not any(
             isinstance(e, cst.StarredElement) for e in (*names, *values)
         ):
-            return [pair for n, v in zip(names, values, strict=True) for pair in _pairs(n.value, v.value)]  # fmt: skip
+            return [pair for n, v in zip(names, values, strict=True) for pair in assigned_pairs(n.value, v.value)]  # fmt: skip
     return []
 
 

@@ -1,0 +1,164 @@
+"""CuPy launches that raise at the launch, seen without running them.
+
+`RawKernel.__call__(grid, block, args)` passes each argument by its type: a CuPy array as its
+pointer, a Python or NumPy scalar by value, None as a null pointer, and refuses anything else
+("Unsupported type"): a torch tensor, a tuple, a module. A candidate whose failing launch is
+handed one raises a TypeError there instead of the fault. On the H200 the script reductions of
+CuPy faults made them every round (`ids` for `ids.data_ptr()`, `table.shape` for
+`table.shape[0]`, `x` for `cupy.asarray(x)`, the launch short of its args); the validity rules
+(reprocut.source.validity) reject each unrun.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+from reprocut.source.doomed import binds_unseen, target_names
+from reprocut.source.passes.launches import assigned_pairs, bindings, launches
+from reprocut.source.passes.tree import alias_name, dotted, focus_callee
+from reprocut.source.passes.walk import all_nodes
+
+# the wrappers that make a CuPy array of a tensor
+ARRAY_WRAPPERS = frozenset({"cupy.asarray", "cp.asarray", "cupy.from_dlpack", "cp.from_dlpack"})
+_EMPTY = cst.Module([])
+
+
+def refused_arguments(module: cst.Module, focus: str | None) -> list[str]:
+    """`TypeError` for each argument of the failing CuPy launch that is certainly a torch
+    tensor or a tuple: `RawKernel.__call__` passes arrays, Python and NumPy scalars and None,
+    and refuses anything else ("Unsupported type"). On the H200 hoist_subexpressions offered
+    them every round: `ids` for `ids.data_ptr()`, `table.shape` for `table.shape[0]`, a name
+    bound to either."""
+    callee = focus_callee(focus)
+    if callee is None or binds_unseen(module):
+        return []
+    bound = bindings(module)
+    otherwise = _bound_otherwise(module)
+    found = []
+    for launch in launches(module):
+        if launch.block is None or launch.kernel != callee:
+            continue
+        for position, value in enumerate(launch.written):
+            kind = _refused_kind(value, bound, otherwise, frozenset())
+            if kind is not None:
+                found.append(f"TypeError: {callee} argument {position} is a {kind}")
+    return found
+
+
+# tensor factories of torch and the tensor methods whose result is a tensor again
+_TENSOR_FACTORIES = frozenset({
+    "empty", "zeros", "ones", "full", "rand", "randn", "randint", "randperm", "arange",
+    "linspace", "tensor", "as_tensor", "from_numpy", "eye", "empty_like", "zeros_like",
+    "ones_like", "full_like", "rand_like", "randn_like", "randint_like",
+})  # fmt: skip
+_TENSOR_METHODS = frozenset({
+    "as_strided", "view", "expand", "reshape", "contiguous", "t", "transpose", "permute",
+    "flatten", "unsqueeze", "squeeze", "narrow", "clone", "float", "half", "int", "long",
+    "cuda", "to", "detach",
+})  # fmt: skip
+
+
+def _refused_kind(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression]],
+                  otherwise: set[str], seen: frozenset[str]) -> str | None:  # fmt: skip
+    """The "torch tensor" or "tuple" `value` certainly is, else None: a factory, a
+    tensor's method, `.shape`, a tuple or list, or a name every assignment binds to one."""
+    if isinstance(value, cst.Name):
+        values = bound.get(value.value, [])
+        if not values or value.value in otherwise or value.value in seen:
+            return None
+        kinds = {_refused_kind(v, bound, otherwise, seen | {value.value}) for v in values}
+        return kinds.pop() if len(kinds) == 1 else None
+    if isinstance(value, cst.Tuple | cst.List) or (
+        isinstance(value, cst.Attribute) and value.attr.value == "shape"
+    ):
+        return "tuple"
+    if not isinstance(value, cst.Call):
+        return None
+    name = dotted(value.func) or ""
+    if name.count(".") == 1 and name.startswith("torch.") and name[6:] in _TENSOR_FACTORIES:
+        return "torch tensor"
+    if isinstance(value.func, cst.Attribute) and value.func.attr.value in _TENSOR_METHODS:
+        owner = _refused_kind(value.func.value, bound, otherwise, seen)
+        return owner if owner == "torch tensor" else None
+    return None
+
+
+def _bound_otherwise(module: cst.Module) -> set[str]:
+    """Names bound other than by a plain assignment somewhere: a loop's, a `with`'s, an
+    augmented or annotated assignment's, an import's, a definition's, a handler's, a walrus's
+    (what they hold is not read here)."""
+    names: set[str] = set()
+    for node in all_nodes(module):
+        if isinstance(node, cst.For | cst.CompFor):
+            names |= target_names(node.target)
+        elif isinstance(node, cst.WithItem) and node.asname is not None:
+            names |= target_names(node.asname.name)
+        elif isinstance(node, cst.AugAssign | cst.AnnAssign):
+            names |= target_names(node.target)
+        elif isinstance(node, cst.Import | cst.ImportFrom) and not isinstance(
+            node.names, cst.ImportStar
+        ):
+            names |= {alias_name(a, first=True) for a in node.names}
+        elif isinstance(node, cst.FunctionDef | cst.ClassDef):
+            names.add(node.name.value)
+        elif isinstance(node, cst.ExceptHandler) and node.name is not None:
+            names |= target_names(node.name.name)
+        elif isinstance(node, cst.NamedExpr):
+            names |= target_names(node.target)
+        elif isinstance(node, cst.Assign):  # `a, b = x.shape`: what each holds is not known
+            for target in node.targets:
+                paired = {name for name, _ in assigned_pairs(target.target, node.value)}
+                names |= target_names(target.target) - paired
+    return names
+
+
+def unwrapped_arrays(candidate: cst.Module, best: cst.Module) -> list[str]:
+    """CuPy launch arguments the best wraps in `cupy.asarray(...)` (or `from_dlpack`) and the
+    candidate hands over bare: CuPy refuses a torch tensor, a module, a tuple."""
+    wanted = _wrapped_positions(best)
+    found = []
+    for kernel, elements in _cupy_launch_arguments(candidate):
+        for position in wanted.get(kernel, ()):
+            if position < len(elements) and _wrapper_of(elements[position]) is None:
+                found.append(f"TypeError: {kernel} argument {position} is no CuPy array")
+    return found
+
+
+def short_launches(candidate: cst.Module, best: cst.Module) -> list[str]:
+    """Calls of a kernel the best launches CuPy's way (`k(grid, block, args)`) with fewer than
+    those three arguments: `RawKernel.__call__` refuses them."""
+    kernels = {kernel for kernel, _ in _cupy_launch_arguments(best)}
+    return [
+        f"TypeError: {_EMPTY.code_for_node(node.func)} launched without its grid, block and args"
+        for node in all_nodes(candidate)
+        if isinstance(node, cst.Call)
+        and _EMPTY.code_for_node(node.func) in kernels
+        and len(node.args) < 3
+        and not any(a.star for a in node.args)
+    ]
+
+
+def _wrapped_positions(module: cst.Module) -> dict[str, set[int]]:
+    positions: dict[str, set[int]] = {}
+    for kernel, elements in _cupy_launch_arguments(module):
+        for k, element in enumerate(elements):
+            if _wrapper_of(element) is not None:
+                positions.setdefault(kernel, set()).add(k)
+    return positions
+
+
+def _cupy_launch_arguments(
+    module: cst.Module,
+) -> Iterator[tuple[str, tuple[cst.BaseExpression, ...]]]:
+    """(kernel, its arguments as written) for each CuPy launch `kernel(grid, block, args)`."""
+    return ((la.kernel, la.written) for la in launches(module) if la.block is not None)
+
+
+def _wrapper_of(value: cst.BaseExpression) -> str | None:
+    if isinstance(value, cst.Call) and value.args:
+        name = dotted(value.func)
+        if name in ARRAY_WRAPPERS:
+            return name
+    return None
