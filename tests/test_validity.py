@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Generator
 from typing import Any
 
@@ -554,3 +556,62 @@ def test_a_triton_kernel_left_storing_nothing_is_rejected_for_a_memory_fault() -
     for what, line in kept.items():
         candidate = best.replace(store, line)
         assert rules.rejects(candidate, best) == [], what
+
+
+def _run_on_the_gpu(tmp_path, code: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "candidate.py"
+    script.write_text(code)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=180, check=False)  # fmt: skip
+
+
+TRITON_FAULT = TRITON_FLAT.replace(
+    'x = torch.randn((256, 4096), device="cuda")',
+    'x = torch.randn((256, 256, 4096), device="cuda")',
+).replace(
+    TRITON_FOCUS,
+    'add_cond_kernel[(262144,)](x, torch.randn((256, 1, 4096), device="cuda").expand(256, 256, '
+    "4096), out, x.numel(), BLOCK=1024)\ntorch.cuda.synchronize()",
+)
+
+
+@pytest.mark.cuda
+def test_on_the_gpu_a_triton_kernel_storing_nothing_makes_no_fault_where_its_store_does(
+    tmp_path,
+) -> None:
+    """The faultless rule's premise, on the device (corpus/cuda_triton_expand_bias's bug): an
+    expanded tensor read as if contiguous, 1 GiB from 4 MiB of storage, faults when a store
+    uses what it read, and touches nothing once the store is gone (the load is compiled away)."""
+    pytest.importorskip("triton")
+    store = "    tl.store(o_ptr + offs, x + c, mask=mask)\n"
+    storeless = TRITON_FAULT.replace(store, "")
+    focus = TRITON_FAULT.splitlines()[-2]
+    assert Rules(memory_fault=True, focus=focus).rejects(storeless, TRITON_FAULT) == [
+        "no memory access: kernel add_cond_kernel stores nothing"
+    ]
+    ran = _run_on_the_gpu(tmp_path, TRITON_FAULT)
+    assert ran.returncode != 0 and "illegal memory access" in ran.stderr, ran.stderr[-2000:]
+    ran = _run_on_the_gpu(tmp_path, storeless)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+
+
+@pytest.mark.cuda
+def test_on_the_gpu_a_cupy_launch_refuses_a_torch_tensor_or_a_tuple(tmp_path) -> None:
+    """The CuPy rule's premise: `RawKernel.__call__` raises a TypeError for either argument."""
+    pytest.importorskip("cupy")
+    code = (
+        "import cupy\nimport torch\n"
+        "k = cupy.RawKernel('extern \"C\" __global__ void f(const float* x, int n) {}', 'f')\n"
+        "x = torch.randn(4, device='cuda')\n"
+        "k((1,), (1,), (cupy.asarray(x), 4))\n"
+        "for bad in (x, x.shape):\n"
+        "    try:\n"
+        "        k((1,), (1,), (bad, 4))\n"
+        "    except TypeError as e:\n"
+        "        print('refused', type(bad).__name__, e)\n"
+        "    else:\n"
+        "        print('passed', type(bad).__name__)\n"
+    )
+    ran = _run_on_the_gpu(tmp_path, code)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.count("refused") == 2, ran.stdout
