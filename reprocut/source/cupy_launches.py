@@ -26,8 +26,9 @@ _EMPTY = cst.Module([])
 
 
 def refused_arguments(module: cst.Module, focus: str | None) -> list[str]:
-    """`TypeError` for each argument of the failing CuPy launch that is certainly a torch
-    tensor or a tuple: `RawKernel.__call__` passes arrays, Python and NumPy scalars and None,
+    """`TypeError` for each argument of the failing CuPy launch (of a kernel the script makes
+    with `cupy.RawKernel` or `get_function`) that is certainly a torch tensor or a tuple:
+    `RawKernel.__call__` passes arrays, Python and NumPy scalars and None,
     and refuses anything else ("Unsupported type"). On the H200 hoist_subexpressions offered
     them every round: `ids` for `ids.data_ptr()`, `table.shape` for `table.shape[0]`, a name
     bound to either."""
@@ -35,6 +36,8 @@ def refused_arguments(module: cst.Module, focus: str | None) -> list[str]:
     if callee is None or binds_unseen(module):
         return []
     bound = bindings(module)
+    if not any(_is_raw_kernel(value) for value in bound.get(callee, [])):
+        return []  # another callable's arguments: not CuPy's rules
     otherwise = _bound_otherwise(module)
     found = []
     for launch in launches(module):
@@ -45,6 +48,12 @@ def refused_arguments(module: cst.Module, focus: str | None) -> list[str]:
             if kind is not None:
                 found.append(f"TypeError: {callee} argument {position} is a {kind}")
     return found
+
+
+def _is_raw_kernel(value: cst.BaseExpression) -> bool:
+    """`cupy.RawKernel(...)` or `module.get_function(...)`: called as `k(grid, block, args)`."""
+    name = dotted(value.func) if isinstance(value, cst.Call) else None
+    return bool(name) and (name.endswith("RawKernel") or name.endswith(".get_function"))
 
 
 # tensor factories of torch and the tensor methods whose result is a tensor again

@@ -9,6 +9,16 @@ pointer (`o_ptr + offs` as a statement). On the H200 each was a compile and a la
 for a run that passed; the last rounds of `cuda_triton_expand_bias` and
 `cuda_triton_int32_offsets` offered three (benchmarks/last_round.py).
 
+A kernel whose every access that stays (each store and atomic, each load whose value reaches
+one) is at a constant offset from its pointer, inside the tensor the launch hands it, cannot
+fault either: `tl.store(o_ptr, c)` with `c` loaded at `c_ptr + 0`, `offs = pid * BLOCK`
+simplified to `offs = 0` or `offs = BLOCK` (BLOCK=2), each against tensors of millions of
+elements the script builds itself (`torch.randn((8, 2048, 151936), device=...)`). Those were
+seven of the same last rounds' candidates. The offsets are read from integers, `tl.arange`
+with constant ends, the launch's constant arguments and names the kernel binds once;
+`tl.program_id` or anything else unread leaves the kernel to the run, as does a tensor whose
+size the script does not spell out.
+
 Only the kernel the failing call launches is read, and only when every call in it is known: a
 `triton.language` function or a method of a value, none of them one that writes, prints,
 asserts or runs inline assembly; a call of anything else (a helper `@triton.jit` function, a
@@ -17,26 +27,38 @@ module's function) may write, and leaves the kernel to the run.
 
 from __future__ import annotations
 
+import math
+
 import libcst as cst
 
+from reprocut.source.doomed import reads, target_names
+from reprocut.source.passes.launches import bindings
 from reprocut.source.passes.tree import dotted, focus_calls
 from reprocut.source.passes.walk import all_nodes, walk
 from reprocut.source.uncompilable import bound_in, is_jit
 
 # parts of a call's name that may write memory or have another effect a compiler keeps
 # (`tl.store`, `tl.atomic_add`, a descriptor's `.store` or `.scatter`, `tl.device_print`,
-# `tl.device_assert`, `tl.inline_asm_elementwise`)
-_EFFECTS = ("store", "atomic", "scatter", "print", "assert", "asm")
+# `tl.device_assert`, `tl.inline_asm_elementwise`), or read where this does not look (a
+# descriptor's `.load` or `.gather`)
+_EFFECTS = ("store", "atomic", "scatter", "print", "assert", "asm", "load", "gather")
 # builtins a kernel calls at compile time (`range` of a loop, `min` of two constexprs)
 _BUILTINS = frozenset({"range", "min", "max", "abs", "int", "float", "bool", "len"})
 _LANGUAGE = ("tl.", "triton.language.")
+# torch factories whose size is their first argument(s), and randint's (after low, high)
+_SIZED_FACTORIES = frozenset({"empty", "zeros", "ones", "rand", "randn", "full"})
+# views that keep their base's storage and its first element where it was
+_SAME_START = frozenset({"expand", "view", "reshape", "t", "transpose", "permute", "flatten",
+                         "unsqueeze", "squeeze", "contiguous"})  # fmt: skip
+
+Span = tuple[int, int]  # the lowest and the highest offset, in elements
 
 
 def faultless_launches(module: cst.Module, focus: str | None) -> list[str]:
     """Why the failing call's Triton kernel cannot fault (empty: it may)."""
-    kernels = {_launched_kernel(call) for call in focus_calls(module, focus)} - {None}
     found = []
-    for name in sorted(k for k in kernels if k is not None):
+    for call in focus_calls(module, focus):
+        name = _launched_kernel(call)
         definitions = [
             node for node in all_nodes(module)
             if isinstance(node, cst.FunctionDef) and node.name.value == name
@@ -44,9 +66,13 @@ def faultless_launches(module: cst.Module, focus: str | None) -> list[str]:
         if len(definitions) != 1 or not definitions[0].decorators:
             continue
         kernel = definitions[0]
-        if all(is_jit(d) for d in kernel.decorators) and writes_nothing(kernel):
+        if not all(is_jit(d) for d in kernel.decorators):
+            continue
+        if writes_nothing(kernel):
             found.append(f"no memory access: kernel {name} stores nothing")
-    return found
+        elif lands_inside(kernel, call, bindings(module)):
+            found.append(f"no memory fault: every access of kernel {name} lands in its tensor")
+    return list(dict.fromkeys(found))
 
 
 def _launched_kernel(call: cst.Call) -> str | None:
@@ -60,31 +86,277 @@ def _launched_kernel(call: cst.Call) -> str | None:
 
 
 def writes_nothing(kernel: cst.FunctionDef) -> bool:
-    """Nothing in the kernel can write or keep a load alive: every call is a known one that
-    has no effect (a volatile load is kept by the compiler; a call of anything else may
-    write)."""
+    """Nothing in the kernel can write or keep a load alive."""
+    calls = _memory_calls(kernel)
+    return calls is not None and not calls[0]
+
+
+def _memory_calls(kernel: cst.FunctionDef) -> tuple[list[cst.Call], list[cst.Call]] | None:
+    """The kernel's stores and atomics, and its loads; None when a call may do what is not
+    read here: a helper `@triton.jit` function or another module's function (it may write), a
+    print, an assert, inline assembly, a volatile load (the compiler keeps it)."""
+    params = kernel.params
     local = bound_in(kernel.body.body) | {
-        p.name.value for p in (*kernel.params.posonly_params, *kernel.params.params,
-                               *kernel.params.kwonly_params)
-    }  # fmt: skip
+        p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)
+    }
+    effects: list[cst.Call] = []
+    loads: list[cst.Call] = []
     for node in walk(kernel.body):
         if not isinstance(node, cst.Call):
             continue
         name = dotted(node.func)
         last = name.rsplit(".", 1)[-1] if name else _method_name(node.func)
-        if last is None or any(effect in last for effect in _EFFECTS):
-            return False
+        if last is None:
+            return None
         if any(a.keyword is not None and a.keyword.value == "volatile" for a in node.args):
-            return False
-        if name is None or name.startswith(_LANGUAGE):
-            continue  # a method of a computed value: `(a + b).to(tl.float32)`
-        owner = name.split(".", 1)[0]
-        if "." in name and owner in local:
-            continue  # a method of a local value or a parameter: `x.to(tl.float32)`
-        if name not in _BUILTINS:
-            return False  # a helper kernel, another module's function: it may write
-    return True
+            return None
+        language = name is not None and name.startswith(_LANGUAGE)
+        if language and (last == "store" or last.startswith("atomic_")):
+            effects.append(node)
+        elif language and last == "load":
+            loads.append(node)
+        elif any(effect in last for effect in _EFFECTS):
+            return None
+        elif language or name is None:
+            continue  # a triton.language function, a method of a computed value
+        elif not ("." in name and name.split(".", 1)[0] in local) and name not in _BUILTINS:
+            return None  # not a method of a local value or a parameter: it may write
+    return effects, loads
 
 
 def _method_name(func: cst.BaseExpression) -> str | None:
     return func.attr.value if isinstance(func, cst.Attribute) else None
+
+
+# --- accesses at constant offsets --------------------------------------------------------------
+
+
+def lands_inside(kernel: cst.FunctionDef, call: cst.Call,
+                 bound: dict[str, list[cst.BaseExpression]]) -> bool:  # fmt: skip
+    """Every access the kernel keeps is at constant offsets from a pointer parameter, inside
+    the tensor the launch hands that parameter."""
+    accesses = _kept_accesses(kernel)
+    if not accesses:
+        return False
+    arguments = _launch_arguments(kernel, call)
+    if arguments is None:
+        return False
+    constants = _kernel_constants(kernel, arguments, bound)
+    for pointer in accesses:
+        at = _address(pointer, constants, set(_parameters(kernel)) - set(constants))
+        if at is None:
+            return False
+        name, (low, high) = at
+        elements = tensor_elements(arguments[name], bound) if name in arguments else None
+        if elements is None or low < 0 or high >= elements:
+            return False
+    return True
+
+
+def _kept_accesses(kernel: cst.FunctionDef) -> list[cst.BaseExpression] | None:
+    """The pointer of each store and atomic, and of each load whose value reaches one (or a
+    branch's test, or a loop's range); None where that is not read here."""
+    calls = _memory_calls(kernel)
+    if calls is None:
+        return None
+    effects, loads = calls
+    sources: dict[str, set[str]] = {}  # a name the kernel assigns: the names its values read
+    owners: dict[int, set[str]] = {}  # a node of an assigned value: the names assigned it
+    live: set[str] = set()
+    for node in walk(kernel.body):
+        if isinstance(node, cst.Assign | cst.AugAssign | cst.AnnAssign) and node.value is not None:
+            targets = (
+                [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            )
+            names = {n for t in targets for n in target_names(t)}
+            for name in names:
+                sources.setdefault(name, set()).update(reads(node.value))
+                if isinstance(node, cst.AugAssign):
+                    sources[name].add(name)
+            for inner in walk(node.value):
+                owners.setdefault(id(inner), set()).update(names)
+        elif isinstance(node, cst.If | cst.While):
+            live |= set(reads(node.test))
+        elif isinstance(node, cst.For):
+            live |= set(reads(node.iter))
+    for effect in effects:
+        live |= set(reads(effect))
+    grown = True
+    while grown:
+        grown = False
+        for name, read in sources.items():
+            if name in live and not read <= live:
+                live |= read
+                grown = True
+    in_effects = {id(n) for effect in effects for n in walk(effect)}
+    if any(id(load) not in in_effects and id(load) not in owners for load in loads):
+        return None  # a load elsewhere: a branch's test, an expression statement
+    kept = [load for load in loads if id(load) in in_effects or owners[id(load)] & live]
+    pointers = [_pointer_of(c) for c in (*effects, *kept)]
+    return None if any(p is None for p in pointers) else pointers  # type: ignore[return-value]
+
+
+def _pointer_of(call: cst.Call) -> cst.BaseExpression | None:
+    positional = [a.value for a in call.args if a.keyword is None]
+    if positional:
+        return positional[0]
+    return next((a.value for a in call.args if a.keyword and a.keyword.value == "pointer"), None)
+
+
+def _parameters(kernel: cst.FunctionDef) -> list[str]:
+    params = kernel.params
+    return [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
+
+
+def _launch_arguments(kernel: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression] | None:  # fmt: skip
+    """Each parameter's argument in the launch, or its default."""
+    if any(a.star for a in call.args):
+        return None
+    params = kernel.params
+    if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.star_kwarg is not None:
+        return None
+    names = _parameters(kernel)
+    arguments = {p.name.value: p.default for p in (*params.posonly_params, *params.params,
+                 *params.kwonly_params) if p.default is not None}  # fmt: skip
+    positional = [a.value for a in call.args if a.keyword is None]
+    arguments.update(zip(names, positional, strict=False))
+    arguments.update({a.keyword.value: a.value for a in call.args if a.keyword is not None})
+    return arguments
+
+
+def _kernel_constants(kernel: cst.FunctionDef, arguments: dict[str, cst.BaseExpression],
+                      bound: dict[str, list[cst.BaseExpression]]) -> dict[str, Span]:  # fmt: skip
+    """The integer spans of the parameters the launch passes an integer and of the names the
+    kernel binds once, at its top level, to an integer expression of those."""
+    constants: dict[str, Span] = {}
+    for name, argument in arguments.items():
+        value = _module_integer(argument, bound)
+        if value is not None:
+            constants[name] = (value, value)
+    counts: dict[str, int] = {}
+    for node in walk(kernel.body):
+        if isinstance(node, cst.Assign | cst.AugAssign | cst.AnnAssign):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # fmt: skip
+            for name in (n for t in targets for n in target_names(t)):
+                counts[name] = counts.get(name, 0) + 1
+        elif isinstance(node, cst.For):
+            for name in target_names(node.target):
+                counts[name] = counts.get(name, 0) + 2
+    for statement in kernel.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                target = small.targets[0].target
+                if isinstance(target, cst.Name) and counts.get(target.value) == 1:
+                    span = _integer(small.value, constants)
+                    if span is not None:
+                        constants[target.value] = span
+    return constants
+
+
+def _module_integer(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression]]) -> int | None:  # fmt: skip
+    if isinstance(value, cst.Integer):
+        return int(value.evaluated_value)
+    if isinstance(value, cst.Name) and len(bound.get(value.value, [])) == 1:
+        only = bound[value.value][0]
+        return int(only.evaluated_value) if isinstance(only, cst.Integer) else None
+    return None
+
+
+def _integer(value: cst.BaseExpression, constants: dict[str, Span]) -> Span | None:
+    """The span of an integer expression: literals, known names, `tl.arange` of constant
+    ends, and `+`, `-`, `*` of those; None for anything else (`tl.program_id(0)`)."""
+    if isinstance(value, cst.Integer):
+        number = int(value.evaluated_value)
+        return (number, number)
+    if isinstance(value, cst.Name):
+        return constants.get(value.value)
+    if isinstance(value, cst.Call) and (dotted(value.func) or "").endswith(".arange"):
+        ends = [_integer(a.value, constants) for a in value.args if a.keyword is None]
+        if len(ends) == 2 and ends[0] is not None and ends[1] is not None:
+            low, high = ends[0][0], ends[1][0] - 1
+            return (low, high) if ends[0][0] == ends[0][1] and ends[1][0] == ends[1][1] else None
+        return None
+    if isinstance(value, cst.BinaryOperation):
+        left, right = _integer(value.left, constants), _integer(value.right, constants)
+        if left is None or right is None:
+            return None
+        if isinstance(value.operator, cst.Add):
+            return (left[0] + right[0], left[1] + right[1])
+        if isinstance(value.operator, cst.Subtract):
+            return (left[0] - right[1], left[1] - right[0])
+        if isinstance(value.operator, cst.Multiply):
+            products = [a * b for a in left for b in right]
+            return (min(products), max(products))
+    return None
+
+
+def _address(pointer: cst.BaseExpression, constants: dict[str, Span],
+             parameters: set[str]) -> tuple[str, Span] | None:  # fmt: skip
+    """(the pointer parameter, the span of offsets from it) of `p`, `p + k`, `k + p`, `p - k`."""
+    if isinstance(pointer, cst.Name) and pointer.value in parameters:
+        return pointer.value, (0, 0)
+    if isinstance(pointer, cst.BinaryOperation) and isinstance(
+        pointer.operator, cst.Add | cst.Subtract
+    ):
+        base = _address(pointer.left, constants, parameters)
+        offset = _integer(pointer.right, constants)
+        if base is None and isinstance(pointer.operator, cst.Add):
+            base = _address(pointer.right, constants, parameters)
+            offset = _integer(pointer.left, constants)
+        if base is None or offset is None:
+            return None
+        name, (low, high) = base
+        if isinstance(pointer.operator, cst.Subtract):
+            return name, (low - offset[1], high - offset[0])
+        return name, (low + offset[0], high + offset[1])
+    return None
+
+
+def tensor_elements(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression]],
+                    seen: frozenset[str] = frozenset()) -> int | None:  # fmt: skip
+    """How many elements the tensor `value` makes has from its first on, as the script spells
+    it out: a factory of literal sizes, its views, a name bound once to one; None otherwise."""
+    if isinstance(value, cst.Name):
+        values = bound.get(value.value, [])
+        if len(values) != 1 or value.value in seen:
+            return None
+        return tensor_elements(values[0], bound, seen | {value.value})
+    if not isinstance(value, cst.Call):
+        return None
+    name = dotted(value.func) or ""
+    positional = [a.value for a in value.args if a.keyword is None]
+    sizes = [a.value for a in value.args if a.keyword is not None and a.keyword.value == "size"]
+    if name.startswith("torch.") and name.count(".") == 1:
+        factory = name[6:]
+        if factory == "randint":
+            shape = sizes[0] if sizes else positional[-1] if len(positional) >= 2 else None
+            return None if shape is None else _numel([shape])
+        if factory in _SIZED_FACTORIES:
+            if sizes:
+                return _numel(sizes)
+            return _numel(positional[:1] if factory == "full" else positional)
+        return None
+    if isinstance(value.func, cst.Attribute):
+        base = tensor_elements(value.func.value, bound, seen)
+        method = value.func.attr.value
+        if base is None:
+            return None
+        if method in _SAME_START:
+            return base
+        if method == "as_strided":
+            offset = positional[2] if len(positional) >= 3 else None
+            start = 0 if offset is None else _module_integer(offset, bound)
+            return None if start is None else base - start
+    return None
+
+
+def _numel(sizes: list[cst.BaseExpression]) -> int | None:
+    """The product of literal sizes: `(256, 256, 4096)`, or `256, 4096` given apart."""
+    if len(sizes) == 1 and isinstance(sizes[0], cst.Tuple | cst.List):
+        sizes = [e.value for e in sizes[0].elements]
+    numbers = [int(s.evaluated_value) if isinstance(s, cst.Integer) else None for s in sizes]
+    if not numbers or any(n is None for n in numbers):
+        return None
+    return math.prod(n for n in numbers if n is not None)

@@ -21,8 +21,9 @@ candidate before it is run and reject one that breaks a rule the current best ke
   arguments (reprocut.source.cupy_launches);
 - a Triton kernel still compiles and is launched with all its parameters
   (reprocut.source.uncompilable);
-- for a memory fault, the failing call's Triton kernel still stores something: with no store
-  its loads are compiled away and it touches no memory (reprocut.source.faultless).
+- for a memory fault, the failing call's Triton kernel can still fault: not with no store (its
+  loads are compiled away), nor with every access at constant offsets inside its tensors
+  (reprocut.source.faultless).
 
 The sanitizer at the end (reprocut.check.sanitizer) is the final word; these rules only keep
 the search away from candidates no sanitizer run should be spent on.
