@@ -160,6 +160,27 @@ def test_a_launch_configuration_stays_valid() -> None:
     assert Rules().rejects(best, best) == []  # what the script fixes nowhere is not judged
 
 
+def test_a_grid_over_cudas_limits_or_a_cdiv_short_of_its_divisor_is_rejected() -> None:
+    """What the last round of cuda_triton_int32_offsets offered on the H200: `grid = (n,)` and
+    `(triton.cdiv(n, 1),)` for `(triton.cdiv(n, 2),)` with n = 2.49 G (a grid x over 2**31 - 1
+    is refused), `triton.cdiv(n)`. CuPy wraps x modulo 2**32: only the span below is sure."""
+    best = "n = 2489319424\ngrid = (triton.cdiv(n, 2),)\nk[grid](x, n)\n"
+    over = ["invalid launch: k grid grid is over CUDA's grid limits"]
+    assert Rules().rejects(best, best) == []
+    assert Rules().rejects(best.replace("triton.cdiv(n, 2)", "n"), best) == over
+    assert Rules().rejects(best.replace("cdiv(n, 2)", "cdiv(n, 1)"), best) == over
+    assert Rules().rejects(best.replace("(triton.cdiv(n, 2),)", "(1, 65536)"), best) == over
+    assert Rules().rejects(best.replace("cdiv(n, 2)", "cdiv(n)"), best) == [
+        "TypeError: triton.cdiv() without its 2 argument(s)"
+    ]
+    cupy = "K((n,), (1,), (x, n))\n"
+    for n, expected in (("2489319424", over[0].replace("k grid grid", "K grid (n,)")),
+                        ("4294967296", None)):  # fmt: skip
+        candidate = f"n = {n}\n{cupy}"
+        got = Rules().rejects(candidate, "n = 7\n" + cupy)
+        assert got == ([expected] if expected else []), n
+
+
 # --- what raises before the failing call (reprocut.source.doomed) ------------------------------
 
 FOCUS = "kernel((64,), (16,), (ids.data_ptr(), table.data_ptr(), out.data_ptr(), 1000))"
@@ -665,7 +686,13 @@ def test_a_triton_kernel_whose_every_access_lands_inside_its_tensor_is_rejected(
     small = 'torch.randn((8, 2048, 151936), device="cuda"), n'
     branch = "    pid = tl.program_id(0)\n    if tl.load(x_ptr + pid) > 0:\n        pid = 0\n"
     for why, candidate, expected in (
-        ("an offset from program_id", OFFSETS_BEST.replace("pid * BLOCK", "pid"), []),
+        # the best itself: pid * BLOCK reaches 2.49 G, past int32, where it wraps negative
+        ("int32 wrapping", OFFSETS_BEST.replace("(8, 2048, 151936)", "(8, 2048, 151937)"), []),
+        ("program_id's offsets inside", OFFSETS_BEST.replace("pid * BLOCK", "pid"), inside),
+        ("program_id's offsets past the end", OFFSETS_BEST.replace("pid * BLOCK", "pid").replace(
+            small, 'torch.randn(1000, device="cuda"), n'), []),
+        ("a grid the script does not fix", OFFSETS_BEST.replace("pid * BLOCK", "pid").replace(
+            "grid = (triton.cdiv(n, 2),)", "grid = lambda meta: (triton.cdiv(n, 2),)"), []),
         ("before the start", OFFSETS_BEST.replace("pid * BLOCK", "1 - BLOCK"), []),
         ("past the end", constant.replace(small, 'torch.randn(2, device="cuda"), n'), []),
         ("past a view's end", constant.replace(

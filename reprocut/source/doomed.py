@@ -49,6 +49,7 @@ REQUIRED_ARGUMENTS = {
     "torch.arange": 1, "torch.as_strided": 3, "torch.from_numpy": 1,
     "cupy.asarray": 1, "cp.asarray": 1, "cupy.from_dlpack": 1, "cp.from_dlpack": 1,
     "np.asarray": 1, "numpy.asarray": 1, "cupy.RawKernel": 2, "cp.RawKernel": 2,
+    "triton.cdiv": 2,
 }  # fmt: skip
 # keywords that are not what a factory makes (its size, its values)
 OPTIONS = frozenset({

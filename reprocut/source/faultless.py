@@ -10,14 +10,16 @@ for a run that passed; the last rounds of `cuda_triton_expand_bias` and
 `cuda_triton_int32_offsets` offered three (benchmarks/last_round.py).
 
 A kernel whose every access that stays (each store and atomic, each load whose value reaches
-one) is at a constant offset from its pointer, inside the tensor the launch hands it, cannot
-fault either: `tl.store(o_ptr, c)` with `c` loaded at `c_ptr + 0`, `offs = pid * BLOCK`
-simplified to `offs = 0` or `offs = BLOCK` (BLOCK=2), each against tensors of millions of
-elements the script builds itself (`torch.randn((8, 2048, 151936), device=...)`). Those were
-seven of the same last rounds' candidates. The offsets are read from integers, `tl.arange`
-with constant ends, the launch's constant arguments and names the kernel binds once;
-`tl.program_id` or anything else unread leaves the kernel to the run, as does a tensor whose
-size the script does not spell out.
+one) lands inside the tensor the launch hands its pointer cannot fault either: `offs = pid *
+BLOCK` simplified to `offs = 0` or `offs = BLOCK`, `tl.store(o_ptr, c)` with `c` loaded at
+`c_ptr + 0`, a grid of `(n,)` whose program ids stay inside the tensors once `n = 1`, each
+against tensors the script sizes itself (`torch.randn((8, 2048, 151936), device=...)`): most
+of the rest of those last rounds. Offsets are spans read from integers, the launch's integer
+arguments, `tl.program_id` of a grid the script fixes, `tl.arange` of constant ends, `+ - *`
+of those and the names the kernel binds once to them. A span that may leave int32
+is not read (a kernel's offsets are int32: `pid * BLOCK` past 2**31 wraps negative, the bug of
+`cuda_triton_int32_offsets`); masks are not read (every offset counts as accessed); anything
+else, or a tensor whose size the script does not spell out, leaves the kernel to the run.
 
 Only the kernel the failing call launches is read, and only when every call in it is known: a
 `triton.language` function or a method of a value, none of them one that writes, prints,
@@ -32,7 +34,7 @@ import math
 import libcst as cst
 
 from reprocut.source.doomed import reads, target_names
-from reprocut.source.passes.launches import bindings
+from reprocut.source.passes.launches import bindings, dimensions, integer
 from reprocut.source.passes.tree import dotted, focus_calls
 from reprocut.source.passes.walk import all_nodes, walk
 from reprocut.source.uncompilable import bound_in, is_jit
@@ -141,7 +143,7 @@ def lands_inside(kernel: cst.FunctionDef, call: cst.Call,
     arguments = _launch_arguments(kernel, call)
     if arguments is None:
         return False
-    constants = _kernel_constants(kernel, arguments, bound)
+    constants = _kernel_constants(kernel, arguments, bound, _program_ids(call, bound))
     for pointer in accesses:
         at = _address(pointer, constants, set(_parameters(kernel)) - set(constants))
         if at is None:
@@ -224,13 +226,29 @@ def _launch_arguments(kernel: cst.FunctionDef, call: cst.Call) -> dict[str, cst.
     return arguments
 
 
+def _program_ids(call: cst.Call, bound: dict[str, list[cst.BaseExpression]]) -> dict[str, Span]:
+    """`tl.program_id(k)`'s span for each axis of a grid the script fixes (`(n,)`,
+    `(triton.cdiv(n, 2),)`), under the key `program_id(k)` (no name can be that)."""
+    assert isinstance(call.func, cst.Subscript)
+    index = call.func.slice[0].slice if len(call.func.slice) == 1 else None
+    if not isinstance(index, cst.Index):
+        return {}
+    dims = dimensions(index.value, bound)
+    if not dims or None in dims or len(dims) > 3:
+        return {}
+    padded = [*dims, 1, 1][:3]
+    return {f"program_id({k})": (0, d - 1) for k, d in enumerate(padded) if d is not None}
+
+
 def _kernel_constants(kernel: cst.FunctionDef, arguments: dict[str, cst.BaseExpression],
-                      bound: dict[str, list[cst.BaseExpression]]) -> dict[str, Span]:  # fmt: skip
-    """The integer spans of the parameters the launch passes an integer and of the names the
-    kernel binds once, at its top level, to an integer expression of those."""
-    constants: dict[str, Span] = {}
+                      bound: dict[str, list[cst.BaseExpression]],
+                      program_ids: dict[str, Span]) -> dict[str, Span]:  # fmt: skip
+    """The integer spans of the parameters the launch passes an integer, of the program ids,
+    and of the names the kernel binds once, at its top level, to an integer expression of
+    those."""
+    constants: dict[str, Span] = dict(program_ids)
     for name, argument in arguments.items():
-        value = _module_integer(argument, bound)
+        value = integer(argument, bound)
         if value is not None:
             constants[name] = (value, value)
     counts: dict[str, int] = {}
@@ -255,18 +273,22 @@ def _kernel_constants(kernel: cst.FunctionDef, arguments: dict[str, cst.BaseExpr
     return constants
 
 
-def _module_integer(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression]]) -> int | None:  # fmt: skip
-    if isinstance(value, cst.Integer):
-        return int(value.evaluated_value)
-    if isinstance(value, cst.Name) and len(bound.get(value.value, [])) == 1:
-        only = bound[value.value][0]
-        return int(only.evaluated_value) if isinstance(only, cst.Integer) else None
-    return None
-
-
 def _integer(value: cst.BaseExpression, constants: dict[str, Span]) -> Span | None:
-    """The span of an integer expression: literals, known names, `tl.arange` of constant
-    ends, and `+`, `-`, `*` of those; None for anything else (`tl.program_id(0)`)."""
+    """The span of an integer expression, None where it may leave int32 (a kernel's offsets
+    are int32 arithmetic: `pid * BLOCK` past 2**31 wraps negative, the very bug of
+    cuda_triton_int32_offsets)."""
+    span = _span(value, constants)
+    if span is None or span[0] < -(2**31) or span[1] > 2**31 - 1:
+        return None
+    return span
+
+
+def _span(value: cst.BaseExpression, constants: dict[str, Span]) -> Span | None:
+    """Literals, known names, `tl.program_id` of a known grid, `tl.arange` of constant ends,
+    and `+`, `-`, `*` of those; None for anything else."""
+    if isinstance(value, cst.Call) and (dotted(value.func) or "").endswith(".program_id"):
+        axis = value.args[0].value if len(value.args) == 1 and not value.args[0].keyword else None
+        return constants.get(f"program_id({axis.value})") if isinstance(axis, cst.Integer) else None
     if isinstance(value, cst.Integer):
         number = int(value.evaluated_value)
         return (number, number)
@@ -280,6 +302,8 @@ def _integer(value: cst.BaseExpression, constants: dict[str, Span]) -> Span | No
         return None
     if isinstance(value, cst.BinaryOperation):
         left, right = _integer(value.left, constants), _integer(value.right, constants)
+        if isinstance(value.operator, cst.Multiply) and (0, 0) in (left, right):
+            return (0, 0)  # `pid * BLOCK` with BLOCK=0
         if left is None or right is None:
             return None
         if isinstance(value.operator, cst.Add):
@@ -347,7 +371,7 @@ def tensor_elements(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExp
             return base
         if method == "as_strided":
             offset = positional[2] if len(positional) >= 3 else None
-            start = 0 if offset is None else _module_integer(offset, bound)
+            start = 0 if offset is None else integer(offset, bound)
             return None if start is None else base - start
     return None
 

@@ -13,9 +13,14 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from reprocut.source.passes.tree import dotted
 from reprocut.source.passes.walk import all_nodes, walk
 
 MAX_THREADS = 1024  # threads per block on every CUDA GPU since compute capability 2.0
+# a grid's largest dims: x, and y and z (CUDA refuses more; Triton and CuPy pass y and z as a
+# C int, Triton x too: past these the launch raises before any kernel runs)
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_YZ = 65535
 _EMPTY = cst.Module([])
 
 
@@ -131,8 +136,8 @@ def dimensions(
 
 
 def integer(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression]]) -> int | None:
-    """The int an expression of integer literals, names assigned once to one and + - * // %
-    comes to; None when the script does not fix it."""
+    """The int an expression of integer literals, names assigned once to one, + - * // % and
+    `triton.cdiv` comes to; None when the script does not fix it."""
     return _integer(value, bound, set())
 
 
@@ -145,6 +150,11 @@ def _integer(
     if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
         inner = _integer(value.expression, bound, seen)
         return None if inner is None else -inner
+    if isinstance(value, cst.Call) and (dotted(value.func) or "") in ("triton.cdiv", "cdiv"):
+        parts = [_integer(a.value, bound, seen) for a in value.args if a.keyword is None]
+        if len(parts) == 2 and parts[0] is not None and parts[1]:
+            return -(-parts[0] // parts[1])
+        return None
     if isinstance(value, cst.BinaryOperation):
         left, right = _integer(value.left, bound, seen), _integer(value.right, bound, seen)
         if left is None or right is None:
@@ -175,7 +185,8 @@ def _followed(
 
 def invalid_configurations(module: cst.Module) -> list[str]:
     """Launches whose grid or block the script fixes to something CUDA refuses: a dim below 1,
-    a block of more than MAX_THREADS threads."""
+    a grid over its limits (`grid = (n,)` for `(triton.cdiv(n, 2),)` with n = 2.5 G), a block
+    of more than MAX_THREADS threads."""
     bound = bindings(module)
     problems = []
     for launch in launches(module):
@@ -184,6 +195,8 @@ def invalid_configurations(module: cst.Module) -> list[str]:
             shown = f"{launch.kernel} {what} {code_of(value)}" if value is not None else ""
             if any(d is not None and d < 1 for d in dims):
                 problems.append(f"invalid launch: {shown} has a dim below 1")
+            elif what == "grid" and _over_grid_limits(dims, cupy=launch.block is not None):
+                problems.append(f"invalid launch: {shown} is over CUDA's grid limits")
             elif what == "block" and dims and None not in dims:
                 threads = 1
                 for d in dims:
@@ -191,6 +204,14 @@ def invalid_configurations(module: cst.Module) -> list[str]:
                 if threads > MAX_THREADS:
                     problems.append(f"invalid launch: {shown} is {threads} threads, over 1024")
     return problems
+
+
+def _over_grid_limits(dims: tuple[int | None, ...], *, cupy: bool) -> bool:
+    """A grid dim CUDA refuses. CuPy casts x to a C int, which wraps from 2**32 on (a launch
+    of that many blocks modulo 2**32): only the span below that is certainly refused."""
+    x, rest = (dims[0] if dims else None), dims[1:]
+    too_wide = x is not None and x > MAX_GRID_X and (not cupy or x < 2**32)
+    return too_wide or any(d is not None and d > MAX_GRID_YZ for d in rest)
 
 
 def configuration_integers(module: cst.Module) -> set[int]:
