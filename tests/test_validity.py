@@ -699,6 +699,8 @@ def test_a_triton_kernel_whose_every_access_lands_inside_its_tensor_is_rejected(
             small, 'torch.randn(4, device="cuda").as_strided((2,), (1,), 2), n'), []),
         ("inside a view", constant.replace(
             small, 'torch.randn(4, device="cuda").as_strided((2,), (1,), 1), n'), inside),
+        ("a copy of a view, to fewer elements", constant.replace(
+            small, 'torch.randn(4, device="cuda").as_strided((2,), (2,)).contiguous(), n'), []),
         ("a size not spelled out", constant.replace(
             small, 'torch.empty_like(torch.randn(3, device="cuda")), n'), []),
         ("a load read where no value goes",

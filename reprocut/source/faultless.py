@@ -50,8 +50,10 @@ _LANGUAGE = ("tl.", "triton.language.")
 # torch factories whose size is their first argument(s), and randint's (after low, high)
 _SIZED_FACTORIES = frozenset({"empty", "zeros", "ones", "rand", "randn", "full"})
 # views that keep their base's storage and its first element where it was
-_SAME_START = frozenset({"expand", "view", "reshape", "t", "transpose", "permute", "flatten",
-                         "unsqueeze", "squeeze", "contiguous"})  # fmt: skip
+_SAME_START = frozenset({"expand", "view", "t", "transpose", "permute", "unsqueeze", "squeeze"})
+# methods that copy a tensor that is not contiguous (to its numel() elements, which an
+# `as_strided` view may have fewer of than its storage): read only on a factory's tensor
+_COPY_UNLESS_CONTIGUOUS = frozenset({"reshape", "flatten", "contiguous"})
 
 Span = tuple[int, int]  # the lowest and the highest offset, in elements
 
@@ -369,11 +371,26 @@ def tensor_elements(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExp
             return None
         if method in _SAME_START:
             return base
+        if method in _COPY_UNLESS_CONTIGUOUS:
+            fresh = _followed(value.func.value, bound)
+            made = dotted(fresh.func) if isinstance(fresh, cst.Call) else None
+            return base if made is not None and made.startswith("torch.") else None
         if method == "as_strided":
             offset = positional[2] if len(positional) >= 3 else None
             start = 0 if offset is None else integer(offset, bound)
             return None if start is None else base - start
     return None
+
+
+def _followed(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression]]) -> cst.BaseExpression:  # fmt: skip
+    """A name bound once stands for its value."""
+    seen: set[str] = set()
+    while isinstance(value, cst.Name) and len(bound.get(value.value, [])) == 1:
+        if value.value in seen:
+            break
+        seen.add(value.value)
+        value = bound[value.value][0]
+    return value
 
 
 def _numel(sizes: list[cst.BaseExpression]) -> int | None:
