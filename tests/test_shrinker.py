@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reprocut.model.case import Generated, Literal, ReproCase, TensorSpec
-from reprocut.shrink.layout_passes import merge_dimensions
+from reprocut.shrink.layout_passes import merge_dimensions, merge_dimensions_ahead
 from reprocut.shrink.passes import PASSES, shrink_dimensions
 from reprocut.shrink.shrinker import Shrinker, ShrinkEvent, sort_key
 from reprocut.source.integer_search import is_round
@@ -239,6 +239,32 @@ def test_a_tensor_that_fails_past_a_size_merges_its_dimensions_and_ends_at_that_
     assert apart.total_numel() > 1000  # (e.g. 2 x 16 x 32 -> ...) no exact product
     default = Shrinker(case, holds, passes=PASSES, cpu_visible=True).run()  # merged after a round
     assert [spec.shape for _, spec in default.tensors()] == [(1000,)]
+
+
+def test_a_memory_faults_tensor_is_searched_as_one_dimension_first_for_fewer_checks() -> None:
+    """cuda_triton_op_compiled's gated op as a CPU model: an input of 128 x 256 x 4096 beside
+    an expanded gate, the kernel faulting from 20.97 M input elements on. Searched several ways
+    at once (a memory fault's call), the input is merged before its dimensions are searched:
+    the same end, for fewer checks; one search at a time keeps the dimensions first."""
+    gate = TensorSpec((128, 256, 4096), stride=(0, 0, 1), device="cuda", values=Generated("randn"))
+    x = TensorSpec((128, 256, 4096), device="cuda", values=Generated("randn"))
+    case = ReproCase("torch.ops.fused.gated.default", (x, gate))
+
+    def holds(candidate: ReproCase) -> bool:
+        return candidate.args[0].numel >= 20_971_520
+
+    later = [p for p in PASSES if p is not merge_dimensions_ahead]
+    ends = {}
+    for name, passes in (("ahead", PASSES), ("later", later)):
+        shrinker = Shrinker(case, holds, passes=passes, runner=ThreadedChecks(holds, 4), ways=4)
+        best = shrinker.run()
+        ends[name] = ([spec.shape for _, spec in best.tensors()], shrinker.checks)
+    assert ends["ahead"][0] == ends["later"][0] == [(20_971_520,), (1,)]
+    assert ends["ahead"][1] < ends["later"][1] * 0.7, ends
+    seen: list[ReproCase] = []
+    Shrinker(case, lambda c: seen.append(c) or holds(c), passes=PASSES).run()  # one at a time
+    first_merged = next(i for i, c in enumerate(seen) if len(c.args[0].shape) == 1)
+    assert any(len(c.args[0].shape) == 3 and c.args[0].numel < x.numel for c in seen[:first_merged])
 
 
 def test_a_kernel_that_needs_the_shape_keeps_it_and_a_strided_or_captured_tensor_is_left_alone():

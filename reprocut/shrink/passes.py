@@ -31,7 +31,12 @@ from reprocut.shrink.case_edits import (
     with_dim,
     with_dims,
 )
-from reprocut.shrink.layout_passes import make_contiguous, merge_dimensions, zero_storage_offset
+from reprocut.shrink.layout_passes import (
+    make_contiguous,
+    merge_dimensions,
+    merge_dimensions_ahead,
+    zero_storage_offset,
+)
 from reprocut.shrink.shrinker import Shrinker, find_integer, keep_chunks
 from reprocut.shrink.sparse_passes import SPARSE_PASSES
 from reprocut.source.integer_search import first_integers, searches_below, smaller_integers
@@ -412,11 +417,12 @@ PASSES = [
     cut_index_to_offender,
     *SPARSE_PASSES,
     replace_values_with_generator,
+    merge_dimensions_ahead,  # a memory fault's tensors searched as one dimension each
     shrink_dimensions,
-    merge_dimensions,  # after: a round of the dimensions first, as before the pass existed.
-    # A kernel's overrun depends on its tensors' sizes together, so where a shrink ends depends
-    # on its path: on the H200 cuda_triton_op_compiled ended at 19.4 M elements with its input
-    # merged first (and once without the pass), at 0.53-0.58 M with the dimensions first
+    merge_dimensions,  # after, otherwise: a round of the dimensions first. A kernel's overrun
+    # depends on its tensors' sizes together, so where a shrink ends depends on its path: on the
+    # H200 cuda_triton_op_compiled ended at 19.4 M elements merged first, at 0.58-69 M with the
+    # dimensions first (its last ten runs)
     simplify_dtype,
     make_contiguous,
     zero_storage_offset,
