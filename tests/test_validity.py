@@ -507,6 +507,9 @@ def test_a_torch_tensor_or_a_tuple_handed_to_a_cupy_launch_is_rejected_unrun() -
         ("out.data_ptr(), n", "out, n"): "argument 2 is a torch tensor",  # out = ids
         ("ids.numel(), table", "ids, table"): "argument 3 is a torch tensor",  # n = ids
         ("table.shape[0]\n", "table.shape\n"): "argument 4 is a tuple",  # dim = table.shape
+        ("ids.numel(), table", "ids.float().mean(), table"): "argument 3 is a torch tensor",
+        ("ids.numel(), table", "ids[0], table"): "argument 3 is a torch tensor",
+        ("ids.numel(), table", "ids * 2, table"): "argument 3 is a torch tensor",
     }
     for (old, new), why in made.items():
         candidate = POINTERS_BEST.replace(old, new, 1)
@@ -514,6 +517,12 @@ def test_a_torch_tensor_or_a_tuple_handed_to_a_cupy_launch_is_rejected_unrun() -
     left = {
         "unpacked from a shape": POINTERS_BEST.replace(", n, dim)", ", rows, cols)"),
         "a scalar": POINTERS_BEST.replace("out.data_ptr(), n", "out.data_ptr(), 7"),
+        "a scalar of a tensor": POINTERS_BEST.replace(
+            "ids.numel(), table", "ids.sum().item(), table"
+        ),
+        "an element of a shape": POINTERS_BEST.replace(
+            "ids.numel(), table", "ids.shape[0] * 2, table"
+        ),
         "a name bound in a loop too": POINTERS_BEST.replace(
             "KERNEL(", "for out in (ids,):\n    pass\nKERNEL("
         ).replace("out.data_ptr(), n", "out, n"),

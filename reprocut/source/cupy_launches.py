@@ -64,15 +64,18 @@ _TENSOR_FACTORIES = frozenset({
 })  # fmt: skip
 _TENSOR_METHODS = frozenset({
     "as_strided", "view", "expand", "reshape", "contiguous", "t", "transpose", "permute",
-    "flatten", "unsqueeze", "squeeze", "narrow", "clone", "float", "half", "int", "long",
-    "cuda", "to", "detach",
+    "flatten", "unsqueeze", "squeeze", "narrow", "clone", "float", "half", "double", "int",
+    "long", "bool", "cuda", "cpu", "to", "detach", "repeat", "mean", "sum", "prod", "abs",
+    "exp", "log", "sqrt", "neg", "add", "sub", "mul", "div", "sigmoid", "relu", "softmax",
+    "argmax", "argmin", "cumsum", "clamp", "index_select", "gather", "masked_fill",
 })  # fmt: skip
 
 
 def _refused_kind(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression]],
                   otherwise: set[str], seen: frozenset[str]) -> str | None:  # fmt: skip
-    """The "torch tensor" or "tuple" `value` certainly is, else None: a factory, a
-    tensor's method, `.shape`, a tuple or list, or a name every assignment binds to one."""
+    """The "torch tensor" or "tuple" `value` certainly is, else None: a factory, a tensor's
+    method, an element of a tensor or arithmetic on one, `.shape`, a tuple or list, or a name
+    every assignment binds to one (`mean = x.mean()` for `x.mean().item()`)."""
     if isinstance(value, cst.Name):
         values = bound.get(value.value, [])
         if not values or value.value in otherwise or value.value in seen:
@@ -83,6 +86,12 @@ def _refused_kind(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpre
         isinstance(value, cst.Attribute) and value.attr.value == "shape"
     ):
         return "tuple"
+    if isinstance(value, cst.Subscript):  # `x[0]` of a tensor: a tensor (`x.shape[0]`: no)
+        owner = _refused_kind(value.value, bound, otherwise, seen)
+        return owner if owner == "torch tensor" else None
+    if isinstance(value, cst.BinaryOperation):  # `x * 2`: a tensor, or a raise before the launch
+        sides = {_refused_kind(v, bound, otherwise, seen) for v in (value.left, value.right)}
+        return "torch tensor" if "torch tensor" in sides else None
     if not isinstance(value, cst.Call):
         return None
     name = dotted(value.func) or ""
