@@ -23,7 +23,8 @@
 #            once, then shrunk FAULTS_JOBS=3 at once; FAULTS_JOBS=1: each shrink alone): verified, same bug
 #            (memcheck fingerprints), time; FAULTS_GENERIC=1 adds the generic reducer after each
 #            shrink on the same limit; faults-cuda.md/.json and faults-cuda-repros/, and
-#            logs/faults/check-summary.md (each shrink's checks pass by pass, check_log_summary.py);
+#            logs/faults/check-summary.md (each shrink's checks pass by pass, check_log_summary.py)
+#            and logs/faults/rule-audit.md (the static rules against the checks' verdicts);
 #            shrinkray comes from $SHRINKRAY, PATH, or the wheels
 #            carried in .whl/shrinkray (installed into a virtual environment of its own)
 #   compile  issue #25: the compiled-model corpus case (corpus/compile/compile_embedding_vocab)
@@ -273,6 +274,9 @@ stage_faults() {
     # where each shrink's checks went, pass by pass (benchmarks/check_log_summary.py)
     ls "$LOGS"/faults/*.shrink.checks.jsonl >/dev/null 2>&1 && python3 benchmarks/check_log_summary.py \
         "$LOGS"/faults/*.shrink.checks.jsonl >"$LOGS/faults/check-summary.md" 2>&1
+    # this checkout's static rules against the device's verdicts (benchmarks/rule_audit.py)
+    ls "$LOGS"/faults/*.shrink.checks.jsonl >/dev/null 2>&1 && python3 benchmarks/rule_audit.py \
+        "$LOGS"/faults/*.shrink.checks.jsonl >"$LOGS/faults/rule-audit.md" 2>&1
     if [ -n "$tests" ]; then
         wait "$tests"
         echo "pytest exit $?" >>"$LOGS/faults-cuda-tests.log"

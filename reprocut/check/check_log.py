@@ -2,7 +2,8 @@
 
 Set REPROCUT_CHECK_LOG=FILE and every check the oracle runs (forked or fresh, with its
 seconds and verdict), every plain-run confirmation, every pass the reducers start, every
-candidate they accept, every phase of the shrink, every memcheck run (in a process started
+candidate they accept (with its text), the rules a script reduction holds its candidates to,
+every phase of the shrink, every memcheck run (in a process started
 ahead or not), every check begun ahead for a later pass and taken by it, and every merge of
 candidates beside a taken one is appended to FILE as it happens, stamped with the wall clock,
 process and thread. Off (and free) when the variable is unset; lines from
@@ -52,8 +53,10 @@ def log_check(
     verdict: Any, reply: dict[str, Any], seconds: float, waited: float, code: str, **fields: Any
 ) -> None:
     """One check's line: its seconds (`waited` of them for a machine slot, `child_seconds` in
-    the process that ran it), its verdict, the candidate's lines, and for a failure that is not
-    the expected one what it was (`failed`), which says what a pass's wasted checks broke."""
+    the process that ran it), its verdict, the candidate's lines and text (`code`: what a new
+    static rule is held against afterwards, benchmarks/rule_audit.py), and for a failure that
+    is not the expected one what it was (`failed`), which says what a pass's wasted checks
+    broke."""
     if not enabled():
         return
     signature = getattr(verdict, "signature", None)
@@ -66,5 +69,6 @@ def log_check(
         child_seconds=reply.get("seconds"),
         verdict=type(verdict).__name__,
         lines=code.count("\n") + 1,
+        code=code,
         **fields,
     )

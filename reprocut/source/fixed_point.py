@@ -183,7 +183,7 @@ class SourceReducer:
         self._emit(SourceChecked(pass_name, self.checks, ok, lines))
         if ok:
             check_log.log("accepted", reducer="source", pass_name=pass_name, checks=self.checks,
-                          lines=lines)  # fmt: skip
+                          lines=lines, code=candidate)  # fmt: skip
             self._emit(SourceAccepted(pass_name, candidate, lines, self.checks))
         return ok
 

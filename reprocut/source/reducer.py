@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from reprocut.check import check_log
 from reprocut.model.case import Signature, TensorSpec
 from reprocut.model.errors import NotReproducedError
 from reprocut.model.limits import CHECK_CAP
@@ -173,6 +174,9 @@ def _reduce(
     )
     check = partial(check_alone, runner)
     rules = validity_rules(expected, script_path, context.search_dirs, focus)
+    check_log.log("rules", reducer="source", focus=focus, memory_fault=rules.memory_fault,
+                  custom_op=rules.custom_op, op_functions=list(rules.op_functions),
+                  code=original)  # fmt: skip
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprocut-original") as aside:
         first = _check_original(aside, runner, original)
         if first is None:
