@@ -708,6 +708,10 @@ def test_a_triton_kernel_whose_every_access_lands_inside_its_tensor_is_rejected(
             small, 'torch.randn(4, device="cuda").as_strided((2,), (1,), 2), n'), []),
         ("inside a view", constant.replace(
             small, 'torch.randn(4, device="cuda").as_strided((2,), (1,), 1), n'), inside),
+        ("a pointer moved in the kernel", constant.replace(
+            "    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    out_ptr = out_ptr - 9\n"), []),
+        ("an integer argument the kernel reassigns", constant.replace(
+            "offs = BLOCK", "BLOCK = BLOCK * 9\n    offs = BLOCK"), []),
         ("a copy of a view, to fewer elements", constant.replace(
             small, 'torch.randn(4, device="cuda").as_strided((2,), (2,)).contiguous(), n'), []),
         ("a size not spelled out", constant.replace(

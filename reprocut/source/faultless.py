@@ -147,7 +147,8 @@ def lands_inside(kernel: cst.FunctionDef, call: cst.Call,
         return False
     constants = _kernel_constants(kernel, arguments, bound, _program_ids(call, bound))
     for pointer in accesses:
-        at = _address(pointer, constants, set(_parameters(kernel)) - set(constants))
+        pointers = set(_parameters(kernel)) - set(constants) - set(_assignments(kernel))
+        at = _address(pointer, constants, pointers)
         if at is None:
             return False
         name, (low, high) = at
@@ -245,23 +246,15 @@ def _program_ids(call: cst.Call, bound: dict[str, list[cst.BaseExpression]]) -> 
 def _kernel_constants(kernel: cst.FunctionDef, arguments: dict[str, cst.BaseExpression],
                       bound: dict[str, list[cst.BaseExpression]],
                       program_ids: dict[str, Span]) -> dict[str, Span]:  # fmt: skip
-    """The integer spans of the parameters the launch passes an integer, of the program ids,
-    and of the names the kernel binds once, at its top level, to an integer expression of
-    those."""
+    """The integer spans of the parameters the launch passes an integer (and the kernel never
+    assigns), of the program ids, and of the names the kernel binds once, at its top level,
+    to an integer expression of those."""
+    counts = _assignments(kernel)
     constants: dict[str, Span] = dict(program_ids)
     for name, argument in arguments.items():
         value = integer(argument, bound)
-        if value is not None:
+        if value is not None and name not in counts:
             constants[name] = (value, value)
-    counts: dict[str, int] = {}
-    for node in walk(kernel.body):
-        if isinstance(node, cst.Assign | cst.AugAssign | cst.AnnAssign):
-            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # fmt: skip
-            for name in (n for t in targets for n in target_names(t)):
-                counts[name] = counts.get(name, 0) + 1
-        elif isinstance(node, cst.For):
-            for name in target_names(node.target):
-                counts[name] = counts.get(name, 0) + 2
     for statement in kernel.body.body:
         if not isinstance(statement, cst.SimpleStatementLine):
             continue
@@ -273,6 +266,21 @@ def _kernel_constants(kernel: cst.FunctionDef, arguments: dict[str, cst.BaseExpr
                     if span is not None:
                         constants[target.value] = span
     return constants
+
+
+def _assignments(kernel: cst.FunctionDef) -> dict[str, int]:
+    """How often the kernel's body binds each name (a loop's target or a walrus's: twice,
+    never a constant)."""
+    counts: dict[str, int] = {}
+    for node in walk(kernel.body):
+        if isinstance(node, cst.Assign | cst.AugAssign | cst.AnnAssign):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # fmt: skip
+            for name in (n for t in targets for n in target_names(t)):
+                counts[name] = counts.get(name, 0) + 1
+        elif isinstance(node, cst.For | cst.NamedExpr):
+            for name in target_names(node.target):
+                counts[name] = counts.get(name, 0) + 2
+    return counts
 
 
 def _integer(value: cst.BaseExpression, constants: dict[str, Span]) -> Span | None:
