@@ -527,6 +527,11 @@ def test_a_torch_tensor_or_a_tuple_handed_to_a_cupy_launch_is_rejected_unrun() -
             "KERNEL(", "for out in (ids,):\n    pass\nKERNEL("
         ).replace("out.data_ptr(), n", "out, n"),
         "another kernel's launch": POINTERS_BEST + "OTHER((1,), (1,), (ids,))\n",
+        "a launch in a function, reading its parameter": POINTERS_BEST.replace(
+            "pointers = (", "def run(ids):\n    pointers = ("
+        )
+        .replace("KERNEL((n,), (1,), pointers)", "    KERNEL((n,), (1,), pointers)\nrun(7)")
+        .replace("(ids.data_ptr(), table", "(ids, table"),
         "a function of the user's": POINTERS_BEST.replace(
             'KERNEL = cupy.RawKernel(SOURCE, "gather_rows")', "from kernels import KERNEL"
         ).replace("out.data_ptr(), n", "out, n"),
@@ -712,6 +717,9 @@ def test_a_triton_kernel_whose_every_access_lands_inside_its_tensor_is_rejected(
             "    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    out_ptr = out_ptr - 9\n"), []),
         ("an integer argument the kernel reassigns", constant.replace(
             "offs = BLOCK", "BLOCK = BLOCK * 9\n    offs = BLOCK"), []),
+        ("a launch in a function, its tensors its parameters", constant.replace(
+            "scale_kernel[grid](", "def launch(grid):\n    scale_kernel[grid]("
+        ) + "launch((1,))\n", []),
         ("a copy of a view, to fewer elements", constant.replace(
             small, 'torch.randn(4, device="cuda").as_strided((2,), (2,)).contiguous(), n'), []),
         ("a size not spelled out", constant.replace(

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from reprocut.source.doomed import binds_unseen, target_names
-from reprocut.source.passes.launches import assigned_pairs, bindings, launches
-from reprocut.source.passes.tree import alias_name, dotted, focus_callee
+from reprocut.source.doomed import binds_unseen, bound_otherwise
+from reprocut.source.passes.launches import bindings, launches, module_scope
+from reprocut.source.passes.tree import dotted, focus_callee, focus_calls
 from reprocut.source.passes.walk import all_nodes
 
 # the wrappers that make a CuPy array of a tensor
@@ -33,12 +33,12 @@ def refused_arguments(module: cst.Module, focus: str | None) -> list[str]:
     them every round: `ids` for `ids.data_ptr()`, `table.shape` for `table.shape[0]`, a name
     bound to either."""
     callee = focus_callee(focus)
-    if callee is None or binds_unseen(module):
-        return []
-    bound = bindings(module)
+    if callee is None or binds_unseen(module) or not at_top(module, focus):
+        return []  # a call in a function reads its own names: not the module's
+    bound = bindings(module, top=True)
     if not any(_is_raw_kernel(value) for value in bound.get(callee, [])):
         return []  # another callable's arguments: not CuPy's rules
-    otherwise = _bound_otherwise(module)
+    otherwise = bound_otherwise(module, top=True)
     found = []
     for launch in launches(module):
         if launch.block is None or launch.kernel != callee:
@@ -48,6 +48,13 @@ def refused_arguments(module: cst.Module, focus: str | None) -> list[str]:
             if kind is not None:
                 found.append(f"TypeError: {callee} argument {position} is a {kind}")
     return found
+
+
+def at_top(module: cst.Module, focus: str | None) -> bool:
+    """Every call of the failing line's callee is made outside any function's body."""
+    calls = focus_calls(module, focus)
+    top = {id(node) for node in module_scope(module)}
+    return bool(calls) and all(id(call) in top for call in calls)
 
 
 def _is_raw_kernel(value: cst.BaseExpression) -> bool:
@@ -101,35 +108,6 @@ def _refused_kind(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpre
         owner = _refused_kind(value.func.value, bound, otherwise, seen)
         return owner if owner == "torch tensor" else None
     return None
-
-
-def _bound_otherwise(module: cst.Module) -> set[str]:
-    """Names bound other than by a plain assignment somewhere: a loop's, a `with`'s, an
-    augmented or annotated assignment's, an import's, a definition's, a handler's, a walrus's
-    (what they hold is not read here)."""
-    names: set[str] = set()
-    for node in all_nodes(module):
-        if isinstance(node, cst.For | cst.CompFor):
-            names |= target_names(node.target)
-        elif isinstance(node, cst.WithItem) and node.asname is not None:
-            names |= target_names(node.asname.name)
-        elif isinstance(node, cst.AugAssign | cst.AnnAssign):
-            names |= target_names(node.target)
-        elif isinstance(node, cst.Import | cst.ImportFrom) and not isinstance(
-            node.names, cst.ImportStar
-        ):
-            names |= {alias_name(a, first=True) for a in node.names}
-        elif isinstance(node, cst.FunctionDef | cst.ClassDef):
-            names.add(node.name.value)
-        elif isinstance(node, cst.ExceptHandler) and node.name is not None:
-            names |= target_names(node.name.name)
-        elif isinstance(node, cst.NamedExpr):
-            names |= target_names(node.target)
-        elif isinstance(node, cst.Assign):  # `a, b = x.shape`: what each holds is not known
-            for target in node.targets:
-                paired = {name for name, _ in assigned_pairs(target.target, node.value)}
-                names |= target_names(target.target) - paired
-    return names
 
 
 def unwrapped_arrays(candidate: cst.Module, best: cst.Module) -> list[str]:

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+from reprocut.source.passes.launches import assigned_pairs, module_scope
 from reprocut.source.passes.tree import alias_name, dotted, focus_calls
 from reprocut.source.passes.walk import all_nodes, child_nodes, walk
 
@@ -268,6 +269,36 @@ def _required(func: cst.BaseExpression) -> int | None:
     if name is not None and name.startswith(_MODULES):  # `torch.view`: not a tensor's method
         return None
     return REQUIRED_METHOD_ARGUMENTS.get(func.attr.value)
+
+
+def bound_otherwise(module: cst.Module, *, top: bool = False) -> set[str]:
+    """Names bound other than by a plain assignment somewhere: a loop's, a `with`'s, an
+    augmented or annotated assignment's, an import's, a definition's or a parameter's (a
+    function's `ids` is not the module's), a handler's, a walrus's (what they hold is not read
+    here). `top`: outside any function's body only, where a module-level call reads."""
+    names: set[str] = set()
+    for node in module_scope(module) if top else all_nodes(module):
+        if isinstance(node, cst.For | cst.CompFor):
+            names |= target_names(node.target)
+        elif isinstance(node, cst.WithItem) and node.asname is not None:
+            names |= target_names(node.asname.name)
+        elif isinstance(node, cst.AugAssign | cst.AnnAssign):
+            names |= target_names(node.target)
+        elif isinstance(node, cst.Import | cst.ImportFrom) and not isinstance(
+            node.names, cst.ImportStar
+        ):
+            names |= {alias_name(a, first=True) for a in node.names}
+        elif isinstance(node, cst.FunctionDef | cst.ClassDef | cst.Param):
+            names.add(node.name.value)
+        elif isinstance(node, cst.ExceptHandler) and node.name is not None:
+            names |= target_names(node.name.name)
+        elif isinstance(node, cst.NamedExpr):
+            names |= target_names(node.target)
+        elif isinstance(node, cst.Assign):  # `a, b = x.shape`: what each holds is not known
+            for target in node.targets:
+                paired = {name for name, _ in assigned_pairs(target.target, node.value)}
+                names |= target_names(target.target) - paired
+    return names
 
 
 def binds_unseen(module: cst.Module) -> bool:

@@ -33,7 +33,8 @@ import math
 
 import libcst as cst
 
-from reprocut.source.doomed import reads, target_names
+from reprocut.source.cupy_launches import at_top
+from reprocut.source.doomed import binds_unseen, bound_otherwise, reads, target_names
 from reprocut.source.passes.launches import bindings, dimensions, integer
 from reprocut.source.passes.tree import dotted, focus_calls
 from reprocut.source.passes.walk import all_nodes, walk
@@ -74,9 +75,19 @@ def faultless_launches(module: cst.Module, focus: str | None) -> list[str]:
             continue
         if writes_nothing(kernel):
             found.append(f"no memory access: kernel {name} stores nothing")
-        elif lands_inside(kernel, call, bindings(module)):
+        elif (
+            at_top(module, focus)
+            and not binds_unseen(module)
+            and lands_inside(kernel, call, _top_bindings(module))
+        ):
             found.append(f"no memory fault: every access of kernel {name} lands in its tensor")
     return list(dict.fromkeys(found))
+
+
+def _top_bindings(module: cst.Module) -> dict[str, list[cst.BaseExpression]]:
+    """The module-level names bound only by plain assignments, with their values."""
+    otherwise = bound_otherwise(module, top=True)
+    return {k: v for k, v in bindings(module, top=True).items() if k not in otherwise}
 
 
 def _launched_kernel(call: cst.Call) -> str | None:

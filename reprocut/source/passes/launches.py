@@ -9,6 +9,7 @@ smaller repro (a shrunk CuPy launch read `ROWSUM((rows,), (0,), ...)`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import libcst as cst
@@ -28,11 +29,20 @@ def code_of(node: cst.CSTNode) -> str:
     return _EMPTY.code_for_node(node)
 
 
-def bindings(module: cst.Module) -> dict[str, list[cst.BaseExpression]]:
-    """Every value each plain name is assigned, anywhere in the module (`a, b = x, 256` binds
-    each name to its own value)."""
+_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+def module_scope(module: cst.Module) -> Iterator[cst.CSTNode]:
+    """The module's nodes outside any function, class or lambda body (a `def`'s own node
+    included: it binds its name there)."""
+    return walk(module, prune=lambda node: isinstance(node, _SCOPES))
+
+
+def bindings(module: cst.Module, *, top: bool = False) -> dict[str, list[cst.BaseExpression]]:
+    """Every value each plain name is assigned, anywhere in the module, or (`top`) outside any
+    function's body (`a, b = x, 256` binds each name to its own value)."""
     bound: dict[str, list[cst.BaseExpression]] = {}
-    for node in all_nodes(module):
+    for node in module_scope(module) if top else all_nodes(module):
         if isinstance(node, cst.Assign):
             for target in node.targets:
                 for name, value in assigned_pairs(target.target, node.value):
