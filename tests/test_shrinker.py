@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from reprocut.model.case import Generated, Literal, ReproCase, TensorSpec
@@ -67,6 +67,13 @@ def predicate_from(seed: int):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(), st.integers(0, 1000))
+@example(  # ids (3, 1) cut to (1, 2) once lengthened a size-1 weight to (2,), its one value kept
+    ReproCase("torch.nn.functional.embedding", (
+        TensorSpec((3, 1), dtype="int64", values=Literal((0, 0, 0))),
+        TensorSpec((1,), dtype="int64", values=Literal((0,))),
+    )),
+    0,
+)  # fmt: skip
 def test_never_accepts_a_failing_candidate_and_never_grows(case: ReproCase, seed: int) -> None:
     holds = predicate_from(seed)
     accepted: list[ReproCase] = []

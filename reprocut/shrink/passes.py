@@ -266,10 +266,11 @@ def _with_kept(
     )
     alone = case.with_arg(path, new_spec)
     candidates = []
-    changed = [
+    changed = [  # a dim cut shorter (one a cut to `(1, k)` lengthens links to nothing: a
+        # size-1 dim of another tensor is no batch this one shares)
         (d, old, new)
         for d, (old, new) in enumerate(zip(spec.shape, shape, strict=False))
-        if old != new
+        if new < old
     ]
     if len(spec.shape) == len(shape) and changed:
         linked = alone
