@@ -58,7 +58,12 @@ def test_a_check_the_rules_now_reject_is_counted_by_its_verdict_and_a_reproduced
                         {"kind": "check", "verdict": "Reproduced", "code": bare})  # fmt: skip
     assert main([str(contradicted), "--out", str(tmp_path / "audit.md")]) == 1
     text = (tmp_path / "audit.md").read_text()
-    assert "| contradicted | 1 | 1 | Reproduced 1 | 1 |" in text
+    assert "| contradicted | 1 | 1 | Reproduced 1 | 1 | 1 |" in text
     assert "TypeError: K argument 0 is a torch tensor" in text
+    unseeded = BEST.replace("x = torch.randn", "torch.manual_seed(0)\nx = torch.randn")
+    policy = _log(tmp_path / "policy.jsonl", {**rules, "code": unseeded},
+                  {"kind": "check", "verdict": "Reproduced", "code": BEST})  # fmt: skip
+    assert main([str(policy)]) == 0  # a seed dropped may reproduce: the rule keeps it the user's
+    assert audit(policy).reproduced and not audit(policy).contradicted
     assert main([str(tmp_path / "missing.jsonl")]) == 2
     assert "no such log" in capsys.readouterr().err

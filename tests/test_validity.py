@@ -728,3 +728,37 @@ def test_a_triton_kernel_whose_every_access_lands_inside_its_tensor_is_rejected(
          constant.replace("    pid = tl.program_id(0)\n", branch), []),
     ):  # fmt: skip
         assert rules.rejects(candidate, OFFSETS_BEST) == expected, why
+
+
+def test_what_the_h200s_check_logs_showed_triton_refuse_is_rejected_unrun() -> None:
+    """Held against the verdicts of two Triton reductions on the H200 (benchmarks/rule_audit.py:
+    14 checks that ended in a CompilationError, none that reproduced): a load without its
+    pointer or a store without its value (drop_arguments), a number for a mask, `tl.arange` of
+    no power-of-two range or of None, and a kernel reading the script's global tensor once its
+    own `x = tl.load(...)` is gone."""
+    rules = Rules(memory_fault=True, focus=TRITON_FOCUS)
+    load, store = "tl.load(c_ptr + offs, mask=mask)", "tl.store(o_ptr + offs, x + c, mask=mask)"
+    refused = {
+        "tl.load() without its pointer": TRITON_FLAT.replace(load, "tl.load(mask=mask)"),
+        "tl.store() without its value": TRITON_FLAT.replace(store, "tl.store(o_ptr + offs, mask=mask)"),
+        "tl.load() of a number for its mask": TRITON_FLAT.replace(load, "tl.load(c_ptr + offs, mask=0)"),
+        "tl.arange(0, 0): no range of a power of two": TRITON_FLAT.replace("tl.arange(0, BLOCK)", "tl.arange(0, 0)"),
+        "tl.arange(0, 6): no range of a power of two": TRITON_FLAT.replace("tl.arange(0, BLOCK)", "tl.arange(0, 6)"),
+        "tl.arange() of None": TRITON_FLAT.replace("tl.arange(0, BLOCK)", "tl.arange(0, None)"),
+        "kernel add_cond_kernel reads the global tensor x": TRITON_FLAT.replace(
+            "    x = tl.load(x_ptr + offs, mask=mask)\n", ""),
+    }  # fmt: skip
+    for why, candidate in refused.items():
+        got = rules.rejects(candidate, TRITON_FLAT)
+        assert got and why in got[0], (why, got)
+    masked = TRITON_FLAT.replace("mask = offs < n", "mask = 0")
+    assert any("of a number for its mask" in v for v in rules.rejects(masked, TRITON_FLAT))
+    fine = {
+        "a keyword pointer": TRITON_FLAT.replace(load, "tl.load(pointer=c_ptr + offs, mask=mask)"),
+        "a range of one": TRITON_FLAT.replace("tl.arange(0, BLOCK)", "tl.arange(0, 1)"),
+        "a global read as a constexpr": TRITON_FLAT.replace(
+            "    x = tl.load(x_ptr + offs, mask=mask)\n", "    x = tl.load(x_ptr + offs, mask=mask) * SCALE\n"
+        ).replace("x = torch.randn(", "SCALE: tl.constexpr = 2\nx = torch.randn("),
+    }  # fmt: skip
+    for why, candidate in fine.items():
+        assert rules.rejects(candidate, TRITON_FLAT) == [], why

@@ -44,10 +44,22 @@ def refused_arguments(module: cst.Module, focus: str | None) -> list[str]:
         if launch.block is None or launch.kernel != callee:
             continue
         for position, value in enumerate(launch.written):
-            kind = _refused_kind(value, bound, otherwise, frozenset())
+            kind = certain_kind(value, bound, otherwise, frozenset())
             if kind is not None:
                 found.append(f"TypeError: {callee} argument {position} is a {kind}")
     return found
+
+
+def global_tensors(module: cst.Module) -> set[str]:
+    """The names the module binds, outside any function, to torch tensors alone."""
+    if binds_unseen(module):
+        return set()
+    bound = bindings(module, top=True)
+    otherwise = bound_otherwise(module, top=True)
+    return {
+        name for name in bound
+        if certain_kind(cst.Name(name), bound, otherwise, frozenset()) == "torch tensor"
+    }  # fmt: skip
 
 
 def at_top(module: cst.Module, focus: str | None) -> bool:
@@ -78,7 +90,7 @@ _TENSOR_METHODS = frozenset({
 })  # fmt: skip
 
 
-def _refused_kind(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression]],
+def certain_kind(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression]],
                   otherwise: set[str], seen: frozenset[str]) -> str | None:  # fmt: skip
     """The "torch tensor" or "tuple" `value` certainly is, else None: a factory, a tensor's
     method, an element of a tensor or arithmetic on one, `.shape`, a tuple or list, or a name
@@ -87,17 +99,17 @@ def _refused_kind(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpre
         values = bound.get(value.value, [])
         if not values or value.value in otherwise or value.value in seen:
             return None
-        kinds = {_refused_kind(v, bound, otherwise, seen | {value.value}) for v in values}
+        kinds = {certain_kind(v, bound, otherwise, seen | {value.value}) for v in values}
         return kinds.pop() if len(kinds) == 1 else None
     if isinstance(value, cst.Tuple | cst.List) or (
         isinstance(value, cst.Attribute) and value.attr.value == "shape"
     ):
         return "tuple"
     if isinstance(value, cst.Subscript):  # `x[0]` of a tensor: a tensor (`x.shape[0]`: no)
-        owner = _refused_kind(value.value, bound, otherwise, seen)
+        owner = certain_kind(value.value, bound, otherwise, seen)
         return owner if owner == "torch tensor" else None
     if isinstance(value, cst.BinaryOperation):  # `x * 2`: a tensor, or a raise before the launch
-        sides = {_refused_kind(v, bound, otherwise, seen) for v in (value.left, value.right)}
+        sides = {certain_kind(v, bound, otherwise, seen) for v in (value.left, value.right)}
         return "torch tensor" if "torch tensor" in sides else None
     if not isinstance(value, cst.Call):
         return None
@@ -105,7 +117,7 @@ def _refused_kind(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpre
     if name.count(".") == 1 and name.startswith("torch.") and name[6:] in _TENSOR_FACTORIES:
         return "torch tensor"
     if isinstance(value.func, cst.Attribute) and value.func.attr.value in _TENSOR_METHODS:
-        owner = _refused_kind(value.func.value, bound, otherwise, seen)
+        owner = certain_kind(value.func.value, bound, otherwise, seen)
         return owner if owner == "torch tensor" else None
     return None
 

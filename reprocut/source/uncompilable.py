@@ -12,7 +12,9 @@ kernel takes some parameters from its configs): a name that neither the kernel's
 body nor the module bind; a module (`tl`, `triton`) used as a value; a `tl` function called
 with fewer arguments than it requires; None or a number where a value or a pointer is needed
 (`x = None`, `tl.load(0)`: on the H200 30 of one reduction's 42 expression simplifications);
-a launch that leaves a parameter without a default unpassed. The validity rules (reprocut.source.validity) reject a candidate for a problem its
+a launch that leaves a parameter without a default unpassed; a global the kernel reads that
+the module binds to a torch tensor (Triton reads only constexpr globals: `x = tl.load(...)`
+deleted leaves the store reading the script's `x`). The validity rules (reprocut.source.validity) reject a candidate for a problem its
 best does not have.
 """
 
@@ -22,6 +24,7 @@ from collections.abc import Iterator, Sequence
 
 import libcst as cst
 
+from reprocut.source.cupy_launches import global_tensors
 from reprocut.source.doomed import (
     ALWAYS_BOUND,
     binds,
@@ -52,6 +55,7 @@ def uncompilable_kernels(module: cst.Module) -> list[str]:
         return []
     known = ALWAYS_BOUND | bound_in(module.body)
     modules = _module_names(module)
+    tensors = global_tensors(module)
     found: list[str] = []
     for kernel in kernels:
         local = _parameters(kernel) | bound_in(kernel.body.body)
@@ -59,11 +63,14 @@ def uncompilable_kernels(module: cst.Module) -> list[str]:
         body = kernel.body.body
         found += [f"NameError: {n} in kernel {name}" for statement in body
                   for n in reads(statement) if n not in known | local]  # fmt: skip
+        found += [f"CompilationError: kernel {name} reads the global tensor {n}"
+                  for statement in body for n in reads(statement) if n in tensors - local]  # fmt: skip
         found += [f"CompilationError: module {n} as a value in kernel {name}"
                   for n in _bare_names(body) if n in modules - local]  # fmt: skip
         found += [f"CompilationError: {call}() without its {needed} argument(s) in kernel {name}"
                   for call, needed in _short_calls(body)]  # fmt: skip
         found += [f"CompilationError: {why} in kernel {name}" for why in _no_values(body)]
+        found += [f"CompilationError: {why} in kernel {name}" for why in _malformed(body)]
         found += [f"CompilationError: {call}() of no pointer in kernel {name}"
                   for call in _pointerless(kernel, modules)]  # fmt: skip
         found += _unpassed(module, kernel)
@@ -189,6 +196,65 @@ def _no_values(body: Sequence[cst.CSTNode]) -> Iterator[str]:
                 yield f"{name}() of a constant, not a pointer"
             if name.endswith(".store") and len(positional) > 1 and _is_none(positional[1]):
                 yield f"{name}() of None"
+
+
+def _malformed(body: Sequence[cst.CSTNode]) -> Iterator[str]:
+    """What the H200's check logs showed Triton refuse at compile time: a load, store or atomic
+    without its pointer, a store without its value (`tl.store(p, mask=m)`: drop_arguments), a
+    number for a mask (`mask=0`, or a name the kernel binds to one once), `tl.arange` of
+    constant ends that make no range of a power of two, or of None (`tl.arange(0, 0)`)."""
+    numbers = _names_bound_to_numbers(body)
+    for statement in body:
+        for node in walk(statement):
+            if not isinstance(node, cst.Call) or any(a.star for a in node.args):
+                continue
+            name = dotted(node.func) or ""
+            if not name.startswith(_LANGUAGE):
+                continue
+            last = name.rsplit(".", 1)[-1]
+            positional = [a.value for a in node.args if a.keyword is None]
+            keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+            if last in _POINTER_FIRST and not positional and "pointer" not in keywords:
+                yield f"{name}() without its pointer"
+            if last == "store" and len(positional) < 2 and "value" not in keywords:
+                yield f"{name}() without its value"
+            mask = keywords.get("mask")
+            if (
+                last in _POINTER_FIRST
+                and mask is not None
+                and (
+                    isinstance(mask, cst.Integer | cst.Float)
+                    or (isinstance(mask, cst.Name) and mask.value in numbers)
+                )
+            ):
+                yield f"{name}() of a number for its mask"
+            if last == "arange" and len(positional) == 2:
+                if any(_is_none(end) for end in positional):
+                    yield f"{name}() of None"
+                elif all(isinstance(end, cst.Integer) for end in positional):
+                    start, end = (int(e.evaluated_value) for e in positional)  # type: ignore[union-attr]
+                    span = end - start
+                    if span < 1 or span & (span - 1):
+                        yield f"{name}({start}, {end}): no range of a power of two"
+
+
+def _names_bound_to_numbers(body: Sequence[cst.CSTNode]) -> set[str]:
+    """Names the kernel binds exactly once, to an integer or float literal."""
+    values: dict[str, list[cst.BaseExpression | None]] = {}
+    for statement in body:
+        for node in walk(statement):
+            if isinstance(node, cst.Assign):
+                for target in node.targets:
+                    for name in target_names(target.target):
+                        plain = isinstance(target.target, cst.Name)
+                        values.setdefault(name, []).append(node.value if plain else None)
+            elif isinstance(node, cst.AugAssign | cst.AnnAssign | cst.For | cst.NamedExpr):
+                for name in target_names(node.target):
+                    values.setdefault(name, []).extend([None, None])
+    return {
+        name for name, bound in values.items()
+        if len(bound) == 1 and isinstance(bound[0], cst.Integer | cst.Float)
+    }  # fmt: skip
 
 
 def _pointerless(kernel: cst.FunctionDef, modules: set[str]) -> Iterator[str]:
