@@ -1,6 +1,6 @@
 """compute-sanitizer (memcheck):
   Invalid __global__ write of size 4 bytes in scale_logits_kernel
-  thread (0,0,0) in block (1073745242,0,0): writes 4 B at 0x7fba52006ad0
+  thread (0,0,0) in block (1073745560,0,0): writes 4 B at 0x7f0c2c0074c0
   host: launch < [libc.so.6] < __libc_start_main < __call__ in driver.py:713
   at least 20 errors (memcheck stopped after printing them)
 """
