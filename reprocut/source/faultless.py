@@ -35,10 +35,10 @@ import libcst as cst
 
 from reprocut.source.cupy_launches import at_top
 from reprocut.source.doomed import binds_unseen, bound_otherwise, reads, target_names
-from reprocut.source.passes.launches import bindings, dimensions, integer
+from reprocut.source.passes.launches import bindings, dimensions, followed, integer
 from reprocut.source.passes.tree import dotted, focus_calls
 from reprocut.source.passes.walk import all_nodes, walk
-from reprocut.source.uncompilable import bound_in, is_jit
+from reprocut.source.uncompilable import binding_counts, bound_in, is_jit
 
 # parts of a call's name that may write memory or have another effect a compiler keeps
 # (`tl.store`, `tl.atomic_add`, a descriptor's `.store` or `.scatter`, `tl.device_print`,
@@ -110,10 +110,7 @@ def _memory_calls(kernel: cst.FunctionDef) -> tuple[list[cst.Call], list[cst.Cal
     """The kernel's stores and atomics, and its loads; None when a call may do what is not
     read here: a helper `@triton.jit` function or another module's function (it may write), a
     print, an assert, inline assembly, a volatile load (the compiler keeps it)."""
-    params = kernel.params
-    local = bound_in(kernel.body.body) | {
-        p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)
-    }
+    local = bound_in(kernel.body.body) | set(_parameters(kernel))
     effects: list[cst.Call] = []
     loads: list[cst.Call] = []
     for node in walk(kernel.body):
@@ -158,7 +155,7 @@ def lands_inside(kernel: cst.FunctionDef, call: cst.Call,
         return False
     constants = _kernel_constants(kernel, arguments, bound, _program_ids(call, bound))
     for pointer in accesses:
-        pointers = set(_parameters(kernel)) - set(constants) - set(_assignments(kernel))
+        pointers = set(_parameters(kernel)) - set(constants) - set(binding_counts(kernel.body.body))
         at = _address(pointer, constants, pointers)
         if at is None:
             return False
@@ -260,7 +257,7 @@ def _kernel_constants(kernel: cst.FunctionDef, arguments: dict[str, cst.BaseExpr
     """The integer spans of the parameters the launch passes an integer (and the kernel never
     assigns), of the program ids, and of the names the kernel binds once, at its top level,
     to an integer expression of those."""
-    counts = _assignments(kernel)
+    counts = binding_counts(kernel.body.body)
     constants: dict[str, Span] = dict(program_ids)
     for name, argument in arguments.items():
         value = integer(argument, bound)
@@ -277,21 +274,6 @@ def _kernel_constants(kernel: cst.FunctionDef, arguments: dict[str, cst.BaseExpr
                     if span is not None:
                         constants[target.value] = span
     return constants
-
-
-def _assignments(kernel: cst.FunctionDef) -> dict[str, int]:
-    """How often the kernel's body binds each name (a loop's target or a walrus's: twice,
-    never a constant)."""
-    counts: dict[str, int] = {}
-    for node in walk(kernel.body):
-        if isinstance(node, cst.Assign | cst.AugAssign | cst.AnnAssign):
-            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # fmt: skip
-            for name in (n for t in targets for n in target_names(t)):
-                counts[name] = counts.get(name, 0) + 1
-        elif isinstance(node, cst.For | cst.NamedExpr):
-            for name in target_names(node.target):
-                counts[name] = counts.get(name, 0) + 2
-    return counts
 
 
 def _integer(value: cst.BaseExpression, constants: dict[str, Span]) -> Span | None:
@@ -391,7 +373,7 @@ def tensor_elements(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExp
         if method in _SAME_START:
             return base
         if method in _COPY_UNLESS_CONTIGUOUS:
-            fresh = _followed(value.func.value, bound)
+            fresh = followed(value.func.value, bound)
             made = dotted(fresh.func) if isinstance(fresh, cst.Call) else None
             return base if made is not None and made.startswith("torch.") else None
         if method == "as_strided":
@@ -399,17 +381,6 @@ def tensor_elements(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExp
             start = 0 if offset is None else integer(offset, bound)
             return None if start is None else base - start
     return None
-
-
-def _followed(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression]]) -> cst.BaseExpression:  # fmt: skip
-    """A name bound once stands for its value."""
-    seen: set[str] = set()
-    while isinstance(value, cst.Name) and len(bound.get(value.value, [])) == 1:
-        if value.value in seen:
-            break
-        seen.add(value.value)
-        value = bound[value.value][0]
-    return value
 
 
 def _numel(sizes: list[cst.BaseExpression]) -> int | None:

@@ -158,14 +158,22 @@ def _bare_names(body: Sequence[cst.CSTNode]) -> Iterator[str]:
             yield node.value
 
 
+def _language_call(node: cst.CSTNode) -> str | None:
+    """The dotted name of a `triton.language` call written without `*args` (`tl.load`), else
+    None: the calls the compile rules read."""
+    if not isinstance(node, cst.Call) or any(a.star for a in node.args):
+        return None
+    name = dotted(node.func) or ""
+    return name if name.startswith(_LANGUAGE) else None
+
+
 def _short_calls(body: Sequence[cst.CSTNode]) -> Iterator[tuple[str, int]]:
     for statement in body:
         for node in walk(statement):
-            if not isinstance(node, cst.Call) or any(a.star for a in node.args):
+            name = _language_call(node)
+            if name is None:
                 continue
-            name = dotted(node.func) or ""
-            if not name.startswith(_LANGUAGE):
-                continue
+            assert isinstance(node, cst.Call)
             needed = REQUIRED_ARGUMENTS.get(name.rsplit(".", 1)[-1])
             if needed is not None and len(node.args) < needed:
                 yield name, needed
@@ -186,11 +194,10 @@ def _no_values(body: Sequence[cst.CSTNode]) -> Iterator[str]:
         for node in walk(statement):
             if isinstance(node, cst.Assign) and _is_none(node.value):
                 yield "None assigned"
-            if not isinstance(node, cst.Call) or any(a.star for a in node.args):
+            name = _language_call(node)
+            if name is None or name.rsplit(".", 1)[-1] not in _POINTER_FIRST:
                 continue
-            name = dotted(node.func) or ""
-            if not name.startswith(_LANGUAGE) or name.rsplit(".", 1)[-1] not in _POINTER_FIRST:
-                continue
+            assert isinstance(node, cst.Call)
             positional = [a.value for a in node.args if a.keyword is None]
             if positional and _is_constant(positional[0]):
                 yield f"{name}() of a constant, not a pointer"
@@ -206,11 +213,10 @@ def _malformed(body: Sequence[cst.CSTNode]) -> Iterator[str]:
     numbers = _names_bound_to_numbers(body)
     for statement in body:
         for node in walk(statement):
-            if not isinstance(node, cst.Call) or any(a.star for a in node.args):
+            name = _language_call(node)
+            if name is None:
                 continue
-            name = dotted(node.func) or ""
-            if not name.startswith(_LANGUAGE):
-                continue
+            assert isinstance(node, cst.Call)
             last = name.rsplit(".", 1)[-1]
             positional = [a.value for a in node.args if a.keyword is None]
             keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
@@ -238,22 +244,32 @@ def _malformed(body: Sequence[cst.CSTNode]) -> Iterator[str]:
                         yield f"{name}({start}, {end}): no range of a power of two"
 
 
-def _names_bound_to_numbers(body: Sequence[cst.CSTNode]) -> set[str]:
-    """Names the kernel binds exactly once, to an integer or float literal."""
-    values: dict[str, list[cst.BaseExpression | None]] = {}
+def binding_counts(body: Sequence[cst.CSTNode]) -> dict[str, int]:
+    """How often a kernel's statements bind each name (a loop's target or a walrus's: twice,
+    never a constant)."""
+    counts: dict[str, int] = {}
     for statement in body:
         for node in walk(statement):
-            if isinstance(node, cst.Assign):
-                for target in node.targets:
-                    for name in target_names(target.target):
-                        plain = isinstance(target.target, cst.Name)
-                        values.setdefault(name, []).append(node.value if plain else None)
-            elif isinstance(node, cst.AugAssign | cst.AnnAssign | cst.For | cst.NamedExpr):
+            if isinstance(node, cst.Assign | cst.AugAssign | cst.AnnAssign):
+                targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # fmt: skip
+                for name in (n for t in targets for n in target_names(t)):
+                    counts[name] = counts.get(name, 0) + 1
+            elif isinstance(node, cst.For | cst.NamedExpr):
                 for name in target_names(node.target):
-                    values.setdefault(name, []).extend([None, None])
+                    counts[name] = counts.get(name, 0) + 2
+    return counts
+
+
+def _names_bound_to_numbers(body: Sequence[cst.CSTNode]) -> set[str]:
+    """Names the kernel binds exactly once, by a plain assignment of an integer or float."""
+    once = {name for name, count in binding_counts(body).items() if count == 1}
     return {
-        name for name, bound in values.items()
-        if len(bound) == 1 and isinstance(bound[0], cst.Integer | cst.Float)
+        node.targets[0].target.value
+        for statement in body for node in walk(statement)
+        if isinstance(node, cst.Assign) and len(node.targets) == 1
+        and isinstance(node.targets[0].target, cst.Name)
+        and node.targets[0].target.value in once
+        and isinstance(node.value, cst.Integer | cst.Float)
     }  # fmt: skip
 
 
@@ -295,11 +311,10 @@ def _pointerless(kernel: cst.FunctionDef, modules: set[str]) -> Iterator[str]:
     plain = (set(sources) - pointers) | _constexpr_parameters(kernel) | modules | {"tl"}
     for statement in body:
         for node in walk(statement):
-            if not isinstance(node, cst.Call) or any(a.star for a in node.args):
+            name = _language_call(node)
+            if name is None or name.rsplit(".", 1)[-1] not in _POINTER_FIRST:
                 continue
-            name = dotted(node.func) or ""
-            if not name.startswith(_LANGUAGE) or name.rsplit(".", 1)[-1] not in _POINTER_FIRST:
-                continue
+            assert isinstance(node, cst.Call)
             positional = [a.value for a in node.args if a.keyword is None]
             pointer = positional[0] if positional else None
             if pointer is not None and not _is_constant(pointer) and set(reads(pointer)) <= plain:

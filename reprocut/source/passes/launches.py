@@ -180,6 +180,14 @@ def _integer(
     return None
 
 
+def followed(
+    value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression]]
+) -> cst.BaseExpression:
+    """What a name assigned exactly once stands for, followed to the end (else `value`)."""
+    found = _followed(value, bound, set())
+    return value if found is None else found
+
+
 def _followed(
     value: cst.BaseExpression | None, bound: dict[str, list[cst.BaseExpression]], seen: set[str]
 ) -> cst.BaseExpression | None:
