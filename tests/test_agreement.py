@@ -107,6 +107,21 @@ def test_fingerprint_sees_devices_layouts_and_pointers():
     assert fingerprint("torch.sparse_coo_tensor(i, v)") != fingerprint("torch.randn(4, 4)")
 
 
+def test_fingerprint_reads_what_runs_not_what_comments_say():
+    """Stripping a docstring that tells of `.expand()` on CUDA changes nothing a fork runs."""
+    told = (
+        '"""Evaluation uses `.expand(B, -1, -1)` (CUDA only, not contiguous)."""\n'
+        "def pe(x):\n"
+        '    """Strides of the expanded table."""\n'
+        "    return x.expand(4, 8)  # a cuda view, stride 0\n"
+        'pe(torch.randn(8, device="cuda"))\n'
+    )
+    bare = 'def pe(x):\n    return x.expand(4, 8)\npe(torch.randn(8, device="cuda"))\n'
+    assert fingerprint(told) == fingerprint(bare) == (("cuda", 1), ("device", 1), ("expand", 1))
+    assert fingerprint(bare.replace('"cuda"', '"cpu"')) != fingerprint(bare)  # a string that runs
+    assert fingerprint("not python: .expand(") == (("expand", 1),)
+
+
 def test_the_plain_run_runs_the_candidate_as_repro_py_will_be_written(tmp_path):
     """A fork child waits for the GPU after every candidate; a script reduction's repro.py
     ends with `torch.cuda.synchronize()` for the same reason. A candidate ending right after its
@@ -704,3 +719,41 @@ def test_a_walk_back_whose_first_choice_is_flaky_looks_further_back(
     )
     assert walked.chosen is not None and walked.chosen.index == 7
     assert probed.count(0) == 1 and walked.reason == "verified"
+
+
+def test_a_walked_back_case_keeps_the_unshrunk_calls_sizes_in_its_header(tmp_path):
+    """The walk-back writes an earlier case under the header the final one had: the error, its
+    message, and `Original:` (the unshrunk call's sizes), even where the chosen case's script
+    was rendered before under a bare header (the original's memcheck renders the first)."""
+    from reprocut.model.case import Literal, ReproCase, TensorSpec
+    from reprocut.shrink.emitter import emit
+
+    def embedding(ids: tuple[int, ...], rows: int) -> ReproCase:
+        index = TensorSpec((len(ids),), dtype="int64", values=Literal(ids))
+        return ReproCase("torch.nn.functional.embedding", (index, TensorSpec((rows, 4))))
+
+    log = AcceptedLog(tmp_path / "accepted")
+    for case in (embedding((1, 12, 2), 10), embedding((12,), 10), embedding((0,), 1)):
+        log.add_case(case)
+    log.entries[1].path.write_text(emit(log.entries[1].case).code)  # a bare header, ahead
+    out = tmp_path / "out"
+    out.mkdir()
+    final = emit(log.entries[-1].case).code
+    (out / "repro.py").write_text(final)
+    failure = Failure.from_json(
+        {"status": "failed", "error": ErrorInfo("IndexError", "index out of range in self").to_json(),
+         "signature": signature_to_json(EMBEDDING)}
+    )  # fmt: skip
+    outcome = Outcome(code=final, statements=0, tensor_elements=None, checks=0, sidecar=False)
+    failed_plainly = verify(out / "repro.py", EMBEDDING, runs=2, timeout=120)
+    assert failed_plainly.reproduced == 0  # index 0 of one row: no failure
+    chosen, verified, walked = walk_back_outcome(
+        log, outcome, failed_plainly, failure, {}, Environment(), runs=2, timeout=120, out=out,
+        console=Console(file=io.StringIO()),
+    )  # fmt: skip
+    assert walked is not None and walked.chosen is not None and walked.chosen.index == 1
+    assert verified.reproduced == 2
+    written = (out / "repro.py").read_text()
+    assert written == chosen.code
+    assert "Message: index out of range in self" in written
+    assert "Original: " in written and "(3,)" in written  # the unshrunk ids' size

@@ -10,7 +10,7 @@ import libcst as cst
 import pytest
 import torch
 
-from reprocut.model.case import Generated, Signature, TensorSpec
+from reprocut.model.case import Generated, Literal, Signature, TensorSpec
 from reprocut.source.fixed_point import SourceReducer
 from reprocut.source.integer_search import (
     first_integers,
@@ -43,7 +43,7 @@ from reprocut.source.passes import (
     unwrap_blocks,
 )
 from reprocut.source.passes.expressions import names_reaching
-from reprocut.source.passes.specs import seeded
+from reprocut.source.passes.specs import seeded, without_dead_binding
 from reprocut.source.passes.tree import focus_calls
 from reprocut.source.size import sort_key
 
@@ -562,10 +562,10 @@ def test_strip_comments_drops_docstrings_but_keeps_a_body():
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
-        (TensorSpec((4, 8)), "torch.randn((4, 8), dtype=torch.float32)"),
+        (TensorSpec((4, 8)), "torch.randn((4, 8))"),
         (
             TensorSpec((4, 8), (0, 1), dtype="float16", device="cuda"),
-            "torch.randn((8,), dtype=torch.float16, device='cuda').as_strided((4, 8), (0, 1), 0)",
+            "torch.randn((8,), dtype=torch.float16, device='cuda').as_strided((4, 8), (0, 1))",
         ),
         (
             TensorSpec((3,), storage_offset=1, dtype="int64"),
@@ -573,12 +573,54 @@ def test_strip_comments_drops_docstrings_but_keeps_a_body():
         ),
         (
             TensorSpec((2, 2), dtype="int64", values=Generated("randint", 0, 7)),
-            "torch.randint(0, 7, (2, 2), dtype=torch.int64)",
+            "torch.randint(0, 7, (2, 2))",
         ),
+        (
+            TensorSpec((2, 2), dtype="int32", values=Generated("randint", 0, 7)),
+            "torch.randint(0, 7, (2, 2), dtype=torch.int32)",
+        ),
+        (
+            TensorSpec((2,), dtype="int64", values=Literal((1, 2))),
+            "torch.tensor((1, 2)).reshape((2,))",
+        ),
+        (
+            TensorSpec((2,), values=Literal((1, 2))),
+            "torch.tensor((1, 2), dtype=torch.float32).reshape((2,))",
+        ),
+        (TensorSpec((2,), values=Literal((0.5, 2))), "torch.tensor((0.5, 2)).reshape((2,))"),
     ],
 )
 def test_spec_expression_text(spec: TensorSpec, expected: str):
     assert render(spec_expression(spec)) == expected
+    if spec.device == "cpu":
+        assert eval(expected, {"torch": torch}).dtype == getattr(torch, spec.dtype)
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (TensorSpec((4, 8)), "torch.randn((4, 8), dtype=torch.float32)"),
+        (
+            TensorSpec((2,), values=Literal((0.5, 2))),
+            "torch.tensor((0.5, 2), dtype=torch.float32).reshape((2,))",
+        ),
+        (
+            TensorSpec((2,), dtype="int64", values=Literal((1, 2))),
+            "torch.tensor((1, 2)).reshape((2,))",
+        ),
+    ],
+)
+def test_spec_expression_names_float32_where_the_script_changes_the_default(
+    spec: TensorSpec, expected: str
+):
+    script = "import torch\ntorch.set_default_dtype(torch.float64)\n"
+    assert render(spec_expression(spec, script)) == expected
+    made = eval(render(spec_expression(spec, script)), {"torch": torch})
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert eval(expected, {"torch": torch}).dtype == made.dtype == getattr(torch, spec.dtype)
+    finally:
+        torch.set_default_dtype(torch.float32)
 
 
 def test_spec_expression_keeps_strides_and_offset():
@@ -605,16 +647,16 @@ def test_replace_with_specs_targets_the_focus_call():
     assert found[0] == code("""
         torch.manual_seed(0)
         h = model(x)
-        launch(torch.randn((3,), dtype=torch.float32).as_strided((2, 3), (0, 1), 0), out)
+        launch(torch.randn((3,)).as_strided((2, 3), (0, 1)), out)
     """)  # a random tensor's candidate is seeded: every run draws the same values
     assert all("model(torch" not in c for c in found)
 
 
 def test_a_tensor_built_from_literals_is_an_atom_for_the_size_order():
-    assert is_constant(cst.parse_expression("torch.randn((3,)).as_strided((2, 3), (0, 1), 0)"))
+    assert is_constant(cst.parse_expression("torch.randn((3,)).as_strided((2, 3), (0, 1))"))
     assert not is_constant(cst.parse_expression("torch.randn(n)"))
     before = "launch(h.bias)\n"
-    after = "launch(torch.randn((3,), dtype=torch.float32).as_strided((2, 3), (0, 1), 0))\n"
+    after = "launch(torch.randn((3,)).as_strided((2, 3), (0, 1)))\n"
     assert sort_key(after) < sort_key(before)
 
 
@@ -629,7 +671,7 @@ def test_replace_with_specs_replaces_a_name_wherever_its_function_reads_it():
             return n
     """)
     found = list(candidates(replace_with_specs, source, context))
-    built = "torch.randn((3,), dtype=torch.float32).as_strided((2, 3), (0, 1), 0)"
+    built = "torch.randn((3,)).as_strided((2, 3), (0, 1))"
     assert len(found) == 2  # each argument tries the spec recorded at its position
     assert found[1] == code(f"""
         torch.manual_seed(0)
@@ -803,7 +845,7 @@ def test_replace_with_specs_replaces_tensor_parameters_of_the_launching_function
             launch((blocks,), args)
         cmvn(feats[3:7])
     """)
-    built = "torch.randn((7,), dtype=torch.float32).as_strided((4,), (1,), 3)"
+    built = "torch.randn((7,)).as_strided((4,), (1,), 3)"
     assert next(candidates(replace_with_specs, source, context)) == code(f"""
         torch.manual_seed(0)
         def cmvn(x):
@@ -813,17 +855,31 @@ def test_replace_with_specs_replaces_tensor_parameters_of_the_launching_function
     """)
 
 
-def test_replace_with_specs_leaves_a_name_the_jump_bound_to_its_spec_already():
-    """After jump_to_call, `x = <its spec>` is there: another tensor for its reads (on the H200:
-    a second 1 GB `randn` in every candidate and a dead `x = ...` for later passes) is no
-    candidate; a name bound to something else still is."""
+def test_replace_with_specs_moves_a_name_the_jump_bound_to_its_spec_into_the_call():
+    """After jump_to_call, `x = <its spec>` is there: its spec in the call is a candidate only
+    with that binding gone in the same candidate (one line shorter for one check); another
+    tensor for reads that keep `x` (on the H200: a second 1 GB `randn` in every candidate) is
+    none. A name bound to something else is replaced as before."""
     spec = TensorSpec((4,), storage_offset=3)
-    built = "torch.randn((7,), dtype=torch.float32).as_strided((4,), (1,), 3)"
+    built = "torch.randn((7,)).as_strided((4,), (1,), 3)"
     context = PassContext(specs=(spec,), named_specs=(("x", spec),), focus="launch(x)")
     jumped = f"x = {built}\nlaunch(x)\n"
-    assert list(candidates(replace_with_specs, jumped, context)) == []
+    moved = list(candidates(replace_with_specs, jumped, context))
+    assert moved and all(f"launch({built})" in c and "x =" not in c for c in moved)
+    still_read = f"x = {built}\nlaunch(x)\ndef total():\n    return x.sum()\n"
+    assert all("x =" not in c for c in candidates(replace_with_specs, still_read, context))
     computed = "x = feats[3:7]\nlaunch(x)\n"
     assert f"launch({built})" in next(candidates(replace_with_specs, computed, context))
+
+
+def test_without_dead_binding_drops_only_what_nothing_reads():
+    assert without_dead_binding("x = 1\ny = 2\nf(y)\n", "x") == "y = 2\nf(y)\n"
+    assert without_dead_binding("x = 1\nf(x)\n", "x") is None
+    assert without_dead_binding("x = 1\ndef g():\n    return x\n", "x") is None  # read inside
+    assert without_dead_binding("x = 1\nfor x in y:\n    pass\n", "x") is None  # bound twice
+    assert without_dead_binding("def f(x):\n    return x\nx = 1\n", "x") == (
+        "def f(x):\n    return x\n"
+    )  # a parameter of the same name is another variable
 
 
 # --- jump_to_call ----------------------------------------------------------------------------
@@ -886,7 +942,7 @@ def test_jump_to_call_binds_the_probed_tensors_and_keeps_the_set_up():
             if x.storage_offset() % 4:
                 raise ValueError("bad")
             return x * scale
-        x = torch.randn((63,), dtype=torch.float32).as_strided((60,), (1,), 3)
+        x = torch.randn((63,)).as_strided((60,), (1,), 3)
     """)
     assert pruned_eager == set_up + code("""
         eps = 1e-5
@@ -954,8 +1010,7 @@ def test_jump_to_call_makes_the_failing_call_alone_where_its_function_takes_self
     *with_body, alone = candidates(jump_to_call, MODEL_KERNEL, context)
     assert all("self.bias" in c for c in with_body)  # each reads a `self` nothing binds
     assert alone.endswith(
-        "kernel(torch.randn((4, 8), dtype=torch.float32), torch.randn((8,), "
-        "dtype=torch.float32).as_strided((4, 8), (0, 1), 0), scale=0.5)\n"
+        "kernel(torch.randn((4, 8)), torch.randn((8,)).as_strided((4, 8), (0, 1)), scale=0.5)\n"
     )
     assert "def kernel" in alone and "torch.manual_seed(0)" in alone
     assert "class Model" not in alone and "def main" not in alone and "RANK" not in alone
@@ -1024,8 +1079,7 @@ def test_the_call_alone_takes_its_plain_values_and_grid_from_the_probe():
     )
     (alone,) = candidates(jump_to_call, LAUNCHING_LAYER, context)
     assert alone.endswith(
-        "n = 64\ngrid = (17,)\nkernel[grid](torch.randn((64,), dtype=torch.float32), "
-        "torch.randn((64,), dtype=torch.float32), n, 0.5, BLOCK=4)\n"
+        "n = 64\ngrid = (17,)\nkernel[grid](torch.randn((64,)), torch.randn((64,)), n, 0.5, BLOCK=4)\n"
     )
     assert "class Layer" not in alone and "class Kernel" in alone
     assert raises_bad(alone) == VALUE_ERROR

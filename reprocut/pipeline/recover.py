@@ -27,10 +27,11 @@ from reprocut.check.verify import Verification, run_plain, verify
 from reprocut.model.errors import ExitCode
 from reprocut.model.recording import Failure, atomic_write
 from reprocut.pipeline.cases import Outcome, failure_header
+from reprocut.pipeline.cpu_check import NO_CPU_KERNEL
 from reprocut.report.display.sanitizer import print_evidence
 from reprocut.report.display.shrink import print_phase
 from reprocut.shrink.emitter import SIDECAR_NAME, count_statements
-from reprocut.shrink.header import Environment
+from reprocut.shrink.header import Environment, Header, original_args
 from reprocut.shrink.walkback import (
     ACCEPTED_DIR,
     AcceptedLog,
@@ -110,7 +111,8 @@ def walk_back_outcome(
     if verification.exit_code == ExitCode.OK or not outcome.reproduced_from_capture:
         return outcome, verification, None
     print_phase(console, "repro.py does not verify: walking back through the accepted candidates")
-    header = failure_header(failure, environment)
+    header = walk_back_header(log, outcome, failure, environment)
+    render = renderer(header)
     seen: dict[Path, Verification] = {}
 
     def reproduces(script: Path) -> bool:
@@ -121,13 +123,15 @@ def walk_back_outcome(
         seen[script] = verify(script, failure.signature, runs=runs, timeout=timeout)
         return seen[script].exit_code == ExitCode.OK
 
-    walked = walk_back(log, reproduces=reproduces, verifies=verifies, render=renderer(header),
+    walked = walk_back(log, reproduces=reproduces, verifies=verifies, render=render,
                        inputs=inputs, ways=default_slots())  # fmt: skip
     walked = replace(walked, refused=_refused(outcome.code, verification, failure, out))
     if walked.chosen is None:
         return outcome, verification, walked
-    code = install(walked.chosen, out)
     case = walked.chosen.case
+    if case is not None:  # rendered before, maybe under another header (the original's memcheck)
+        walked.chosen.path.write_text(render(case, inputs)[0])
+    code = install(walked.chosen, out)
     chosen = replace(
         outcome,
         code=code,
@@ -136,6 +140,22 @@ def walk_back_outcome(
         sidecar=SIDECAR_NAME in code,
     )
     return chosen, seen[walked.chosen.path], walked
+
+
+def walk_back_header(
+    log: AcceptedLog, outcome: Outcome, failure: Failure, environment: Environment
+) -> Header:
+    """The header of a walked-back case: the final repro's facts that hold for every accepted
+    case, the unshrunk call's sizes and facts (`Original:`) and a CPU answer that was the
+    target's (no CPU kernel); a CPU check of the final case says nothing of an earlier one."""
+    header = failure_header(failure, environment)
+    unshrunk = log.entries[0].case if log.entries else None
+    if unshrunk is None:
+        return header
+    header = replace(header, original=original_args(unshrunk, failure.tensors))
+    if outcome.cpu_message == f"{unshrunk.target} {NO_CPU_KERNEL}":
+        header = replace(header, cpu_message=outcome.cpu_message)
+    return header
 
 
 REFUSED_FILE = "repro-refused.py"

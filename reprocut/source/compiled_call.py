@@ -33,7 +33,7 @@ def compiled_call_candidates(code: str, name: str, specs: Sequence[TensorSpec | 
     except cst.ParserSyntaxError:
         return []
     kept = [s for s in module.body if _is_definition(s)]
-    arguments = [cst.Arg(spec_expression(spec)) for spec in specs if spec is not None]
+    arguments = [cst.Arg(spec_expression(spec, code)) for spec in specs if spec is not None]
     callees: list[cst.BaseExpression] = []
     for statement in kept:
         if isinstance(statement, cst.FunctionDef) and statement.name.value == name:

@@ -51,7 +51,7 @@ def jump_to_call(code: str, context: PassContext) -> Generator[Any, Any, None]:
     tried: set[str] = set()
     body = _body_up_to_call(module, function, focus_callee(context.focus))
     if body is not None and context.named_specs:
-        bindings = _parameter_bindings(function, context)
+        bindings = _parameter_bindings(function, context, code)
         eager = [*(b for _, b in bindings), *body]
         pruned = _without_unused(module, kept, eager)
         runs = [_bound_before_use(bindings, body), eager]
@@ -65,7 +65,7 @@ def jump_to_call(code: str, context: PassContext) -> Generator[Any, Any, None]:
                 tried.add(candidate)
                 if (yield candidate):
                     return
-    alone = _call_alone(module, context)
+    alone = _call_alone(module, context, code)
     if alone is not None:
         set_up = _without_unused(module, kept, alone)
         candidate = _compiled(module.with_changes(body=[*set_up, *alone]))
@@ -73,7 +73,9 @@ def jump_to_call(code: str, context: PassContext) -> Generator[Any, Any, None]:
             yield seeded(candidate) if any(is_random(s) for s in alone) else candidate
 
 
-def _call_alone(module: cst.Module, context: PassContext) -> list[cst.BaseStatement] | None:
+def _call_alone(
+    module: cst.Module, context: PassContext, code: str
+) -> list[cst.BaseStatement] | None:
     """The failing call as a statement of its own, each tensor argument the one probed there,
     each other argument the constant it was or the value probed (bound to its name first when
     it is a name: `n = 4096`, and `grid = (4,)` for a launch's computed grid): the jump where
@@ -96,7 +98,9 @@ def _call_alone(module: cst.Module, context: PassContext) -> list[cst.BaseStatem
     for arg in call.args:
         if arg.keyword is None:
             spec, value = next(given)
-            made = spec_expression(spec) if spec is not None else _plain(arg.value, value, bound)
+            made = (
+                spec_expression(spec, code) if spec is not None else _plain(arg.value, value, bound)
+            )
         else:
             made = _plain(arg.value, keywords.get(arg.keyword.value), bound)
         if made is None:
@@ -247,7 +251,7 @@ class _PlainReturns(cst.CSTTransformer):
 
 
 def _parameter_bindings(
-    function: cst.FunctionDef, context: PassContext
+    function: cst.FunctionDef, context: PassContext, code: str
 ) -> list[tuple[str, cst.SimpleStatementLine]]:
     """`name = <tensor>` for probed tensor parameters, `name = <value>` for probed plain ones,
     `name = <default>` for the others that have a default; a parameter with none of these stays
@@ -263,7 +267,7 @@ def _parameter_bindings(
     for param in params:
         name = param.name.value
         if name in specs:
-            value: cst.BaseExpression | None = spec_expression(specs[name])
+            value: cst.BaseExpression | None = spec_expression(specs[name], code)
         elif name in values:
             value = literal(values[name])
         else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import libcst as cst
@@ -99,14 +99,21 @@ def _kw(name: str, value: cst.BaseExpression) -> cst.Arg:
     )
 
 
-def spec_expression(spec: TensorSpec) -> cst.BaseExpression:
-    """A tensor with the spec's shape, dtype, device, strides and storage offset.
+def implies_float32(script: str) -> bool:
+    """torch's default float dtype stays float32 in `script`: nothing there changes it."""
+    return "set_default_dtype" not in script and "set_default_tensor_type" not in script
+
+
+def spec_expression(spec: TensorSpec, script: str = "") -> cst.BaseExpression:
+    """A tensor with the spec's shape, dtype, device, strides and storage offset, as the
+    `script` it goes into reads it.
 
     A non-contiguous or offset spec is built as a flat storage viewed with `as_strided`, so an
     expanded (stride 0) or offset view reaches the kernel exactly as it did in the user's run.
+    A dtype the constructor implies and a zero storage offset are left out: on the H200 each
+    cost the reduction a check of its own to drop (6 of expand_bias' 55).
     """
-    dtype = cst.parse_expression(f"torch.{spec.dtype}")
-    options = [_kw("dtype", dtype)]
+    options = []
     if spec.device != "cpu":
         options.append(_kw("device", literal(spec.device)))
     plain = spec.is_contiguous and spec.storage_offset == 0
@@ -116,31 +123,51 @@ def spec_expression(spec: TensorSpec) -> cst.BaseExpression:
     kind = values.kind if isinstance(values, Generated) else ("randn" if is_float else "zeros")
     if kind in {"randn", "rand"} and not is_float:
         kind = "zeros"
+    float32 = "float32" if implies_float32(script) else None
     if isinstance(values, Literal) and len(values.values) == (spec.numel if plain else -1):
+        implied = _literal_dtype(values.values, float32)
         base = cst.Call(
             cst.parse_expression("torch.tensor"),
-            [cst.Arg(literal(tuple(values.values))), *options],
+            [cst.Arg(literal(tuple(values.values))), *_with_dtype(options, spec, implied)],
         )
         built = cst.Call(cst.Attribute(base, cst.Name("reshape")), [cst.Arg(literal(spec.shape))])
     elif kind == "randint":
         assert isinstance(values, Generated)
         args = [literal(values.low), literal(values.high), literal(shape)]
+        options = _with_dtype(options, spec, "int64")
         built = cst.Call(cst.parse_expression("torch.randint"), [*map(cst.Arg, args), *options])
-    elif kind == "full":
+    elif kind == "full":  # the fill value's type would pick the dtype: always name it
         assert isinstance(values, Generated)
         args = [literal(shape), literal(values.low)]
+        options = _with_dtype(options, spec, None)
         built = cst.Call(cst.parse_expression("torch.full"), [*map(cst.Arg, args), *options])
     else:
         name = kind if kind in {"randn", "rand", "zeros", "ones"} else "zeros"
+        options = _with_dtype(options, spec, float32)
         built = cst.Call(cst.parse_expression(f"torch.{name}"), [cst.Arg(literal(shape)), *options])
     if not plain:
         stride = spec.stride if spec.stride is not None else _contiguous(spec.shape)
-        built = cst.Call(
-            cst.Attribute(built, cst.Name("as_strided")),
-            [cst.Arg(literal(spec.shape)), cst.Arg(literal(tuple(stride))),
-             cst.Arg(literal(spec.storage_offset))],
-        )  # fmt: skip
+        view = [cst.Arg(literal(spec.shape)), cst.Arg(literal(tuple(stride)))]
+        if spec.storage_offset:
+            view.append(cst.Arg(literal(spec.storage_offset)))
+        built = cst.Call(cst.Attribute(built, cst.Name("as_strided")), view)
     return built
+
+
+def _with_dtype(options: list[cst.Arg], spec: TensorSpec, implied: str | None) -> list[cst.Arg]:
+    """`options` led by `dtype=` unless the constructor gives `spec`'s dtype by itself."""
+    if spec.dtype == implied:
+        return options
+    return [_kw("dtype", cst.parse_expression(f"torch.{spec.dtype}")), *options]
+
+
+def _literal_dtype(values: Sequence[Any], float32: str | None) -> str | None:
+    """The dtype `torch.tensor(values)` picks by itself (None: not known to be float32)."""
+    if values and all(isinstance(v, bool) for v in values):
+        return "bool"
+    if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return "int64"
+    return float32
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -267,10 +294,10 @@ def replace_with_specs(code: str, context: PassContext) -> Generator[Any, Any, N
         scope = None if module is None else focus_scope(module, context.focus)
         if module is None or scope is None:
             break
-        value = spec_expression(spec)
-        if _bound_to(module, name, value):
-            continue  # jump_to_call made it so already: a second tensor would be all it adds
+        value = spec_expression(spec, code)
         candidate = _replace_name(code, module, scope, name, value)
+        if candidate is not None and _bound_to(module, name, value):
+            candidate = without_dead_binding(candidate, name)  # else: a second tensor, no more
         if candidate is not None and is_random(value):
             candidate = seeded(candidate)
         if candidate is not None and (yield candidate):
@@ -294,10 +321,10 @@ def replace_with_specs(code: str, context: PassContext) -> Generator[Any, Any, N
             order = tensors
         accepted = False
         for spec in order:
-            value = spec_expression(spec)
-            if isinstance(arg.value, cst.Name) and _bound_to(module, arg.value.value, value):
-                continue
+            value = spec_expression(spec, code)
             candidate = _spec_candidate(code, module, arg, value)
+            if isinstance(arg.value, cst.Name) and _bound_to(module, arg.value.value, value):
+                candidate = candidate and without_dead_binding(candidate, arg.value.value)
             if candidate is not None and is_random(value):
                 candidate = seeded(candidate)
             if candidate is not None and (yield candidate):
@@ -305,6 +332,28 @@ def replace_with_specs(code: str, context: PassContext) -> Generator[Any, Any, N
                 break
         if not accepted:
             i += 1  # an accepted site became a constant: it is no longer in the list
+
+
+def without_dead_binding(code: str, name: str) -> str | None:
+    """`code` less its module-level `name = ...` lines, when nothing reads `name` any more
+    (None: something does). Replacing a name bound to its spec already (a jump binds each
+    tensor so) by the spec adds a second tensor; it shortens the repro only with the binding
+    gone, in the same candidate: one check for the line, not two."""
+    module = parse(code)
+    if module is None:
+        return None
+    wrapper = cst.metadata.MetadataWrapper(module, unsafe_skip_copy=True)
+    scopes = wrapper.resolve(cst.metadata.ScopeProvider)
+    scope = scopes.get(module)
+    if scope is None or name not in scope or any(a.references for a in scope[name]):
+        return None
+    dead = [
+        s for s in module.body
+        if m.matches(s, m.SimpleStatementLine([m.Assign([m.AssignTarget(m.Name(name))])]))
+    ]  # fmt: skip
+    if not dead or len(dead) != len(scope[name]):
+        return None  # bound some other way too (an import, a loop, a def)
+    return module.with_changes(body=[s for s in module.body if s not in dead]).code
 
 
 def _bound_to(module: cst.Module, name: str, value: cst.BaseExpression) -> bool:

@@ -321,6 +321,11 @@ def _is_literal(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Name) and node.value in {"True", "False", "None"}
 
 
+def _is_alias(module: cst.Module, value: cst.BaseExpression) -> bool:
+    """A name the module binds once (an assignment, not a parameter or import elsewhere)."""
+    return isinstance(value, cst.Name) and _bindings(module, value.value) == 1
+
+
 class _BindingCounter(cst.CSTVisitor):
     """How many places bind a name: assignments, loop targets, parameters, `as` names."""
 
@@ -357,12 +362,16 @@ def _bindings(module: cst.Module, name: str) -> int:
 
 
 def _inline_literal(module: cst.Module, statement: cst.BaseStatement) -> str | None:
-    """`threads = 0` bound once at module level: its uses become `0` and the line goes."""
+    """`threads = 0` bound once at module level: its uses become `0` and the line goes. So
+    does `mean = x`, `x` bound once too: its uses become `x`, the very same object."""
     assign = _single_assignment(statement)
     if assign is None or statement not in module.body:
         return None
     target = assign.targets[0].target
-    if not (isinstance(target, cst.Name) and _is_literal(assign.value)):
+    if not (
+        isinstance(target, cst.Name)
+        and (_is_literal(assign.value) or _is_alias(module, assign.value))
+    ):
         return None
     name = target.value
     bindings = _bindings(module, name)
