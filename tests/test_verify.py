@@ -190,3 +190,62 @@ def test_a_script_repro_that_sets_the_environment_first_runs_plain(tmp_path: Pat
     result = verify(script, expected, runs=2, timeout=120, standbys=())
     assert result.reproduced == 2
     assert [_seen(outcome)[1] for outcome in result.outcomes] == [False, False]
+
+
+@pytest.mark.parametrize(
+    ("code", "warm"),
+    [
+        ("import torch\nimport numpy as np\nimport cupy\n", ("numpy", "cupy")),
+        (
+            "import torch\nimport triton\nimport triton.language as tl\n",
+            ("triton", "triton.language"),
+        ),
+        (
+            "import torch\n@torch.library.custom_op('x::f', mutates_args=())\ndef f(x): ...\n",
+            ("torch._dynamo",),
+        ),
+        ("import torch\nimport os\nos.environ['TORCH_LOGS'] = 'dynamo'\nimport numpy\n", ()),
+        ("import torch\ndef f():\n    import numpy\n", ()),  # not at its top: maybe never
+        ("import torch\nimport scipy\n", ()),  # not a module the fork server trusts either
+        ("import torch\n    broken(\n", ()),
+    ],
+)
+def test_what_the_verifications_interpreters_may_import_ahead(code: str, warm: tuple) -> None:
+    from reprocut.check.plainrun import runs_warm, warm_modules
+
+    assert warm_modules(code) == warm
+    runs = code.startswith("import torch\n") and "broken" not in code
+    assert runs_warm(code, warm) is runs
+    assert runs_warm(code, ("numpy",)) is ("numpy" in warm)
+
+
+def test_interpreters_that_imported_more_run_only_the_repros_that_import_it_too(
+    tmp_path: Path,
+) -> None:
+    """Started to import numpy after torch (the repro imports it next), the interpreters run a
+    repro that does, which sees what `python repro.py` shows it; one that does not import numpy
+    runs in fresh interpreters, and they are ended."""
+    from reprocut.check.plainrun import Standbys
+    from reprocut.pipeline.ahead import Ahead
+
+    script = tmp_path / "repro.py"
+    script.write_text(
+        "import torch\nimport numpy\n"
+        + SEEN
+        + "print('numpy before:', 'numpy' in sys.modules, file=sys.stderr)\n"
+        + "raise IndexError(str(numpy.array(['index out of range in self'])[0]))\n"
+    )
+    expected = Signature("IndexError", None, None, "index out of range in self")
+    ahead = Ahead(plain=Standbys(2, cwd=tmp_path, warm=("numpy",)))
+    try:
+        warm = ahead.standbys_for(script)
+        assert len(warm) == 2
+        result = verify(script, expected, runs=2, timeout=120, standbys=warm)
+    finally:
+        ahead.plain.close()
+    assert result.reproduced == 2 and all(_seen(o)[1] for o in result.outcomes)
+    assert {_seen(o)[0] for o in result.outcomes} == {_seen(run_plain(script, timeout=120))[0]}
+    without = tmp_path / "without.py"
+    without.write_text("import torch\n" + SEEN + "raise IndexError('index out of range')\n")
+    standbys = Standbys(2, cwd=tmp_path, warm=("numpy",))
+    assert Ahead(plain=standbys).standbys_for(without) == () and standbys.take() == []

@@ -4,7 +4,8 @@ The fork server's children differ from `python repro.py` in ways no environment 
 they share the server's memory copy-on-write, and run under attribution modes. So the oracle
 confirms some accepted candidates in a plain process (`reprocut.check.agreement` says which).
 To keep that cheap, the next process is started ahead and waits: a fresh interpreter that has
-imported torch (nothing else; CUDA untouched) and then reads the path of the script to run. The
+imported torch (CUDA untouched; the verification's also import what the repro imports next,
+`warm_modules`) and then reads the path of the script to run. The
 script runs as `__main__` the way `python script` runs it (its folder, arguments, sys.path[0],
 __file__), and its exception is printed by the interpreter itself, as under `python repro.py`;
 the signature is read back from stderr like a verification run's.
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from reprocut.check.childenv import SETS_ENVIRONMENT
 from reprocut.check.oracle import run_with_timeout
+from reprocut.check.preload import uses_dynamo
 from reprocut.check.verify import RunOutcome, run_plain, signature_from_stderr
 
 # what an interpreter started ahead does first (reprocut.check.memcheck_process's as well):
@@ -39,6 +41,8 @@ from reprocut.check.verify import RunOutcome, run_plain, signature_from_stderr
 STANDBY_REQUEST = r"""
 import json, os, sys
 import torch  # the script's own first statement (starts_by_importing_torch), done ahead
+for _name in sys.argv[1:]:  # what the script imports next, or uses torch._dynamo for (warm)
+    __import__(_name)
 line = sys.stdin.readline()
 if not line:
     os._exit(0)
@@ -85,19 +89,55 @@ def starts_by_importing_torch(code: str) -> bool:
     return not others and alias.name == "torch" and alias.asname is None
 
 
+# modules an interpreter started ahead may import after torch, where the script imports them
+# at its top (the fork server's trusted preloads): on the H200 a plain run of a triton_op's
+# repro took 8.4-9.3 s with torch imported ahead, torch._dynamo's import (first use of the op)
+# the most of it, as it was the most of the fork server's preload (6 s)
+WARMABLE = ("numpy", "cupy", "triton", "triton.language")
+DYNAMO = "torch._dynamo"
+
+
+def warm_modules(code: str) -> tuple[str, ...]:
+    """What an interpreter may import ahead of `code`, after torch: the WARMABLE modules its
+    top level imports, and torch._dynamo where it uses a part of torch that imports it on first
+    use (reprocut.check.preload.uses_dynamo); nothing for code that may write the environment
+    (torch._dynamo and the kernel libraries read it as they start)."""
+    if SETS_ENVIRONMENT.search(code) is not None:
+        return ()
+    try:
+        body = ast.parse(code).body
+    except (SyntaxError, ValueError):
+        return ()
+    imported = {a.name for s in body if isinstance(s, ast.Import) for a in s.names}
+    found = [name for name in WARMABLE if name in imported]
+    return (*found, DYNAMO) if uses_dynamo(code) else tuple(found)
+
+
+def runs_warm(code: str, warm: Sequence[str]) -> bool:
+    """Is running `code` in an interpreter that imported torch, then `warm`, running `python
+    code`? Its first act is `import torch` and it imports each of `warm` itself (or, for
+    torch._dynamo, uses what imports it), writing no environment before."""
+    return starts_by_importing_torch(code) and set(warm) <= set(warm_modules(code))
+
+
 class _Standby:
     """One waiting interpreter and the file its stderr goes to."""
 
     def __init__(
-        self, directory: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+        self,
+        directory: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        warm: Sequence[str] = (),
     ) -> None:
         """`cwd`: where it starts (the folder of the scripts it will run: `import torch` then
-        looks where `python script` looks first; default: this process's)."""
+        looks where `python script` looks first; default: this process's); `warm`: modules it
+        imports after torch (`warm_modules` of the scripts it may run)."""
         handle, name = tempfile.mkstemp(prefix="plain-", suffix=".err", dir=directory)
         self.stderr_path = Path(name)
         with os.fdopen(handle, "w") as stderr:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", _STANDBY],
+                [sys.executable, "-c", _STANDBY, *warm],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
@@ -147,20 +187,34 @@ class Standbys:
     and making the CUDA context: the verification's runs, started ahead, save the import."""
 
     def __init__(
-        self, count: int, env: dict[str, str] | None = None, cwd: Path | None = None
+        self,
+        count: int,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        warm: Sequence[str] = (),
     ) -> None:
-        """`cwd`: the folder of the script they will run (see _Standby)."""
-        self.count, self._env, self._cwd = count, env, cwd
+        """`cwd`: the folder of the script they will run, `warm`: what they import after torch
+        (see _Standby)."""
+        self.count, self._env, self._cwd, self.warm = count, env, cwd, tuple(warm)
         self._tmp = tempfile.TemporaryDirectory(prefix="reprocut-verify-")
-        self._waiting = [_Standby(Path(self._tmp.name), env, cwd) for _ in range(count)]
+        self._waiting = [self._start() for _ in range(count)]
         self._closed = False
 
+    def _start(self) -> _Standby:
+        return _Standby(Path(self._tmp.name), self._env, self._cwd, self.warm)
+
     @classmethod
-    def if_worth_it(cls, count: int, cwd: Path | None = None) -> Standbys | None:
+    def if_worth_it(
+        cls, count: int, cwd: Path | None = None, warm: Sequence[str] = ()
+    ) -> Standbys | None:
         """Started where the machine has the cores to import torch beside the fork server."""
         if count < 2 or not has_cores_to_warm():
             return None
-        return cls(count, cwd=cwd)
+        return cls(count, cwd=cwd, warm=warm)
+
+    def fit(self, code: str) -> bool:
+        """Do these interpreters run `code` as `python` would (`runs_warm`)?"""
+        return runs_warm(code, self.warm)
 
     def take(self) -> list[_Standby]:
         """The waiting interpreters, each to run one script (handed out once)."""
@@ -173,7 +227,7 @@ class Standbys:
         if self._closed:
             return
         while len(self._waiting) < self.count:
-            self._waiting.append(_Standby(Path(self._tmp.name), self._env, self._cwd))
+            self._waiting.append(self._start())
 
     def close(self) -> None:
         self._closed = True

@@ -6,8 +6,11 @@ CUDA context, and a memory fault's memcheck of repro.py (~5.5 s alone, most of i
 imports under the sanitizer) ended 0.7-2.1 s after the plain runs. So both wait ready: the plain
 runs' interpreters (check/plainrun.Standbys) and, for a memory fault on the GPU, one memcheck
 (check/memcheck_process.MemcheckStandby). Both are used only if repro.py's first statement is
-`import torch` (check/plainrun.starts_by_importing_torch), so that the import done ahead changes
-nothing it sees; else the runs are fresh as before, and what waited is ended. Whatever is left
+`import torch` (check/plainrun.starts_by_importing_torch), and the plain runs' interpreters,
+which also import what the repro is expected to import next (its kernel libraries, and
+torch._dynamo for a custom op's registration: check/plainrun.warm_modules), only if it imports
+all of that itself, writing no environment: so that the imports done ahead change nothing it
+sees; else the runs are fresh as before, and what waited is ended. Whatever is left
 ends with the shrink, however it ends (the shrink's ExitStack).
 """
 
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reprocut.check.memcheck_process import MemcheckStandby
-from reprocut.check.plainrun import Standbys, has_cores_to_warm, starts_by_importing_torch
+from reprocut.check.plainrun import Standbys, has_cores_to_warm
 from reprocut.check.sanitizer import find_sanitizer
 from reprocut.check.verify import Standby
 from reprocut.model.recording import Failure
@@ -36,22 +39,31 @@ class Ahead:
 
     def standbys_for(self, repro: Path) -> Sequence[Standby]:
         """The plain runs' interpreters, if running repro.py in one is running `python
-        repro.py`: its first statement is `import torch`. Else they end now and the runs are
+        repro.py`: its first statement is `import torch`, and it imports what they imported
+        after it (check/plainrun.runs_warm). Else they end now and the runs are
         plain: a user's script, reduced, may set the environment CUDA reads before importing
         torch, and so does a captured call's repro that needs an environment variable."""
         if self.plain is None:
             return ()
-        if starts_by_importing_torch(repro.read_text()):
+        if self.plain.fit(repro.read_text()):
             return self.plain.take()
         self.plain.close()
         return ()
 
 
-def start_ahead(failure: Failure, runs: int, out: Path, cleanup: contextlib.ExitStack) -> Ahead:
+def start_ahead(
+    failure: Failure,
+    runs: int,
+    out: Path,
+    cleanup: contextlib.ExitStack,
+    warm: Sequence[str] = (),
+) -> Ahead:
     """Start the verification's processes in `out`, repro.py's folder (where `import torch`
     then looks first, as `python repro.py` does), where the machine has the cores to import
-    torch beside the fork server; `cleanup` ends them with the shrink."""
-    plain = Standbys.if_worth_it(runs, cwd=out)
+    torch beside the fork server; `cleanup` ends them with the shrink. `warm`: what the plain
+    runs' interpreters import after torch (check/plainrun.warm_modules of what the repro is
+    expected to be; a repro that does not import them all runs fresh)."""
+    plain = Standbys.if_worth_it(runs, cwd=out, warm=warm)
     memcheck = warm_memcheck(failure, out)
     for started in (plain, memcheck):
         if started is not None:

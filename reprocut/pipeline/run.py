@@ -24,6 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from reprocut.check.oracle import Oracle
+from reprocut.check.plainrun import warm_modules
 from reprocut.check.verify import Verification, verify
 from reprocut.model.compiled import COMPILE_ONLY
 from reprocut.model.errors import ExitCode, ReprocutError
@@ -127,13 +128,14 @@ def shrink_recording(
         with phases.phase(READ):
             oracle = _fit_oracle(oracle, failure, settings)
             _start_server(oracle, phases, started)  # while the inputs are read
-            ahead = start_ahead(failure, settings.runs, _out(run_dir, settings), cleanup)
+            # the cases with the code registering any custom op they call: read once, here
+            defined = None if source else with_definitions(failure)
+            ahead = start_ahead(failure, settings.runs, _out(run_dir, settings), cleanup,
+                                warm=_warm(failure, defined))  # fmt: skip
             agreement, log = agree(oracle, failure, _out(run_dir, settings), source=source,
                                    timeout=settings.timeout * 2,
                                    max_seconds=settings.plain_seconds(failure, script=source))  # fmt: skip
             on_event = log.watch(shown)
-            # the cases with the code registering any custom op they call: read once, here
-            defined = None if source else with_definitions(failure)
             preload_definitions(oracle, defined)
             first = _first_check(oracle, defined, run_dir)
             try:
@@ -329,6 +331,23 @@ def _start_server(oracle: Oracle, phases: Phases, started: float) -> None:
     threading.Thread(target=warm, daemon=True).start()
 
 
+def _definitions_code(defined: Failure) -> str:
+    return "\n".join(dict.fromkeys(case.definitions for case in defined.cases if case.definitions))
+
+
+def _warm(failure: Failure, defined: Failure | None) -> tuple[str, ...]:
+    """What the verification's interpreters import after torch: what the repro will import
+    (the script's kernel libraries, a custom op's definitions' and torch._dynamo for its
+    registration), as far as it can be known before the shrink."""
+    if defined is not None:
+        return warm_modules(_definitions_code(defined))
+    script = Path(failure.script) if failure.script else None
+    try:
+        return warm_modules(script.read_text()) if script is not None else ()
+    except OSError:
+        return ()
+
+
 def preload_definitions(oracle: Oracle, defined: Failure | None) -> None:
     """The installed packages a custom op's definitions import (triton, cupy, the torch.library
     machinery that imports torch._dynamo), imported once by the fork server instead of by every
@@ -336,7 +355,7 @@ def preload_definitions(oracle: Oracle, defined: Failure | None) -> None:
     checks, with them imported in each."""
     if defined is None or not oracle.fork:
         return
-    code = "\n".join(dict.fromkeys(case.definitions for case in defined.cases if case.definitions))
+    code = _definitions_code(defined)
     if not code:
         return
     path = oracle.workdir / "definitions.py"

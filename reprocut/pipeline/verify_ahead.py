@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from reprocut.check import check_log
-from reprocut.check.plainrun import Standbys, starts_by_importing_torch
+from reprocut.check.plainrun import Standbys
 from reprocut.check.sanitizer import LOG_NAME, Evidence, find_sanitizer, run_memcheck
 from reprocut.check.verify import DEVICE_BUSY, Verification, verify
 from reprocut.model.case import ReproCase, Signature
@@ -249,7 +249,7 @@ class VerifyAhead:
             if self._current.interpreters and self.standbys is not None:
                 self.standbys.refill()
             self._current = None
-        plain = self.standbys is not None and starts_by_importing_torch(text)
+        plain = self.standbys is not None and self.standbys.fit(text)
         memcheck = self.memcheck and "cuda" in text
         if not (plain or memcheck):
             return
