@@ -335,17 +335,24 @@ def _definitions_code(defined: Failure) -> str:
     return "\n".join(dict.fromkeys(case.definitions for case in defined.cases if case.definitions))
 
 
+# what a script's reduction keeps importing, as far as can be told before it: the library of a
+# custom kernel that fails (numpy or an optimizer's torch._dynamo usually go with the training)
+KERNEL_LIBRARIES = ("cupy", "triton", "triton.language")
+
+
 def _warm(failure: Failure, defined: Failure | None) -> tuple[str, ...]:
-    """What the verification's interpreters import after torch: what the repro will import
-    (the script's kernel libraries, a custom op's definitions' and torch._dynamo for its
-    registration), as far as it can be known before the shrink."""
+    """What the verification's interpreters import after torch: what the repro will import,
+    as far as it can be known before the shrink (a custom op's definitions', torch._dynamo for
+    its registration; a script's kernel libraries). A repro that does not import all of it
+    runs in fresh interpreters instead (check/plainrun.runs_warm)."""
     if defined is not None:
         return warm_modules(_definitions_code(defined))
     script = Path(failure.script) if failure.script else None
     try:
-        return warm_modules(script.read_text()) if script is not None else ()
+        imported = warm_modules(script.read_text()) if script is not None else ()
     except OSError:
         return ()
+    return tuple(name for name in imported if name in KERNEL_LIBRARIES)
 
 
 def preload_definitions(oracle: Oracle, defined: Failure | None) -> None:
