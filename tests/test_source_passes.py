@@ -1188,3 +1188,14 @@ def test_jump_ahead_jumps_from_the_script_with_its_modules_pasted_in(tmp_path: P
     assert "storage_offset()" in first and "as_strided" in first  # the probed offset view
     # a script with no module of the user's to paste: nothing ahead of inline_sibling_imports
     assert list(candidates(jump_ahead, first, context)) == []
+
+
+def test_hoist_subexpressions_offers_the_innermost_operand_of_arithmetic_first():
+    """`(n + 256 - 1) // 256` -> `n` in one candidate, then the one-level steps; a call's parts
+    are still offered a level at a time."""
+    offered = list(
+        candidates(hoist_subexpressions, "blocks = (n + 256 - 1) // 256\n", PassContext())
+    )
+    assert offered[:2] == ["blocks = n\n", "blocks = (n + 256 - 1)\n"]
+    called = list(candidates(hoist_subexpressions, "row = next(iter(rows))\n", PassContext()))
+    assert "row = rows\n" not in called[:1] and "row = iter(rows)\n" in called
