@@ -27,12 +27,9 @@ at the top of repro.py, so the oracle's children and the user's plain run both h
 
 from __future__ import annotations
 
-import ast
 import os
-import re
 import shutil
 import tempfile
-from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -42,27 +39,13 @@ from typing import Any
 from reprocut.check import check_log
 from reprocut.check.oracle import ForkOnly, Oracle, Reproduced, Verdict
 from reprocut.check.plainrun import PlainRunner
+from reprocut.check.process_sensitive import Fingerprint, aten_only, fingerprint, grew
 from reprocut.check.verify import RunOutcome
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.oom import cpu_allocator_refused, is_out_of_memory
 from reprocut.model.signature import is_cuda_failure, is_memory_error
 
-# What a fork can make behave differently: devices, layouts and views, raw pointers, the
-# environment, processes. A change in how often any of these appears is worth a plain run.
-PROCESS_SENSITIVE = re.compile(
-    r"\bcuda\b|\bcpu\b|\bdevice\b|\bsparse_\w+|\bto_sparse\w*|\bas_strided\b|\bdata_ptr\b|"
-    r"\bcontiguous\b|\bexpand\w*|\bpin_memory\b|\bstrides?\b|\bstorage_offset\b|\benviron\b|"
-    r"\bfork\b|\bspawn\b|\bmultiprocessing\b"
-)
 BLOCKING = (("CUDA_LAUNCH_BLOCKING", "1"),)
-# what makes a candidate more than aten ops on its own tensors: an op outside aten/prims (its
-# kernel may read raw memory), a raw pointer, a kernel library
-NOT_ATEN = re.compile(
-    r"\btorch\.ops\.(?!aten\b|prims\b)\w+|\bdata_ptr\b|\bcupy\b|\btriton\b|\bload_inline\b|"
-    r"\bcpp_extension\b|\bctypes\b"
-)
-
-Fingerprint = tuple[tuple[str, int], ...]
 
 
 def _contended(outcome: RunOutcome) -> bool:
@@ -113,46 +96,6 @@ def _seen(outcome: RunOutcome) -> str | None:
     return None if outcome.signature is None else outcome.signature.describe()
 
 
-def fingerprint(code: str) -> Fingerprint:
-    """How often each process-sensitive word occurs in what `code` runs: its comments and
-    docstrings aside. A docstring telling of `.expand(B, -1, -1)` on "CUDA only" made the cut
-    that strips it a process-sensitive change on the H200, whose plain run the next such
-    candidate then waited for (3-7 s of each CuPy and Triton reduction's critical path)."""
-    return tuple(sorted(Counter(PROCESS_SENSITIVE.findall(_what_runs(code))).items()))
-
-
-def _what_runs(code: str) -> str:
-    """`code` without comments and docstrings (as it is, if it does not parse)."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return code
-    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-    for node in ast.walk(tree):
-        if isinstance(node, documented) and node.body and _is_docstring(node.body[0]):
-            node.body[0] = ast.Pass()
-    return ast.unparse(tree)
-
-
-def _is_docstring(statement: ast.stmt) -> bool:
-    return (
-        isinstance(statement, ast.Expr)
-        and isinstance(statement.value, ast.Constant)
-        and isinstance(statement.value.value, str)
-    )
-
-
-def aten_only(code: str) -> bool:
-    """`code` calls aten ops on tensors it makes, and nothing that reads raw memory."""
-    return NOT_ATEN.search(code) is None
-
-
-def grew(mark: Fingerprint, confirmed: Fingerprint) -> bool:
-    """Some process-sensitive word occurs more often in `mark` than in `confirmed`."""
-    before = dict(confirmed)
-    return any(count > before.get(word, 0) for word, count in mark)
-
-
 class PlainAgreement:
     """An Oracle `confirm` hook: plain runs for the candidates a fork may judge differently."""
 
@@ -189,7 +132,8 @@ class PlainAgreement:
         self.beside = beside
         # a script candidate's run beside the reduction: (its code, the fingerprint confirmed
         # before it, the run); and the candidates such runs refused, not yet handed over
-        self._script_run: tuple[str, Fingerprint | None, Future[Verdict]] | None = None
+        self._script_runs: list[tuple[str, Fingerprint | None, Future[Verdict]]] = []
+        self._plain_pool: ThreadPoolExecutor | None = None  # their one thread, in order
         self._late: list[str] = []
 
     def trust(self, code: str) -> None:
@@ -249,57 +193,72 @@ class PlainAgreement:
     ) -> Verdict:
         """Accept the candidate now and run it plainly beside the reduction (on the H200 a
         CuPy script's blocking plain runs took 5-8 s of its reduction's critical path, each
-        agreeing). The run before it is settled first: if it disagreed, this candidate, made
-        from that one, is refused too."""
-        late = self._settle_script()
+        agreeing), after the runs queued before it, one at a time. A run before it that has
+        disagreed refuses this candidate too (made from that one); one still going is not
+        waited for: on the H200 (87f972f, four shrinks at once) the next candidate waited 10 s
+        for its predecessor's 19.5 s run, which agreed."""
+        late = self._collect_scripts()
         if late is not None:
             return replace(late, seconds=verdict.seconds)
-        if mark in (self.confirmed, self.trusted) or self.spent():
+        if mark in (self.confirmed, self.trusted) or self.spent(queued=len(self._script_runs)):
             return verdict
         # a file of its own beside the script (its siblings import as they do for the script;
         # the oracle rewrites the candidate's file for the next check meanwhile)
-        own = script.with_name(f".reprocut-plain-{script.name.removeprefix('.reprocut-')}")
+        own = script.with_name(
+            f".reprocut-plain-{len(self._script_runs)}-{script.name.removeprefix('.reprocut-')}"
+        )
+        written = self.finish(code) if self.finish is not None else code
+        own.write_text(written)  # now: the oracle may rewrite its sidecars before the run
 
         def run() -> Verdict:
             try:
-                return self._confirm(code, own, Path(cwd), argv, verdict, expected, mark)
+                return self._confirm(code, own, Path(cwd), argv, verdict, expected, mark,
+                                     settles=False)  # fmt: skip
             finally:
                 own.unlink(missing_ok=True)
 
-        self._script_run = (code, self.confirmed, _on_a_thread(run))
+        if self._plain_pool is None:
+            self._plain_pool = ThreadPoolExecutor(1, thread_name_prefix="reprocut-plain")
+        self._script_runs.append((code, self.confirmed, self._plain_pool.submit(run)))
         self.confirmed = mark  # for now: later candidates like it need no run of their own
         return verdict
 
-    def _settle_script(self) -> ForkOnly | None:
-        """Wait for the script run beside the reduction, if any: its verdict when it
-        disagreed (its candidate then goes to `refused`), else None."""
-        if self._script_run is None:
-            return None
-        code, before, future = self._script_run
-        self._script_run = None
-        seen = future.result()
-        if not isinstance(seen, ForkOnly):
-            return None
-        self.confirmed = before
-        self._late.append(code)
-        return seen
+    def _collect_scripts(self, wait: bool = False) -> ForkOnly | None:
+        """The script runs beside the reduction that are done, in order (`wait`: all of
+        them): the verdict of one that disagreed (its candidate then goes to `refused`; the
+        runs queued after it, of candidates made from it, are dropped), else None."""
+        refused: ForkOnly | None = None
+        while self._script_runs and (wait or self._script_runs[0][2].done()):
+            code, before, future = self._script_runs.pop(0)
+            seen = future.result()
+            if isinstance(seen, ForkOnly):
+                for _, _, later in self._script_runs:
+                    later.cancel()
+                self._script_runs = []
+                self.confirmed = before
+                self._late.append(code)
+                refused = refused or seen
+        return refused
 
     def refused(self, wait: bool = False) -> str | None:
         """A candidate the reducer accepted that its plain run, beside the reduction since,
-        did not reproduce: the reducer goes back to before it. `wait`: settle the run still
+        did not reproduce: the reducer goes back to before it. `wait`: settle the runs still
         going first (at the end of a round)."""
-        if wait or (self._script_run is not None and self._script_run[2].done()):
-            self._settle_script()
+        self._collect_scripts(wait)
         return self._late.pop(0) if self._late else None
 
-    def spent(self) -> bool:
+    def spent(self, queued: int = 0) -> bool:
         """No more plain runs: one more, as long as the mean run so far, would take them past
-        `max_seconds` (the first run is always made: the biggest change comes first). On the
+        `max_seconds` (the first run is always made: the biggest change comes first; `queued`
+        runs not done yet count as that long, and two at most wait before one is done). On the
         H200, with four shrinks at once, a CuPy case's three plain runs took 27 s of a 6 s
         bound, the last one started with the bound nearly spent."""
-        if self.max_seconds is None or not self.runs:
+        if self.max_seconds is None:
             return False
-        return self.seconds + self.seconds / self.runs > self.max_seconds
+        if not self.runs:
+            return queued >= 2
+        mean = self.seconds / self.runs
+        return self.seconds + mean * (queued + 1) > self.max_seconds
 
     def _confirm(
         self,
@@ -310,7 +269,12 @@ class PlainAgreement:
         verdict: Verdict,
         expected: Signature,
         mark: Fingerprint,
+        *,
+        settles: bool = True,
     ) -> Verdict:
+        """`code`'s plain run: its verdict, or ForkOnly where it did not fail as expected.
+        `settles`: an agreeing run confirms `mark` (a queued run's candidate did that for now
+        when it was queued)."""
         written = self.finish(code) if self.finish is not None else code
         if not script.exists() or script.read_text() != written:
             script.write_text(written)
@@ -330,7 +294,8 @@ class PlainAgreement:
                       agreed=agreed, seen=_seen(outcome), returncode=outcome.returncode,
                       **({"related": True} if related else {}))  # fmt: skip
         if agreed:
-            self.confirmed = mark
+            if settles:
+                self.confirmed = mark
             return verdict
         self.disagreements += 1
         return ForkOnly(verdict.signature, seen, outcome.stderr_tail, verdict.seconds)
@@ -388,6 +353,10 @@ class PlainAgreement:
         }
 
     def close(self) -> None:
+        for _, _, queued in self._script_runs:
+            queued.cancel()
+        if self._plain_pool is not None:
+            self._plain_pool.shutdown(wait=False)
         self.runner.close()  # a first run still beside the shrink ends within its timeout
 
     def __enter__(self) -> PlainAgreement:

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reprocut.check.memcheck_process import MemcheckStandby
-from reprocut.check.plainrun import Standbys, has_cores_to_warm
+from reprocut.check.plainrun import Standbys, has_cores_to_warm, warm_modules
 from reprocut.check.sanitizer import find_sanitizer
 from reprocut.check.verify import Standby
 from reprocut.model.recording import Failure
 from reprocut.model.signature import is_memory_error
+from reprocut.pipeline.cases import definitions_code
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,3 +91,24 @@ def warm_memcheck(failure: Failure, out: Path) -> MemcheckStandby | None:
     if exe is None or not has_cores_to_warm():
         return None
     return MemcheckStandby.start(exe, kernel=failure.kernel, cwd=out)
+
+
+# what a script's reduction keeps importing, as far as can be told before it: the library of a
+# custom kernel that fails (numpy or an optimizer's torch._dynamo usually go with the training)
+KERNEL_LIBRARIES = ("cupy", "triton", "triton.language")
+
+
+def warm_for(failure: Failure, defined: Failure | None) -> tuple[str, ...]:
+    """What the verification's interpreters import after torch: what the repro will import,
+    as far as it can be known before the shrink (a custom op's definitions', torch._dynamo for
+    its registration; a script's kernel libraries). A repro that does not import all of it
+    runs in fresh interpreters instead (check/plainrun.runs_warm). `defined`: the failure with
+    its cases' definitions (None: a script reduction)."""
+    if defined is not None:
+        return warm_modules(definitions_code(defined))
+    script = Path(failure.script) if failure.script else None
+    try:
+        imported = warm_modules(script.read_text()) if script is not None else ()
+    except OSError:
+        return ()
+    return tuple(name for name in imported if name in KERNEL_LIBRARIES)

@@ -80,6 +80,11 @@ def with_definitions(failure: Failure) -> Failure:
     return replace(failure, cases=cases)
 
 
+def definitions_code(defined: Failure) -> str:
+    """The code registering the custom ops `defined`'s cases call, each block once."""
+    return "\n".join(dict.fromkeys(case.definitions for case in defined.cases if case.definitions))
+
+
 def pick_case(
     failure: Failure, inputs: dict[str, Any], oracle: Oracle, first: FirstCheck | None = None
 ) -> tuple[ReproCase | None, list[Verdict]]:

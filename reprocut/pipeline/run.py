@@ -24,14 +24,13 @@ from typing import Any
 from rich.console import Console
 
 from reprocut.check.oracle import Oracle
-from reprocut.check.plainrun import warm_modules
 from reprocut.check.verify import Verification, verify
 from reprocut.model.compiled import COMPILE_ONLY
 from reprocut.model.errors import ExitCode, ReprocutError
 from reprocut.model.limits import FIXED_POINT
 from reprocut.model.recording import Failure, RunDir, atomic_write
-from reprocut.pipeline.ahead import start_ahead
-from reprocut.pipeline.cases import Outcome, with_definitions
+from reprocut.pipeline.ahead import start_ahead, warm_for
+from reprocut.pipeline.cases import Outcome, definitions_code, with_definitions
 from reprocut.pipeline.compiled import shrink_compile_only
 from reprocut.pipeline.declined import Declined
 from reprocut.pipeline.finish import report_inputs, result_json, with_repro_message
@@ -131,7 +130,7 @@ def shrink_recording(
             # the cases with the code registering any custom op they call: read once, here
             defined = None if source else with_definitions(failure)
             ahead = start_ahead(failure, settings.runs, _out(run_dir, settings), cleanup,
-                                warm=_warm(failure, defined))  # fmt: skip
+                                warm=warm_for(failure, defined))  # fmt: skip
             agreement, log = agree(oracle, failure, _out(run_dir, settings), source=source,
                                    timeout=settings.timeout * 2,
                                    max_seconds=settings.plain_seconds(failure, script=source))  # fmt: skip
@@ -331,30 +330,6 @@ def _start_server(oracle: Oracle, phases: Phases, started: float) -> None:
     threading.Thread(target=warm, daemon=True).start()
 
 
-def _definitions_code(defined: Failure) -> str:
-    return "\n".join(dict.fromkeys(case.definitions for case in defined.cases if case.definitions))
-
-
-# what a script's reduction keeps importing, as far as can be told before it: the library of a
-# custom kernel that fails (numpy or an optimizer's torch._dynamo usually go with the training)
-KERNEL_LIBRARIES = ("cupy", "triton", "triton.language")
-
-
-def _warm(failure: Failure, defined: Failure | None) -> tuple[str, ...]:
-    """What the verification's interpreters import after torch: what the repro will import,
-    as far as it can be known before the shrink (a custom op's definitions', torch._dynamo for
-    its registration; a script's kernel libraries). A repro that does not import all of it
-    runs in fresh interpreters instead (check/plainrun.runs_warm)."""
-    if defined is not None:
-        return warm_modules(_definitions_code(defined))
-    script = Path(failure.script) if failure.script else None
-    try:
-        imported = warm_modules(script.read_text()) if script is not None else ()
-    except OSError:
-        return ()
-    return tuple(name for name in imported if name in KERNEL_LIBRARIES)
-
-
 def preload_definitions(oracle: Oracle, defined: Failure | None) -> None:
     """The installed packages a custom op's definitions import (triton, cupy, the torch.library
     machinery that imports torch._dynamo), imported once by the fork server instead of by every
@@ -362,7 +337,7 @@ def preload_definitions(oracle: Oracle, defined: Failure | None) -> None:
     checks, with them imported in each."""
     if defined is None or not oracle.fork:
         return
-    code = _definitions_code(defined)
+    code = definitions_code(defined)
     if not code:
         return
     path = oracle.workdir / "definitions.py"
