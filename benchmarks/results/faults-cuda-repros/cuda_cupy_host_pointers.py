@@ -25,7 +25,6 @@ ids = torch.randint(22, 8589985559, (512,), device='cuda:0')
 table = torch.randn((50000, 64), device='cuda:0')
 out = torch.empty(ids.numel(), device=table.device)
 n, dim = ids.numel(), table.shape[0]
-blocks = n
 pointers = (ids.data_ptr(), table.data_ptr(), out.data_ptr(), n, dim)
-_KERNEL((blocks,), (1,), pointers)
+_KERNEL((n,), (1,), pointers)
 torch.cuda.synchronize()
