@@ -118,18 +118,13 @@ def test_the_verification_runs_in_interpreters_started_with_the_shrink(
     """As on a machine with the cores for it: the emitted repro starts with `import torch`, so
     its plain runs go to the interpreters started with the shrink, and each runs it to its
     failure (exit status 1: not killed unused). No best stands long enough here to be
-    verified before the reduction ends, nor goes ahead as a round ends (tests/test_verify_ahead.py
-    has both)."""
+    verified before the reduction ends (tests/test_verify_ahead.py has that)."""
     from reprocut.check import plainrun
     from reprocut.pipeline import verify_ahead
     from reprocut.pipeline.ahead import Ahead
 
     monkeypatch.setattr(plainrun, "WARM_CORES", 1)
     monkeypatch.setattr(verify_ahead, "SETTLE", 3600.0)
-    round_ended = verify_ahead.VerifyAhead.round_ended
-    monkeypatch.setattr(
-        verify_ahead.VerifyAhead, "round_ended", lambda self, now=False: round_ended(self)
-    )
     handed: list[list[subprocess.Popen[str]]] = []
     standbys_for = Ahead.standbys_for
 
@@ -183,29 +178,3 @@ def test_record_shrink_writes_a_verified_repro_in_one_command(tmp_path: Path, de
         assert (expected.error_code, expected.kind) == (710, "index out of bounds"), expected
     found = signature_from_stderr(plain.stderr)
     assert found is not None and found.matches(expected, compare_op=False), plain.stderr
-
-
-def test_a_captured_calls_verification_goes_ahead_as_its_last_round_starts(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With the interpreters started with the shrink and no best standing its while, the
-    captured call's best as a round left it is verified ahead, in those interpreters, and that
-    verification is repro.py's: none is run after the shrink."""
-    from reprocut.check import plainrun
-    from reprocut.pipeline import verify_ahead
-    from reprocut.pipeline.ahead import Ahead
-
-    monkeypatch.setattr(plainrun, "WARM_CORES", 1)
-    monkeypatch.setattr(verify_ahead, "SETTLE", 3600.0)
-    after: list[Path] = []
-    standbys_for = Ahead.standbys_for
-    monkeypatch.setattr(
-        Ahead,
-        "standbys_for",
-        lambda ahead, repro: after.append(repro) or standbys_for(ahead, repro),
-    )
-    run = _embedding_recording(tmp_path)
-    code = main(["shrink", str(run.path), "--json"])
-    result = json.loads(capsys.readouterr().out)
-    assert code == ExitCode.OK and result["verified"] == {"runs": 3, "reproduced": 3}, result
-    assert after == []  # the verification that went ahead answered for repro.py
