@@ -108,27 +108,6 @@ def test_in_the_first_round_a_best_goes_ahead_only_once_it_stood_longer(tmp_path
         assert ahead._current.script.read_text() == FAILS.format(index=6)  # type: ignore[union-attr]
 
 
-def test_a_captured_calls_round_end_sends_its_best_ahead_at_once(tmp_path: Path):
-    """`round_ended(now=True)` (a captured call's shrink): the best goes ahead without standing
-    its while, its plain runs with it, though memcheck goes too (they wait PLAIN_LATER
-    otherwise); a newer best offered after it waits its while again."""
-    expected = _expected(tmp_path)
-    on_gpu = FAILS + "# a cuda repro: memcheck goes ahead too\n"
-    with _verifying_ahead(tmp_path, expected, after_a_round=True, settle=30.0,
-                          memcheck=True) as ahead:  # fmt: skip
-        ahead.offer(5, lambda index: on_gpu.format(index=index))
-        ahead.round_ended(now=True)
-        _wait_for(lambda: ahead._current is not None, seconds=20.0)  # not the 30 s while
-        current = ahead._current
-        assert current is not None and current.memcheck is not None
-        time.sleep(0.5)  # PLAIN_LATER is 3 s: its plain runs went with its memcheck
-        assert current.verification is not None
-        assert current.verification.result().reproduced == 2
-        ahead.offer(6, lambda index: on_gpu.format(index=index))
-        time.sleep(1.0)
-        assert ahead._current is current  # a newer best stands its while again
-
-
 def test_a_newer_best_stops_the_older_and_other_code_is_not_answered_ahead(tmp_path: Path):
     """A best offered after another has started stops its runs (their interpreters end) and
     is verified in interpreters started again; repro.py of other code gets nothing."""

@@ -149,7 +149,6 @@ class VerifyAhead:
         self._offered: tuple[Any, Render, float] | None = None
         self._plain_at: float | None = None  # when the current speculation's plain runs start
         self._allowed = not after_a_round
-        self._eager = False  # the next start runs its plain runs at once (`round_ended(now)`)
         self.first_round_settle = first_round_settle
         self._current: Speculation | None = None
         self._count = 0
@@ -167,29 +166,16 @@ class VerifyAhead:
                 return
             self._offered = (best, render, time.monotonic())
             self._plain_at = None
-            self._eager = False
             self._lock.notify_all()
 
-    def round_ended(self, now: bool = False) -> None:
+    def round_ended(self) -> None:
         """A round of the reduction changed the best and another follows: bests may be
         verified ahead from now on. In the first round the best changes every few seconds and
         its candidates still make the script's full-size tensors: on the H200 at f56cbf0, 60
         of the 91 verifications ahead started in ten shrinks were in it (all but one of them
-        stopped by a newer best), and the checks of every shrink beside them were slower.
-
-        `now`: the best as the round left it goes ahead at once, plain runs and all (a
-        captured call's shrink, whose later rounds seldom change it: on the H200 at 87f972f
-        the two triton_op shrinks' last rounds took 2-3 s, which the verification ahead waited
-        for the best to stand and then its plain runs waited 3 s more)."""
+        stopped by a newer best), and the checks of every shrink beside them were slower."""
         with self._lock:
             self._allowed = True
-            if now:
-                self._eager = True
-                if self._offered is not None:
-                    best, render, _ = self._offered
-                    self._offered = (best, render, float("-inf"))
-                elif self._plain_at is not None:
-                    self._plain_at = time.monotonic()
             self._lock.notify_all()
 
     def take(self, repro_text: str) -> Speculation | None:
@@ -278,7 +264,7 @@ class VerifyAhead:
                 cancel=speculation.cancel,
             ), name="reprocut-verify-ahead-run")  # fmt: skip
         check_log.log("verify_ahead", event="started", index=self._count, memcheck=memcheck)
-        if plain and (not memcheck or self._eager):
+        if plain and not memcheck:
             self._start_plain(speculation)
         elif plain:
             with self._lock:
@@ -360,10 +346,8 @@ def offering(
         if isinstance(event, SourceAccepted):
             if finish_script is not None:
                 ahead.offer(event.code, finish_script)
-        elif isinstance(event, SourceRound):
+        elif isinstance(event, SourceRound) or getattr(event, "kind", None) == "round":
             ahead.round_ended()
-        elif getattr(event, "kind", None) == "round":  # a captured call's shrink
-            ahead.round_ended(now=True)
         elif getattr(event, "kind", None) == "accepted" and isinstance(
             getattr(event, "best", None), ReproCase
         ):
