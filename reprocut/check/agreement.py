@@ -132,8 +132,7 @@ class PlainAgreement:
         self.beside = beside
         # a script candidate's run beside the reduction: (its code, the fingerprint confirmed
         # before it, the run); and the candidates such runs refused, not yet handed over
-        self._script_runs: list[tuple[str, Fingerprint | None, Future[Verdict]]] = []
-        self._plain_pool: ThreadPoolExecutor | None = None  # their one thread, in order
+        self._script_run: tuple[str, Fingerprint | None, Future[Verdict]] | None = None
         self._late: list[str] = []
 
     def trust(self, code: str) -> None:
@@ -193,72 +192,57 @@ class PlainAgreement:
     ) -> Verdict:
         """Accept the candidate now and run it plainly beside the reduction (on the H200 a
         CuPy script's blocking plain runs took 5-8 s of its reduction's critical path, each
-        agreeing), after the runs queued before it, one at a time. A run before it that has
-        disagreed refuses this candidate too (made from that one); one still going is not
-        waited for: on the H200 (87f972f, four shrinks at once) the next candidate waited 10 s
-        for its predecessor's 19.5 s run, which agreed."""
-        late = self._collect_scripts()
+        agreeing). The run before it is settled first: if it disagreed, this candidate, made
+        from that one, is refused too."""
+        late = self._settle_script()
         if late is not None:
             return replace(late, seconds=verdict.seconds)
-        if mark in (self.confirmed, self.trusted) or self.spent(queued=len(self._script_runs)):
+        if mark in (self.confirmed, self.trusted) or self.spent():
             return verdict
         # a file of its own beside the script (its siblings import as they do for the script;
         # the oracle rewrites the candidate's file for the next check meanwhile)
-        own = script.with_name(
-            f".reprocut-plain-{len(self._script_runs)}-{script.name.removeprefix('.reprocut-')}"
-        )
-        written = self.finish(code) if self.finish is not None else code
-        own.write_text(written)  # now: the oracle may rewrite its sidecars before the run
+        own = script.with_name(f".reprocut-plain-{script.name.removeprefix('.reprocut-')}")
 
         def run() -> Verdict:
             try:
-                return self._confirm(code, own, Path(cwd), argv, verdict, expected, mark,
-                                     settles=False)  # fmt: skip
+                return self._confirm(code, own, Path(cwd), argv, verdict, expected, mark)
             finally:
                 own.unlink(missing_ok=True)
 
-        if self._plain_pool is None:
-            self._plain_pool = ThreadPoolExecutor(1, thread_name_prefix="reprocut-plain")
-        self._script_runs.append((code, self.confirmed, self._plain_pool.submit(run)))
+        self._script_run = (code, self.confirmed, _on_a_thread(run))
         self.confirmed = mark  # for now: later candidates like it need no run of their own
         return verdict
 
-    def _collect_scripts(self, wait: bool = False) -> ForkOnly | None:
-        """The script runs beside the reduction that are done, in order (`wait`: all of
-        them): the verdict of one that disagreed (its candidate then goes to `refused`; the
-        runs queued after it, of candidates made from it, are dropped), else None."""
-        refused: ForkOnly | None = None
-        while self._script_runs and (wait or self._script_runs[0][2].done()):
-            code, before, future = self._script_runs.pop(0)
-            seen = future.result()
-            if isinstance(seen, ForkOnly):
-                for _, _, later in self._script_runs:
-                    later.cancel()
-                self._script_runs = []
-                self.confirmed = before
-                self._late.append(code)
-                refused = refused or seen
-        return refused
+    def _settle_script(self) -> ForkOnly | None:
+        """Wait for the script run beside the reduction, if any: its verdict when it
+        disagreed (its candidate then goes to `refused`), else None."""
+        if self._script_run is None:
+            return None
+        code, before, future = self._script_run
+        self._script_run = None
+        seen = future.result()
+        if not isinstance(seen, ForkOnly):
+            return None
+        self.confirmed = before
+        self._late.append(code)
+        return seen
 
     def refused(self, wait: bool = False) -> str | None:
         """A candidate the reducer accepted that its plain run, beside the reduction since,
-        did not reproduce: the reducer goes back to before it. `wait`: settle the runs still
+        did not reproduce: the reducer goes back to before it. `wait`: settle the run still
         going first (at the end of a round)."""
-        self._collect_scripts(wait)
+        if wait or (self._script_run is not None and self._script_run[2].done()):
+            self._settle_script()
         return self._late.pop(0) if self._late else None
 
-    def spent(self, queued: int = 0) -> bool:
+    def spent(self) -> bool:
         """No more plain runs: one more, as long as the mean run so far, would take them past
-        `max_seconds` (the first run is always made: the biggest change comes first; `queued`
-        runs not done yet count as that long, and two at most wait before one is done). On the
+        `max_seconds` (the first run is always made: the biggest change comes first). On the
         H200, with four shrinks at once, a CuPy case's three plain runs took 27 s of a 6 s
         bound, the last one started with the bound nearly spent."""
-        if self.max_seconds is None:
+        if self.max_seconds is None or not self.runs:
             return False
-        if not self.runs:
-            return queued >= 2
-        mean = self.seconds / self.runs
-        return self.seconds + mean * (queued + 1) > self.max_seconds
+        return self.seconds + self.seconds / self.runs > self.max_seconds
 
     def _confirm(
         self,
@@ -269,12 +253,7 @@ class PlainAgreement:
         verdict: Verdict,
         expected: Signature,
         mark: Fingerprint,
-        *,
-        settles: bool = True,
     ) -> Verdict:
-        """`code`'s plain run: its verdict, or ForkOnly where it did not fail as expected.
-        `settles`: an agreeing run confirms `mark` (a queued run's candidate did that for now
-        when it was queued)."""
         written = self.finish(code) if self.finish is not None else code
         if not script.exists() or script.read_text() != written:
             script.write_text(written)
@@ -294,8 +273,7 @@ class PlainAgreement:
                       agreed=agreed, seen=_seen(outcome), returncode=outcome.returncode,
                       **({"related": True} if related else {}))  # fmt: skip
         if agreed:
-            if settles:
-                self.confirmed = mark
+            self.confirmed = mark
             return verdict
         self.disagreements += 1
         return ForkOnly(verdict.signature, seen, outcome.stderr_tail, verdict.seconds)
@@ -353,10 +331,6 @@ class PlainAgreement:
         }
 
     def close(self) -> None:
-        for _, _, queued in self._script_runs:
-            queued.cancel()
-        if self._plain_pool is not None:
-            self._plain_pool.shutdown(wait=False)
         self.runner.close()  # a first run still beside the shrink ends within its timeout
 
     def __enter__(self) -> PlainAgreement:
