@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from reprocut.source.doomed import binds_unseen, bound_otherwise
-from reprocut.source.passes.launches import bindings, launches, module_scope
+from reprocut.source.doomed import binds_unseen, top_level_bindings
+from reprocut.source.passes.launches import launches, module_scope
 from reprocut.source.passes.tree import dotted, focus_callee, focus_calls
 from reprocut.source.passes.walk import all_nodes
 
@@ -35,10 +35,9 @@ def refused_arguments(module: cst.Module, focus: str | None) -> list[str]:
     callee = focus_callee(focus)
     if callee is None or binds_unseen(module) or not at_top(module, focus):
         return []  # a call in a function reads its own names: not the module's
-    bound = bindings(module, top=True)
+    bound, otherwise = top_level_bindings(module)
     if not any(_is_raw_kernel(value) for value in bound.get(callee, [])):
         return []  # another callable's arguments: not CuPy's rules
-    otherwise = bound_otherwise(module, top=True)
     found = []
     for launch in launches(module):
         if launch.block is None or launch.kernel != callee:
@@ -54,8 +53,7 @@ def global_tensors(module: cst.Module) -> set[str]:
     """The names the module binds, outside any function, to torch tensors alone."""
     if binds_unseen(module):
         return set()
-    bound = bindings(module, top=True)
-    otherwise = bound_otherwise(module, top=True)
+    bound, otherwise = top_level_bindings(module)
     return {
         name for name in bound
         if certain_kind(cst.Name(name), bound, otherwise, frozenset()) == "torch tensor"
@@ -91,7 +89,7 @@ _TENSOR_METHODS = frozenset({
 
 
 def certain_kind(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression]],
-                  otherwise: set[str], seen: frozenset[str]) -> str | None:  # fmt: skip
+                  otherwise: frozenset[str], seen: frozenset[str]) -> str | None:  # fmt: skip
     """The "torch tensor" or "tuple" `value` certainly is, else None: a factory, a tensor's
     method, an element of a tensor or arithmetic on one, `.shape`, a tuple or list, or a name
     every assignment binds to one (`mean = x.mean()` for `x.mean().item()`)."""

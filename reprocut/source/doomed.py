@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterator
+from functools import lru_cache
 
 import libcst as cst
 
-from reprocut.source.passes.launches import assigned_pairs, module_scope
+from reprocut.source.passes.launches import assigned_pairs, bindings, module_scope
 from reprocut.source.passes.tree import alias_name, dotted, focus_calls
 from reprocut.source.passes.walk import all_nodes, child_nodes, walk
 
@@ -269,6 +270,17 @@ def _required(func: cst.BaseExpression) -> int | None:
     if name is not None and name.startswith(_MODULES):  # `torch.view`: not a tensor's method
         return None
     return REQUIRED_METHOD_ARGUMENTS.get(func.attr.value)
+
+
+@lru_cache(maxsize=4)
+def top_level_bindings(
+    module: cst.Module,
+) -> tuple[dict[str, list[cst.BaseExpression]], frozenset[str]]:
+    """The module-level names with the values plain assignments give them, and the names bound
+    some other way too (`bound_otherwise`): read by several rules of one candidate
+    (source/cupy_launches.py, source/faultless.py), computed once for it (a module is hashed by
+    identity; the dict is not to be changed)."""
+    return bindings(module, top=True), frozenset(bound_otherwise(module, top=True))
 
 
 def bound_otherwise(module: cst.Module, *, top: bool = False) -> set[str]:

@@ -34,8 +34,8 @@ import math
 import libcst as cst
 
 from reprocut.source.cupy_launches import at_top
-from reprocut.source.doomed import binds_unseen, bound_otherwise, reads, target_names
-from reprocut.source.passes.launches import bindings, dimensions, followed, integer
+from reprocut.source.doomed import binds_unseen, reads, target_names, top_level_bindings
+from reprocut.source.passes.launches import dimensions, followed, integer
 from reprocut.source.passes.tree import dotted, focus_calls
 from reprocut.source.passes.walk import all_nodes, walk
 from reprocut.source.uncompilable import binding_counts, bound_in, is_jit
@@ -86,8 +86,8 @@ def faultless_launches(module: cst.Module, focus: str | None) -> list[str]:
 
 def _top_bindings(module: cst.Module) -> dict[str, list[cst.BaseExpression]]:
     """The module-level names bound only by plain assignments, with their values."""
-    otherwise = bound_otherwise(module, top=True)
-    return {k: v for k, v in bindings(module, top=True).items() if k not in otherwise}
+    bound, otherwise = top_level_bindings(module)
+    return {k: v for k, v in bound.items() if k not in otherwise}
 
 
 def _launched_kernel(call: cst.Call) -> str | None:
