@@ -136,6 +136,17 @@ def _seen(outcome: RunOutcome) -> tuple[str, bool]:
     return seen, ahead == "True"
 
 
+def _verified_in(ahead, script: Path, expected: Signature, runs: int):
+    """`script`'s verification in the two interpreters `ahead` hands it (they must), then the
+    rest ended."""
+    try:
+        warm = ahead.standbys_for(script)
+        assert len(warm) == 2
+        return verify(script, expected, runs=runs, timeout=120, standbys=warm)
+    finally:
+        ahead.plain.close()
+
+
 def test_a_script_repro_that_starts_by_importing_torch_runs_in_interpreters_started_ahead(
     tmp_path: Path,
 ) -> None:
@@ -154,13 +165,7 @@ def test_a_script_repro_that_starts_by_importing_torch_runs_in_interpreters_star
         + "torch.nn.functional.embedding(torch.tensor([9]), torch.zeros(4, 2))\n"
     )
     expected = Signature("IndexError", None, None, "index out of range in self")
-    ahead = Ahead(plain=Standbys(2, cwd=folder))
-    try:
-        warm = ahead.standbys_for(script)
-        assert len(warm) == 2
-        result = verify(script, expected, runs=3, timeout=120, standbys=warm)
-    finally:
-        ahead.plain.close()
+    result = _verified_in(Ahead(plain=Standbys(2, cwd=folder)), script, expected, runs=3)
     assert (result.runs, result.reproduced) == (3, 3)
     seen = [_seen(outcome) for outcome in result.outcomes]
     assert sorted(ahead for _, ahead in seen) == [False, True, True]  # the third: plain python
@@ -232,17 +237,11 @@ def test_interpreters_that_imported_more_run_only_the_repros_that_import_it_too(
     script.write_text(
         "import torch\nimport numpy\n"
         + SEEN
-        + "print('numpy before:', 'numpy' in sys.modules, file=sys.stderr)\n"
         + "raise IndexError(str(numpy.array(['index out of range in self'])[0]))\n"
     )
     expected = Signature("IndexError", None, None, "index out of range in self")
     ahead = Ahead(plain=Standbys(2, cwd=tmp_path, warm=("numpy",)))
-    try:
-        warm = ahead.standbys_for(script)
-        assert len(warm) == 2
-        result = verify(script, expected, runs=2, timeout=120, standbys=warm)
-    finally:
-        ahead.plain.close()
+    result = _verified_in(ahead, script, expected, runs=2)
     assert result.reproduced == 2 and all(_seen(o)[1] for o in result.outcomes)
     assert {_seen(o)[0] for o in result.outcomes} == {_seen(run_plain(script, timeout=120))[0]}
     without = tmp_path / "without.py"

@@ -167,16 +167,21 @@ def _language_call(node: cst.CSTNode) -> str | None:
     return name if name.startswith(_LANGUAGE) else None
 
 
-def _short_calls(body: Sequence[cst.CSTNode]) -> Iterator[tuple[str, int]]:
+def _language_calls(body: Sequence[cst.CSTNode]) -> Iterator[tuple[str, cst.Call]]:
+    """Each `triton.language` call in the kernel's body (`_language_call`), with its name."""
     for statement in body:
         for node in walk(statement):
             name = _language_call(node)
-            if name is None:
-                continue
-            assert isinstance(node, cst.Call)
-            needed = REQUIRED_ARGUMENTS.get(name.rsplit(".", 1)[-1])
-            if needed is not None and len(node.args) < needed:
-                yield name, needed
+            if name is not None:
+                assert isinstance(node, cst.Call)
+                yield name, node
+
+
+def _short_calls(body: Sequence[cst.CSTNode]) -> Iterator[tuple[str, int]]:
+    for name, call in _language_calls(body):
+        needed = REQUIRED_ARGUMENTS.get(name.rsplit(".", 1)[-1])
+        if needed is not None and len(call.args) < needed:
+            yield name, needed
 
 
 # triton.language functions whose first argument is a pointer (and, for stores, the second the
@@ -211,37 +216,32 @@ def _malformed(body: Sequence[cst.CSTNode]) -> Iterator[str]:
     number for a mask (`mask=0`, or a name the kernel binds to one once), `tl.arange` of
     constant ends that make no range of a power of two, or of None (`tl.arange(0, 0)`)."""
     numbers = _names_bound_to_numbers(body)
-    for statement in body:
-        for node in walk(statement):
-            name = _language_call(node)
-            if name is None:
-                continue
-            assert isinstance(node, cst.Call)
-            last = name.rsplit(".", 1)[-1]
-            positional = [a.value for a in node.args if a.keyword is None]
-            keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
-            if last in _POINTER_FIRST and not positional and "pointer" not in keywords:
-                yield f"{name}() without its pointer"
-            if last == "store" and len(positional) < 2 and "value" not in keywords:
-                yield f"{name}() without its value"
-            mask = keywords.get("mask")
-            if (
-                last in _POINTER_FIRST
-                and mask is not None
-                and (
-                    isinstance(mask, cst.Integer | cst.Float)
-                    or (isinstance(mask, cst.Name) and mask.value in numbers)
-                )
-            ):
-                yield f"{name}() of a number for its mask"
-            if last == "arange" and len(positional) == 2:
-                if any(_is_none(end) for end in positional):
-                    yield f"{name}() of None"
-                elif all(isinstance(end, cst.Integer) for end in positional):
-                    start, end = (int(e.evaluated_value) for e in positional)  # type: ignore[union-attr]
-                    span = end - start
-                    if span < 1 or span & (span - 1):
-                        yield f"{name}({start}, {end}): no range of a power of two"
+    for name, call in _language_calls(body):
+        last = name.rsplit(".", 1)[-1]
+        positional = [a.value for a in call.args if a.keyword is None]
+        keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+        if last in _POINTER_FIRST and not positional and "pointer" not in keywords:
+            yield f"{name}() without its pointer"
+        if last == "store" and len(positional) < 2 and "value" not in keywords:
+            yield f"{name}() without its value"
+        mask = keywords.get("mask")
+        if (
+            last in _POINTER_FIRST
+            and mask is not None
+            and (
+                isinstance(mask, cst.Integer | cst.Float)
+                or (isinstance(mask, cst.Name) and mask.value in numbers)
+            )
+        ):
+            yield f"{name}() of a number for its mask"
+        if last == "arange" and len(positional) == 2:
+            if any(_is_none(end) for end in positional):
+                yield f"{name}() of None"
+            elif all(isinstance(end, cst.Integer) for end in positional):
+                start, end = (int(e.evaluated_value) for e in positional)  # type: ignore[union-attr]
+                span = end - start
+                if span < 1 or span & (span - 1):
+                    yield f"{name}({start}, {end}): no range of a power of two"
 
 
 def binding_counts(body: Sequence[cst.CSTNode]) -> dict[str, int]:
@@ -309,16 +309,13 @@ def _pointerless(kernel: cst.FunctionDef, modules: set[str]) -> Iterator[str]:
     # what certainly holds no pointer: the locals made from none, the constexprs, the modules
     # (a name bound nowhere is the NameError rule's)
     plain = (set(sources) - pointers) | _constexpr_parameters(kernel) | modules | {"tl"}
-    for statement in body:
-        for node in walk(statement):
-            name = _language_call(node)
-            if name is None or name.rsplit(".", 1)[-1] not in _POINTER_FIRST:
-                continue
-            assert isinstance(node, cst.Call)
-            positional = [a.value for a in node.args if a.keyword is None]
-            pointer = positional[0] if positional else None
-            if pointer is not None and not _is_constant(pointer) and set(reads(pointer)) <= plain:
-                yield name
+    for name, call in _language_calls(body):
+        if name.rsplit(".", 1)[-1] not in _POINTER_FIRST:
+            continue
+        positional = [a.value for a in call.args if a.keyword is None]
+        pointer = positional[0] if positional else None
+        if pointer is not None and not _is_constant(pointer) and set(reads(pointer)) <= plain:
+            yield name
 
 
 def _constexpr_parameters(kernel: cst.FunctionDef) -> set[str]:
