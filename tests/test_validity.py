@@ -55,6 +55,25 @@ def test_moving_a_tensor_off_its_device_and_changing_the_grid_are_rejected() -> 
     assert MEMORY.rejects(regridded, BEST) == ["launch kernel[(1,), (16,)]"]
 
 
+def test_the_first_broken_rule_is_the_first_that_rejects_lists() -> None:
+    """The reducer asks `first_broken`, which stops at the first rule broken; it must name
+    what `rejects` would name first, and nothing where `rejects` finds nothing."""
+    from reprocut.source.passes import PASSES, candidates
+
+    focus = "kernel((64,), (16,), (ids.data_ptr(), table.data_ptr(), out.data_ptr(), 1000))"
+    rules = Rules(memory_fault=True, focus=focus)
+    context = PassContext(focus=focus, memory_fault=True)
+    made = [c for p in PASSES for c in candidates(p, BEST, context) if c is not None]
+    made += [
+        _variant("ids.data_ptr()", "ids.cpu().data_ptr()"),
+        _variant("kernel((64,), (16,)", "kernel((1,), (16,)"),
+        _variant('out = torch.empty(64, 16, device="cuda")', "out = torch.empty(64, 16)"),
+    ]
+    answers = [(rules.first_broken(c, BEST), rules.rejects(c, BEST)) for c in made]
+    assert all(first == (listed[0] if listed else None) for first, listed in answers)
+    assert sum(first is not None for first, _ in answers) >= 5  # rules were broken, and named
+
+
 def test_a_smaller_table_or_fewer_rows_on_the_device_are_allowed() -> None:
     smaller = _variant("torch.randn(1000, 16,", "torch.randn(10, 16,")
     assert MEMORY.rejects(smaller, BEST) == []

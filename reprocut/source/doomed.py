@@ -313,6 +313,7 @@ def bound_otherwise(module: cst.Module, *, top: bool = False) -> set[str]:
     return names
 
 
+@lru_cache(maxsize=8)
 def binds_unseen(module: cst.Module) -> bool:
     for node in all_nodes(module):
         if isinstance(node, cst.Global | cst.Nonlocal | cst.ImportStar):

@@ -131,10 +131,10 @@ class SourceReducer:
             return False
         if self.drops_focus(candidate):
             return False
-        broken = self.breaks_rules(candidate, pass_name)
-        if broken:
+        broken = self.breaks_rule(candidate, pass_name)
+        if broken is not None:
             self.seen.add(candidate)
-            self.rejected[broken[0]] = self.rejected.get(broken[0], 0) + 1
+            self.rejected[broken] = self.rejected.get(broken, 0) + 1
             return False
         if self.failed.covers(candidate):
             self.seen.add(candidate)
@@ -145,10 +145,11 @@ class SourceReducer:
             return False
         return True
 
-    def breaks_rules(self, candidate: str, pass_name: str | None = None) -> list[str]:
+    def breaks_rule(self, candidate: str, pass_name: str | None = None) -> str | None:
+        """The first validity rule the candidate breaks that the best keeps (None: none)."""
         rules = self.rules
         if rules is None:
-            return []
+            return None
         dirs = self.context.search_dirs
         extra = (  # the siblings only matter to the custom-op rule: read only for it
             (sibling_text(candidate, dirs), sibling_text(self.best, dirs))
@@ -156,7 +157,7 @@ class SourceReducer:
             else ("", "")
         )
         name = self.current_pass if pass_name is None else pass_name
-        return rules.rejects(candidate, self.best, extra=extra, pass_name=name)
+        return rules.first_broken(candidate, self.best, extra=extra, pass_name=name)
 
     def out_of_budget(self, in_flight: int = 0) -> str | None:
         if self.checks + in_flight >= self.max_checks:

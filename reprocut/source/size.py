@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import libcst as cst
@@ -45,19 +46,42 @@ class _Measure:
         return measure
 
     def count(self, node: cst.CSTNode) -> None:
-        if isinstance(node, COMPOUND):
+        kind = _kind_of(type(node))
+        if kind & _COMPOUND:
             self.compound += 1
-        elif isinstance(node, cst.BaseSmallStatement):
+        elif kind & _SMALL:
             self.small += 1
-        if isinstance(node, cst.BaseExpression | cst.Arg):
+        if kind & _EXPRESSION:
             # a fact of a literal tensor (`torch.randn(4, 8).numel()`, `.size()`) is the tensor
             # and a computation: more than the literal it folds to (passes.tensor_facts)
-            literal = folded(node)
+            literal = folded(node) if kind & _FOLDABLE else None
             self.nodes += 1 if literal is None else 1 + _expressions(literal)
-        if isinstance(node, cst.Name):
+        if kind & _NAME:
             self.names += 1
-        elif isinstance(node, cst.Integer):
-            self.integers += integer_value(node)
+        elif kind & _INTEGER:
+            self.integers += integer_value(node)  # type: ignore[arg-type]
+
+
+# what the measure counts a node as, by its type (every node of every candidate is counted:
+# an isinstance against libcst's abstract classes is slow when it fails)
+_COMPOUND, _SMALL, _EXPRESSION, _FOLDABLE, _NAME, _INTEGER = (1 << k for k in range(6))
+
+
+@cache
+def _kind_of(node_type: type) -> int:
+    flags = (
+        (COMPOUND, _COMPOUND),
+        ((cst.BaseSmallStatement,), _SMALL),
+        ((cst.BaseExpression, cst.Arg), _EXPRESSION),
+        ((cst.Call, cst.Attribute, cst.Subscript), _FOLDABLE),  # what `folded` may fold
+        ((cst.Name,), _NAME),
+        ((cst.Integer,), _INTEGER),
+    )
+    kind = 0
+    for types, flag in flags:
+        if issubclass(node_type, types):
+            kind |= flag
+    return kind
 
 
 def _expressions(node: cst.CSTNode) -> int:
@@ -66,7 +90,7 @@ def _expressions(node: cst.CSTNode) -> int:
 
 def _literal_tensor(node: cst.CSTNode) -> bool:
     """A call building a tensor from literals: one node, its insides uncounted."""
-    return isinstance(node, cst.Call) and is_constant(node)
+    return type(node) is cst.Call and is_constant(node)
 
 
 def sort_key(code: str, search_dirs: Sequence[Path] = ()) -> tuple[int, ...]:
@@ -79,10 +103,13 @@ def sort_key(code: str, search_dirs: Sequence[Path] = ()) -> tuple[int, ...]:
     if module is None:
         return (sys.maxsize,)
     unseeded = without_seed(module)
-    if unseeded is not module:
-        module, code = unseeded, unseeded.code
+    lines, length = count_lines(code), len(code)
+    if unseeded is not module:  # the seed's lines, less (a module's code is its statements')
+        kept = {id(statement) for statement in unseeded.body}
+        seed = "".join(module.code_for_node(s) for s in module.body if id(s) not in kept)
+        lines, length = lines - count_lines(seed), length - len(seed)
+        module = unseeded
     measure = _Measure.of(module)
-    lines = sum(1 for line in code.splitlines() if line.strip())
     return (
         len(sibling_imports(module, search_dirs)) if search_dirs else 0,
         measure.compound,
@@ -91,7 +118,7 @@ def sort_key(code: str, search_dirs: Sequence[Path] = ()) -> tuple[int, ...]:
         measure.nodes,
         measure.names,
         measure.integers,
-        len(code),
+        length,
     )
 
 

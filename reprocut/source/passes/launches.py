@@ -9,8 +9,8 @@ smaller repro (a shrunk CuPy launch read `ROWSUM((rows,), (0,), ...)`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
 import libcst as cst
 
@@ -32,15 +32,22 @@ def code_of(node: cst.CSTNode) -> str:
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
-def module_scope(module: cst.Module) -> Iterator[cst.CSTNode]:
+# A candidate's module is read by a dozen validity rules, several of them asking for its
+# launches and bindings: each is computed once per module (a module hashes by identity) and
+# shared, so what these return is not to be changed.
+
+
+@lru_cache(maxsize=8)
+def module_scope(module: cst.Module) -> tuple[cst.CSTNode, ...]:
     """The module's nodes outside any function, class or lambda body (a `def`'s own node
     included: it binds its name there)."""
-    return walk(module, prune=lambda node: isinstance(node, _SCOPES))
+    return tuple(walk(module, prune=lambda node: isinstance(node, _SCOPES)))
 
 
+@lru_cache(maxsize=16)
 def bindings(module: cst.Module, *, top: bool = False) -> dict[str, list[cst.BaseExpression]]:
     """Every value each plain name is assigned, anywhere in the module, or (`top`) outside any
-    function's body (`a, b = x, 256` binds each name to its own value)."""
+    function's body (`a, b = x, 256` binds each name to its own value). Shared: read only."""
     bound: dict[str, list[cst.BaseExpression]] = {}
     for node in module_scope(module) if top else all_nodes(module):
         if isinstance(node, cst.Assign):
@@ -79,7 +86,8 @@ class Launch:
     written: tuple[cst.BaseExpression, ...] = ()  # a CuPy launch's arguments before unwrapping
 
 
-def launches(module: cst.Module) -> list[Launch]:
+@lru_cache(maxsize=8)
+def launches(module: cst.Module) -> tuple[Launch, ...]:
     """Triton `kernel[grid](args)` and CuPy `kernel(grid, block, args)` calls."""
     bound = bindings(module)
     found = []
@@ -99,7 +107,7 @@ def launches(module: cst.Module) -> list[Launch]:
             config = f"{code_of(grid)}, {code_of(block)}"
             items = tuple(_unwrapped(e) for e in written)
             found.append(Launch(code_of(node.func), config, items, grid, block, written))
-    return found
+    return tuple(found)
 
 
 def _cupy_arguments(

@@ -350,8 +350,10 @@ def count_statements(code: str) -> int:
     return 0 if module is None else len(statements_of(module))
 
 
+@lru_cache(maxsize=16)
 def focus_callee(focus: str | None) -> str | None:
-    """The called expression of the failing line (`add_kernel[grid]`), as code."""
+    """The called expression of the failing line (`add_kernel[grid]`), as code (read once per
+    line: every candidate is asked whether it still makes that call)."""
     if not focus:
         return None
     try:

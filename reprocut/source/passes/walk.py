@@ -28,10 +28,24 @@ def _fields(kind: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(kind))
 
 
+# whether a type is a kind of node, by type: `isinstance(x, cst.CSTNode)` goes through ABCMeta
+# (CSTNode is an ABC), and the walks below ask it for every field of every node
+_NODE_KINDS: dict[type, bool] = {}
+
+
+def _is_node(value: object) -> bool:
+    kind = type(value)
+    known = _NODE_KINDS.get(kind)
+    if known is None:
+        known = _NODE_KINDS[kind] = issubclass(kind, cst.CSTNode)
+    return known
+
+
 def _holds_nodes(value: object) -> bool:
-    return isinstance(value, cst.CSTNode) or (
-        isinstance(value, tuple | list) and bool(value) and isinstance(value[0], cst.CSTNode)
-    )
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return bool(value) and _is_node(value[0])  # type: ignore[index]
+    return _is_node(value)
 
 
 # the order libcst visits a kind's fields in (decorators before `def`, `(` before the value),
@@ -50,8 +64,25 @@ def _visit_order(node: cst.CSTNode, present: tuple[str, ...]) -> tuple[str, ...]
     return tuple(sorted(present, key=first))
 
 
-def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """`node`'s children, as `node.children` lists them, from its fields."""
+# (node, its children) by the node's id, the node kept alive by its entry: a candidate's tree is
+# walked by a dozen rules, each from its top; emptied whole past _KEEP_CHILDREN entries
+_CHILDREN: dict[int, tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] = {}
+_KEEP_CHILDREN = 200_000
+
+
+def child_nodes(node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
+    """`node`'s children, as `node.children` lists them, from its fields (once per node)."""
+    entry = _CHILDREN.get(id(node))
+    if entry is not None and entry[0] is node:
+        return entry[1]
+    if len(_CHILDREN) >= _KEEP_CHILDREN:
+        _CHILDREN.clear()
+    children = _read_children(node)
+    _CHILDREN[id(node)] = (node, children)
+    return children
+
+
+def _read_children(node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
     kind = type(node)
     present = tuple(name for name in _fields(kind) if _holds_nodes(getattr(node, name)))
     order = _ORDERS.get((kind, present))
@@ -60,11 +91,11 @@ def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
     found: list[cst.CSTNode] = []
     for name in order:
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        if _is_node(value):
             found.append(value)
         else:
-            found.extend(item for item in value if isinstance(item, cst.CSTNode))
-    return found
+            found.extend(item for item in value if _is_node(item))
+    return tuple(found)
 
 
 def walk(
@@ -80,27 +111,42 @@ def walk(
         stack.extend(reversed(child_nodes(current)))
 
 
-# (module, its nodes) by id: a module is kept alive by its entry, so an id is never reused
-_MODULE_NODES: dict[int, tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] = {}
+# (module, its nodes, its nodes by kind asked) by id: a module is kept alive by its entry, so an
+# id is never reused
+_MODULE_NODES: dict[
+    int, tuple[cst.CSTNode, tuple[cst.CSTNode, ...], dict[type, list[cst.CSTNode]]]
+] = {}
 _KEEP = 64
+
+
+def _module_entry(
+    module: cst.Module,
+) -> tuple[cst.CSTNode, tuple[cst.CSTNode, ...], dict[type, list[cst.CSTNode]]]:
+    entry = _MODULE_NODES.get(id(module))
+    if entry is not None and entry[0] is module:
+        return entry
+    entry = (module, tuple(walk(module)), {})
+    if len(_MODULE_NODES) >= _KEEP:
+        with contextlib.suppress(RuntimeError, StopIteration, KeyError):  # another thread's
+            del _MODULE_NODES[next(iter(_MODULE_NODES))]
+    _MODULE_NODES[id(module)] = entry
+    return entry
 
 
 def all_nodes(node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
     """Every node of `node`'s tree (a module's listed once while it is among the latest)."""
     if not isinstance(node, cst.Module):
         return tuple(walk(node))
-    entry = _MODULE_NODES.get(id(node))
-    if entry is not None and entry[0] is node:
-        return entry[1]
-    found = tuple(walk(node))
-    if len(_MODULE_NODES) >= _KEEP:
-        with contextlib.suppress(RuntimeError, StopIteration, KeyError):  # another thread's
-            del _MODULE_NODES[next(iter(_MODULE_NODES))]
-    _MODULE_NODES[id(node)] = (node, found)
-    return found
+    return _module_entry(node)[1]
 
 
 def of_type(node: cst.CSTNode, kind: type[Node]) -> list[Node]:
     """The nodes of `kind` in `node`'s tree, in source order (`matchers.findall(node,
-    m.Kind())`, without the matcher machinery)."""
-    return [n for n in all_nodes(node) if isinstance(n, kind)]
+    m.Kind())`, without the matcher machinery); a module's, once per kind. Shared: read only."""
+    if not isinstance(node, cst.Module):
+        return [n for n in walk(node) if isinstance(n, kind)]
+    _, nodes, by_kind = _module_entry(node)
+    found = by_kind.get(kind)
+    if found is None:
+        found = by_kind[kind] = [n for n in nodes if isinstance(n, kind)]
+    return found  # type: ignore[return-value]
