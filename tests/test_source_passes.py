@@ -43,8 +43,8 @@ from reprocut.source.passes import (
     unwrap_blocks,
 )
 from reprocut.source.passes.expressions import names_reaching
+from reprocut.source.passes.focus_calls import focus_calls
 from reprocut.source.passes.specs import seeded, without_dead_binding
-from reprocut.source.passes.tree import focus_calls
 from reprocut.source.size import sort_key
 
 VALUE_ERROR = Signature("ValueError", None, None, "bad")
@@ -1199,3 +1199,35 @@ def test_hoist_subexpressions_offers_the_innermost_operand_of_arithmetic_first()
     assert offered[:2] == ["blocks = n\n", "blocks = (n + 256 - 1)\n"]
     called = list(candidates(hoist_subexpressions, "row = next(iter(rows))\n", PassContext()))
     assert "row = rows\n" not in called[:1] and "row = iter(rows)\n" in called
+
+
+def test_a_targeted_rewrite_makes_what_a_full_visit_makes() -> None:
+    """`transform` walks a Targeted transformer down the paths to its nodes only; every
+    integer and every argument of a nested script, changed that way, gives the text libcst's
+    full visit gives (the transformer's `path` left unset visits every node)."""
+    from reprocut.source.passes.expressions import _DropArg, _SetInteger, droppable_arguments
+    from reprocut.source.passes.tree import parse, transform
+    from reprocut.source.passes.walk import of_type
+
+    source = code(
+        """
+        import torch
+
+        def step(x, n=4):
+            if n > 2:
+                return torch.zeros(n, 3, dtype=torch.float32) + x[1:n]
+            return [v * 2 for v in range(n, 8)]
+
+        print(step(torch.ones(7), n=5), max(1, 2, key=abs))
+        """
+    )
+    module = parse(source)
+    assert module is not None
+    rewrites = [_SetInteger(i, 0) for i in of_type(module, cst.Integer)]
+    rewrites += [_DropArg(a) for a in droppable_arguments(source)]
+    assert len(rewrites) > 12
+    for rewrite in rewrites:
+        targeted = transform(source, rewrite, module)
+        rewrite.path = None
+        assert targeted == module.visit(rewrite).code
+        assert targeted is not None and targeted != source

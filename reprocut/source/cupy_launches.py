@@ -16,8 +16,9 @@ from collections.abc import Iterator
 import libcst as cst
 
 from reprocut.source.doomed import binds_unseen, top_level_bindings
+from reprocut.source.passes.focus_calls import focus_callee, focus_calls
 from reprocut.source.passes.launches import launches, module_scope
-from reprocut.source.passes.tree import dotted, focus_callee, focus_calls
+from reprocut.source.passes.tree import dotted
 from reprocut.source.passes.walk import all_nodes
 
 # the wrappers that make a CuPy array of a tensor

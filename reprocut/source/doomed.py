@@ -30,8 +30,9 @@ from functools import lru_cache
 
 import libcst as cst
 
+from reprocut.source.passes.focus_calls import focus_calls
 from reprocut.source.passes.launches import assigned_pairs, bindings, module_scope
-from reprocut.source.passes.tree import alias_name, dotted, focus_calls
+from reprocut.source.passes.tree import alias_name, dotted
 from reprocut.source.passes.walk import all_nodes, child_nodes, walk
 
 # module globals every script has besides the builtins

@@ -35,8 +35,9 @@ import libcst as cst
 
 from reprocut.source.cupy_launches import at_top
 from reprocut.source.doomed import binds_unseen, reads, target_names, top_level_bindings
+from reprocut.source.passes.focus_calls import focus_calls
 from reprocut.source.passes.launches import dimensions, followed, integer
-from reprocut.source.passes.tree import dotted, focus_calls
+from reprocut.source.passes.tree import dotted
 from reprocut.source.passes.walk import all_nodes, walk
 from reprocut.source.uncompilable import binding_counts, bound_in, is_jit
 

@@ -16,6 +16,7 @@ from reprocut.source.passes.expressions import (
     shrink_integers,
     simplify_expressions,
 )
+from reprocut.source.passes.focus_calls import calls_focus, focus_callee
 from reprocut.source.passes.inlining import (
     import_module_name,
     inline_calls,
@@ -44,9 +45,7 @@ from reprocut.source.passes.tree import (
     COMPOUND,
     PassContext,
     SourcePass,
-    calls_focus,
     candidates,
-    focus_callee,
     is_constant,
     parse,
 )

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
+from functools import lru_cache
 from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
 
 from reprocut.source.integer_search import first_integers, searches_below, smaller_integers
+from reprocut.source.passes.focus_calls import focus_calls
 from reprocut.source.passes.launches import configuration_integers
 from reprocut.source.passes.tree import (
     Options,
     PassContext,
+    Targeted,
     alias_name,
     count_statements,
-    focus_calls,
     is_constant,
     parse,
     statement_site,
@@ -47,10 +49,13 @@ def integers_of(module: cst.Module) -> list[cst.Integer]:
     return visitor.found
 
 
-class _SetInteger(cst.CSTTransformer):
+class _SetInteger(Targeted):
     def __init__(self, target: cst.Integer, value: int) -> None:
         super().__init__()
         self.target, self.value = target, value
+
+    def targets(self) -> Iterable[int]:
+        return (id(self.target),)
 
     def leave_Integer(self, original_node: cst.Integer, updated_node: cst.Integer) -> Any:
         return cst.Integer(str(self.value)) if original_node is self.target else updated_node
@@ -106,34 +111,32 @@ def _smaller_integers_from(
 # --- drop_arguments --------------------------------------------------------------------------
 
 
-class _Droppable(cst.CSTVisitor):
-    """Keyword arguments and last positional arguments of calls: ones a default may replace."""
-
-    def __init__(self) -> None:
-        self.found: list[cst.Arg] = []
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if any(arg.star for arg in node.args):
-            return
-        positional = [a for a in node.args if a.keyword is None]
-        for arg in node.args:
-            if arg.keyword is not None or (arg is positional[-1]):
-                self.found.append(arg)
-
-
 def droppable_arguments(code: str) -> list[cst.Arg]:
+    """Keyword arguments and last positional arguments of calls, in source order: ones a
+    default may replace."""
     module = parse(code)
-    if module is None:
-        return []
-    visitor = _Droppable()
-    module.visit(visitor)
-    return visitor.found
+    return [] if module is None else _droppable(module)
 
 
-class _DropArg(cst.CSTTransformer):
+@lru_cache(maxsize=8)
+def _droppable(module: cst.Module) -> list[cst.Arg]:
+    """`droppable_arguments` of a module (asked once per site of a sweep: shared, read only)."""
+    found: list[cst.Arg] = []
+    for call in of_type(module, cst.Call):
+        if any(arg.star for arg in call.args):
+            continue
+        positional = [a for a in call.args if a.keyword is None]
+        found += [a for a in call.args if a.keyword is not None or a is positional[-1]]
+    return found
+
+
+class _DropArg(Targeted):
     def __init__(self, target: cst.Arg) -> None:
         super().__init__()
         self.target = target
+
+    def targets(self) -> Iterable[int]:
+        return (id(self.target),)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> Any:
         if not any(a is self.target for a in original_node.args):
@@ -152,13 +155,10 @@ def drop_arguments(code: str, context: PassContext) -> Generator[Any, Any, None]
 
     def apply_at(code: str, index: int) -> str | None:
         module = parse(code)
-        if module is None:
+        found = [] if module is None else _droppable(module)
+        if index >= len(found):
             return None
-        visitor = _Droppable()
-        module.visit(visitor)
-        if index >= len(visitor.found):
-            return None
-        return transform(code, _DropArg(visitor.found[index]), module)
+        return transform(code, _DropArg(found[index]), module)
 
     yield from sweep(code, lambda c: len(droppable_arguments(c)), apply_at)
 
@@ -220,10 +220,13 @@ def names_reaching(module: cst.Module, calls: list[cst.Call]) -> set[str]:
     return reached
 
 
-class _ReplaceExpression(cst.CSTTransformer):
+class _ReplaceExpression(Targeted):
     def __init__(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
         super().__init__()
         self.target, self.value = target, value
+
+    def targets(self) -> Iterable[int]:
+        return (id(self.target),)
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
         return self.value if original_node is self.target else updated_node

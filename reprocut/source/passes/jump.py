@@ -15,6 +15,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from reprocut.source.passes.focus_calls import focus_callee, focus_calls
 from reprocut.source.passes.inlining import inline_all
 from reprocut.source.passes.specs import focus_scope, is_random, literal, seeded, spec_expression
 from reprocut.source.passes.statements import unused_definitions
@@ -22,8 +23,6 @@ from reprocut.source.passes.tree import (
     PassContext,
     body_statements,
     compiles,
-    focus_callee,
-    focus_calls,
     is_constant,
     parse,
 )

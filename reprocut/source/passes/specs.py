@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from typing import Any
 
 import libcst as cst
@@ -10,10 +10,11 @@ import libcst.matchers as m
 import libcst.metadata
 
 from reprocut.model.case import RANDOM_KINDS, Generated, Literal, TensorSpec
+from reprocut.source.passes.focus_calls import focus_callee
 from reprocut.source.passes.tree import (
     Enclosing,
     PassContext,
-    focus_callee,
+    Targeted,
     is_constant,
     parse,
     transform,
@@ -206,10 +207,13 @@ def spec_sites(module: cst.Module, focus: str | None) -> list[tuple[cst.Arg, int
     return visitor.found
 
 
-class _ReplaceArg(cst.CSTTransformer):
+class _ReplaceArg(Targeted):
     def __init__(self, target: cst.Arg, value: cst.BaseExpression) -> None:
         super().__init__()
         self.target, self.value = target, value
+
+    def targets(self) -> Iterable[int]:
+        return (id(self.target),)
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> Any:
         return (

@@ -12,14 +12,22 @@ is gone with it, which may change the values drawn after it: hence a check, not 
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
 import libcst as cst
 
 from reprocut.source.passes.launches import integer
 from reprocut.source.passes.specs import literal
-from reprocut.source.passes.tree import Options, PassContext, dotted, is_constant, parse, transform
+from reprocut.source.passes.tree import (
+    Options,
+    PassContext,
+    Targeted,
+    dotted,
+    is_constant,
+    parse,
+    transform,
+)
 
 # factories whose shape is their positional integers, or one tuple or list of them
 _SHAPED = frozenset({"randn", "rand", "zeros", "ones", "empty"})
@@ -138,10 +146,13 @@ class _Facts(cst.CSTVisitor):
         return True
 
 
-class _Fold(cst.CSTTransformer):
+class _Fold(Targeted):
     def __init__(self, folds: dict[int, cst.BaseExpression]) -> None:
         super().__init__()
         self.folds = folds
+
+    def targets(self) -> Iterable[int]:
+        return self.folds
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
         return self.folds.get(id(original_node), updated_node)

@@ -25,7 +25,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from reprocut.model.case import TensorSpec
-from reprocut.source.passes.walk import of_type
+from reprocut.source.passes.walk import paths_to
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +96,23 @@ def parse(code: str) -> cst.Module | None:
         return None
 
 
+class Targeted(cst.CSTTransformer):
+    """A transformer that changes only nodes it knows by identity (`targets`), and the nodes
+    above them: `transform` lets it descend only the paths to those. libcst's visit otherwise
+    rebuilds every node of the module, and a pass makes a candidate this way per site (on
+    the H200's reductions, most of the time spent making candidates)."""
+
+    path: frozenset[int] | None = None  # the ids it may visit (None: every node)
+
+    def targets(self) -> Iterable[int]:
+        raise NotImplementedError
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.path is not None and id(node) not in self.path:
+            return False
+        return super().on_visit(node)
+
+
 def transform(
     code: str, transformer: cst.CSTTransformer, module: cst.Module | None = None
 ) -> str | None:
@@ -106,6 +123,8 @@ def transform(
     module = parse(code) if module is None else module
     if module is None:
         return None
+    if isinstance(transformer, Targeted):
+        transformer.path = paths_to(module, transformer.targets())
     try:
         new = module.visit(transformer).code
     except (cst.CSTValidationError, ValueError, TypeError):
@@ -286,12 +305,15 @@ def statements_of(module: cst.Module) -> list[cst.BaseStatement]:
     return list(cached[1])
 
 
-class _ReplaceStatements(cst.CSTTransformer):
+class _ReplaceStatements(Targeted):
     """Replace statements (by identity) with lists of statements; empty blocks get `pass`."""
 
     def __init__(self, replacements: dict[int, Sequence[cst.BaseStatement]]) -> None:
         super().__init__()
         self.replacements = replacements
+
+    def targets(self) -> Iterable[int]:
+        return self.replacements
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
         new = self.replacements.get(id(original_node))
@@ -322,8 +344,10 @@ def replace_statements(
 def replace_in(
     code: str, module: cst.Module, replacements: dict[int, Sequence[cst.BaseStatement]]
 ) -> str | None:
+    replacing = _ReplaceStatements(replacements)
+    replacing.path = paths_to(module, replacements)
     try:
-        new = module.visit(_ReplaceStatements(replacements)).code
+        new = module.visit(replacing).code
     except (cst.CSTValidationError, ValueError, TypeError):
         return None
     return None if new == code or not compiles(new) else new
@@ -348,57 +372,6 @@ def statement_site(
 def count_statements(code: str) -> int:
     module = parse(code)
     return 0 if module is None else len(statements_of(module))
-
-
-@lru_cache(maxsize=16)
-def focus_callee(focus: str | None) -> str | None:
-    """The called expression of the failing line (`add_kernel[grid]`), as code (read once per
-    line: every candidate is asked whether it still makes that call)."""
-    if not focus:
-        return None
-    try:
-        statement = cst.parse_statement(focus.strip() + "\n")
-    except cst.ParserSyntaxError:
-        return None
-    calls = m.findall(statement, m.Call())
-    if not calls:
-        return None
-    call = calls[0]
-    assert isinstance(call, cst.Call)
-    return cst.Module(body=[]).code_for_node(call.func)
-
-
-def calls_focus(code: str, focus: str | None) -> bool | None:
-    """Does the code still make the failing call? None when there is no focus call to look for."""
-    callee = focus_callee(focus)
-    module = parse(code)
-    if callee is None or module is None:
-        return None
-    return bool(_calls_to(module, callee))
-
-
-def focus_calls(module: cst.Module, focus: str | None) -> list[cst.Call]:
-    """The calls in `module` to the failing line's callee."""
-    callee = focus_callee(focus)
-    return [] if callee is None else _calls_to(module, callee)
-
-
-def _calls_to(module: cst.Module, callee: str) -> list[cst.Call]:
-    last = callee.rsplit(".", 1)[-1].strip()  # a callee's last name: most calls end elsewhere
-    return [
-        c
-        for c in of_type(module, cst.Call)
-        if _last_name(c.func) in (last, None) and module.code_for_node(c.func) == callee
-    ]
-
-
-def _last_name(func: cst.BaseExpression) -> str | None:
-    """`f` for `f` and `a.b.f`; None for what ends otherwise (`k[grid]`, `f()`)."""
-    if isinstance(func, cst.Name):
-        return func.value
-    if isinstance(func, cst.Attribute):
-        return func.attr.value
-    return None
 
 
 class Enclosing(cst.CSTVisitor):

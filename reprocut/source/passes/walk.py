@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import cache
 from typing import TypeVar
 
@@ -111,21 +111,20 @@ def walk(
         stack.extend(reversed(child_nodes(current)))
 
 
-# (module, its nodes, its nodes by kind asked) by id: a module is kept alive by its entry, so an
-# id is never reused
-_MODULE_NODES: dict[
-    int, tuple[cst.CSTNode, tuple[cst.CSTNode, ...], dict[type, list[cst.CSTNode]]]
-] = {}
+# (module, its nodes, its nodes by kind asked, its nodes' parents once asked) by id: a module is
+# kept alive by its entry, so an id is never reused
+_Entry = tuple[
+    cst.CSTNode, tuple[cst.CSTNode, ...], dict[type, list[cst.CSTNode]], dict[int, cst.CSTNode]
+]
+_MODULE_NODES: dict[int, _Entry] = {}
 _KEEP = 64
 
 
-def _module_entry(
-    module: cst.Module,
-) -> tuple[cst.CSTNode, tuple[cst.CSTNode, ...], dict[type, list[cst.CSTNode]]]:
+def _module_entry(module: cst.Module) -> _Entry:
     entry = _MODULE_NODES.get(id(module))
     if entry is not None and entry[0] is module:
         return entry
-    entry = (module, tuple(walk(module)), {})
+    entry = (module, tuple(walk(module)), {}, {})
     if len(_MODULE_NODES) >= _KEEP:
         with contextlib.suppress(RuntimeError, StopIteration, KeyError):  # another thread's
             del _MODULE_NODES[next(iter(_MODULE_NODES))]
@@ -145,8 +144,28 @@ def of_type(node: cst.CSTNode, kind: type[Node]) -> list[Node]:
     m.Kind())`, without the matcher machinery); a module's, once per kind. Shared: read only."""
     if not isinstance(node, cst.Module):
         return [n for n in walk(node) if isinstance(n, kind)]
-    _, nodes, by_kind = _module_entry(node)
+    _, nodes, by_kind, _ = _module_entry(node)
     found = by_kind.get(kind)
     if found is None:
         found = by_kind[kind] = [n for n in nodes if isinstance(n, kind)]
     return found  # type: ignore[return-value]
+
+
+def paths_to(module: cst.Module, targets: Iterable[int]) -> frozenset[int]:
+    """The ids of the nodes `targets` (ids) of `module` and of every node above them: where a
+    transformer that changes only those nodes need go."""
+    _, nodes, _, parents = _module_entry(module)
+    if not parents:
+        for node in nodes:
+            for child in child_nodes(node):
+                parents[id(child)] = node
+    found: set[int] = set()
+    for target in targets:
+        if target not in parents and target != id(module):
+            continue  # not in this module
+        at: int | None = target
+        while at is not None and at not in found:
+            found.add(at)
+            parent = parents.get(at)
+            at = None if parent is None else id(parent)
+    return frozenset(found)
