@@ -33,7 +33,7 @@ import libcst as cst
 from reprocut.source.passes.focus_calls import focus_calls
 from reprocut.source.passes.launches import assigned_pairs, bindings, module_scope
 from reprocut.source.passes.tree import alias_name, dotted
-from reprocut.source.passes.walk import all_nodes, child_nodes, walk
+from reprocut.source.passes.walk import all_nodes, child_nodes, of_type, paths_to, walk
 
 # module globals every script has besides the builtins
 _MODULE_NAMES = frozenset({
@@ -44,6 +44,8 @@ ALWAYS_BOUND = frozenset(dir(builtins)) | _MODULE_NAMES
 # names through which a script can bind globals that no statement shows
 _DYNAMIC = frozenset({"globals", "exec", "eval", "vars", "locals", "setattr", "__import__"})
 _SCOPES = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+_UNEVALUATED = (*_SCOPES, cst.Del)  # what runs later, if at all, or reads nothing
+_UNREAD = frozenset({*_UNEVALUATED, cst.Import, cst.ImportFrom})  # by type: no subtypes
 
 # factories and the positional arguments they require (`size=` and the like count as one)
 REQUIRED_ARGUMENTS = {
@@ -81,16 +83,16 @@ def unbound_names(module: cst.Module, focus: str | None) -> list[str]:
     calls = focus_calls(module, focus)
     if not calls or binds_unseen(module):
         return []
-    inside = {id(node) for call in calls for node in walk(call)}
+    holding = paths_to(module, [id(call) for call in calls])  # the calls and what holds them
+    walruses = paths_to(module, [id(node) for node in of_type(module, cst.NamedExpr)])
     bound = set(ALWAYS_BOUND)
     modules: set[str] = set()  # names last bound to a module (`import cupy`, `k = cupy`)
     literals: dict[str, type] = {}  # names last bound to a literal, by the literal's type
     found = []
     for statement in module.body:
-        holds_call = any(id(node) in inside for node in walk(statement))
-        if holds_call:
+        if id(statement) in holding:
             if isinstance(statement, cst.SimpleStatementLine):
-                call = next(c for c in calls if any(n is c for n in walk(statement)))
+                call = next(c for c in calls if id(statement) in paths_to(module, [id(c)]))
                 found += [f"NameError: {n}" for n in reads(call) if n not in bound]
                 callee = call.func.value if isinstance(call.func, cst.Name) else None
                 if callee in modules:
@@ -100,9 +102,7 @@ def unbound_names(module: cst.Module, focus: str | None) -> list[str]:
                 else:
                     found += misused_literals(call, literals)
             break
-        if isinstance(statement, cst.SimpleStatementLine) and not any(
-            isinstance(node, cst.NamedExpr) for node in walk(statement)
-        ):
+        if isinstance(statement, cst.SimpleStatementLine) and id(statement) not in walruses:
             found += [f"NameError: {n}" for n in reads(statement) if n not in bound]
             found += misused_literals(statement, literals)
             names = binds(statement)
@@ -133,7 +133,9 @@ def misused_literals(node: cst.CSTNode, literals: dict[str, type]) -> list[str]:
     """What `node` does, as it runs, to a name bound to a literal that no such value allows:
     calls it, indexes a number or None, reads an attribute its type lacks (`ids.shape` once
     `ids = torch.randint(...)` was simplified to `ids = 0`)."""
-    found = []
+    found: list[str] = []
+    if not literals:  # nothing bound to a literal: nothing to misuse
+        return found
     for child in _evaluated(node):
         if isinstance(child, cst.Call | cst.Subscript):
             name = child.func if isinstance(child, cst.Call) else child.value
@@ -153,11 +155,7 @@ def misused_literals(node: cst.CSTNode, literals: dict[str, type]) -> list[str]:
 
 def _evaluated(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """`node` and what runs with it: not the bodies of lambdas and comprehensions, not `del`."""
-    yield node
-    if isinstance(node, (*_SCOPES, cst.Del)):
-        return
-    for child in child_nodes(node):
-        yield from _evaluated(child)
+    return walk(node, prune=lambda n: isinstance(n, _UNEVALUATED))
 
 
 def _literal_types(
@@ -291,6 +289,8 @@ def bound_otherwise(module: cst.Module, *, top: bool = False) -> set[str]:
     here). `top`: outside any function's body only, where a module-level call reads."""
     names: set[str] = set()
     for node in module_scope(module) if top else all_nodes(module):
+        if type(node) not in _BINDING_KINDS:  # most nodes: by type, as no such kind has subtypes
+            continue
         if isinstance(node, cst.For | cst.CompFor):
             names |= target_names(node.target)
         elif isinstance(node, cst.WithItem) and node.asname is not None:
@@ -314,34 +314,43 @@ def bound_otherwise(module: cst.Module, *, top: bool = False) -> set[str]:
     return names
 
 
+_BINDING_KINDS = frozenset({
+    cst.For, cst.CompFor, cst.WithItem, cst.AugAssign, cst.AnnAssign, cst.Import, cst.ImportFrom,
+    cst.FunctionDef, cst.ClassDef, cst.Param, cst.ExceptHandler, cst.NamedExpr, cst.Assign,
+})  # fmt: skip
+
+
 @lru_cache(maxsize=8)
 def binds_unseen(module: cst.Module) -> bool:
-    for node in all_nodes(module):
-        if isinstance(node, cst.Global | cst.Nonlocal | cst.ImportStar):
-            return True
-        if isinstance(node, cst.Name) and node.value in _DYNAMIC:
-            return True
-    return False
+    """Could a name be bound where no assignment shows it (`global`, `import *`, `exec`)?"""
+    if any(of_type(module, kind) for kind in (cst.Global, cst.Nonlocal, cst.ImportStar)):
+        return True
+    return any(name.value in _DYNAMIC for name in of_type(module, cst.Name))
 
 
 def reads(node: cst.CSTNode) -> Iterator[str]:
     """The names `node` reads when it runs (not a lambda's, a comprehension's or a keyword's,
-    not an attribute's own name, not what an assignment binds)."""
-    if isinstance(node, cst.Name):
-        yield node.value
-    elif isinstance(node, (*_SCOPES, cst.Import, cst.ImportFrom, cst.Del)):
+    not an attribute's own name, not what an assignment binds). Kinds are told by type: it
+    reads every node of every candidate, and none of these kinds has subtypes."""
+    kind = type(node)
+    if kind is cst.Name:
+        yield node.value  # type: ignore[attr-defined]
+    elif kind in _UNREAD:
         return
-    elif isinstance(node, cst.Attribute | cst.Arg):  # not `x.attr`'s attr, not `f(key=)`'s key
-        yield from reads(node.value)
-    elif isinstance(node, cst.Assign):
+    elif kind is cst.Attribute or kind is cst.Arg:  # not `x.attr`'s attr, not `f(key=)`'s key
+        yield from reads(node.value)  # type: ignore[attr-defined]
+    elif kind is cst.Assign:
+        assert isinstance(node, cst.Assign)
         yield from reads(node.value)
         for target in node.targets:
             yield from _target_reads(target.target)
-    elif isinstance(node, cst.AnnAssign):
+    elif kind is cst.AnnAssign:
+        assert isinstance(node, cst.AnnAssign)
         if node.value is not None:
             yield from reads(node.value)
         yield from _target_reads(node.target)
-    elif isinstance(node, cst.AugAssign):
+    elif kind is cst.AugAssign:
+        assert isinstance(node, cst.AugAssign)
         yield from reads(node.value)
         yield from reads(node.target)  # `x += 1` reads x
     else:

@@ -43,11 +43,12 @@ def calls_focus(code: str, focus: str | None) -> bool | None:
 
 
 def focus_calls(module: cst.Module, focus: str | None) -> list[cst.Call]:
-    """The calls in `module` to the failing line's callee."""
+    """The calls in `module` to the failing line's callee (shared: read only)."""
     callee = focus_callee(focus)
     return [] if callee is None else _calls_to(module, callee)
 
 
+@lru_cache(maxsize=16)  # the reducer and several rules ask it of each candidate's module
 def _calls_to(module: cst.Module, callee: str) -> list[cst.Call]:
     last = callee.rsplit(".", 1)[-1].strip()  # a callee's last name: most calls end elsewhere
     return [
