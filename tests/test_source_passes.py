@@ -1231,3 +1231,61 @@ def test_a_targeted_rewrite_makes_what_a_full_visit_makes() -> None:
         rewrite.path = None
         assert targeted == module.visit(rewrite).code
         assert targeted is not None and targeted != source
+
+
+def test_the_statements_of_a_module_are_listed_as_libcst_visits_them() -> None:
+    """statements_of reads the tree from its fields; it must list what a libcst visitor lists:
+    every statement in a block, in post-order, not an `elif` (a branch of its `if`)."""
+    from reprocut.source.passes.tree import STATEMENT_TYPES, parse, statements_of
+
+    class Reference(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.found: list[cst.CSTNode] = []
+            self.elifs: set[int] = set()
+
+        def visit_If(self, node: cst.If) -> None:
+            if isinstance(node.orelse, cst.If):
+                self.elifs.add(id(node.orelse))
+
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            return not isinstance(node, cst.BaseExpression) and super().on_visit(node)
+
+        def on_leave(self, original_node: cst.CSTNode) -> None:
+            if isinstance(original_node, STATEMENT_TYPES) and id(original_node) not in self.elifs:
+                self.found.append(original_node)
+
+    source = code(
+        """
+        import torch
+
+        class Net:
+            def forward(self, x):
+                if x > 0:
+                    y = 1
+                elif x < 0:
+                    y = 2
+                elif x == 0:
+                    pass
+                else:
+                    y = 3
+                return y
+
+        for i in range(3):
+            try:
+                with open("f") as f:
+                    f.read()
+            except OSError:
+                continue
+            finally:
+                x = lambda: 1
+        else:
+            while False: break
+        """
+    )
+    module = parse(source)
+    assert module is not None
+    reference = Reference()
+    module.visit(reference)
+    listed = statements_of(module)
+    assert [id(s) for s in listed] == [id(s) for s in reference.found]
+    assert len(listed) > 15

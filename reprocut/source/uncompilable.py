@@ -33,7 +33,7 @@ from reprocut.source.doomed import (
     target_names,
 )
 from reprocut.source.passes.tree import alias_name, dotted
-from reprocut.source.passes.walk import all_nodes, child_nodes, walk
+from reprocut.source.passes.walk import all_nodes, child_nodes, of_type, walk
 
 # triton.language functions and the arguments they require (keywords count: `tl.zeros(shape,
 # dtype=...)` has its two)
@@ -49,8 +49,8 @@ _LANGUAGE = ("tl.", "triton.language.")
 
 def uncompilable_kernels(module: cst.Module) -> list[str]:
     """Why a Triton kernel of `module` cannot compile (empty: it may)."""
-    kernels = [node for node in all_nodes(module) if isinstance(node, cst.FunctionDef)
-               and node.decorators and all(is_jit(d) for d in node.decorators)]  # fmt: skip
+    kernels = [node for node in of_type(module, cst.FunctionDef)
+               if node.decorators and all(is_jit(d) for d in node.decorators)]  # fmt: skip
     if not kernels or binds_unseen(module):
         return []
     known = ALWAYS_BOUND | bound_in(module.body)
@@ -61,10 +61,10 @@ def uncompilable_kernels(module: cst.Module) -> list[str]:
         local = _parameters(kernel) | bound_in(kernel.body.body)
         name = kernel.name.value
         body = kernel.body.body
-        found += [f"NameError: {n} in kernel {name}" for statement in body
-                  for n in reads(statement) if n not in known | local]  # fmt: skip
+        read = [n for statement in body for n in reads(statement)]
+        found += [f"NameError: {n} in kernel {name}" for n in read if n not in known | local]
         found += [f"CompilationError: kernel {name} reads the global tensor {n}"
-                  for statement in body for n in reads(statement) if n in tensors - local]  # fmt: skip
+                  for n in read if n in tensors - local]  # fmt: skip
         found += [f"CompilationError: module {n} as a value in kernel {name}"
                   for n in _bare_names(body) if n in modules - local]  # fmt: skip
         found += [f"CompilationError: {call}() without its {needed} argument(s) in kernel {name}"
@@ -96,8 +96,8 @@ def bound_in(statements: Sequence[cst.CSTNode]) -> set[str]:
             statement = cst.SimpleStatementLine([statement])
         if isinstance(statement, cst.SimpleStatementLine):
             names |= binds(statement)
-            names |= {n.target.value for n in walk(statement)
-                      if isinstance(n, cst.NamedExpr) and isinstance(n.target, cst.Name)}  # fmt: skip
+            names |= {n.target.value for n in walk(statement)  # by type: neither has subtypes
+                      if type(n) is cst.NamedExpr and type(n.target) is cst.Name}  # fmt: skip
             continue
         if isinstance(statement, cst.FunctionDef | cst.ClassDef):
             names.add(statement.name.value)
@@ -134,11 +134,10 @@ def _module_names(module: cst.Module) -> set[str]:
 
 
 def _outside_functions(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    for child in child_nodes(node):
-        if isinstance(child, cst.FunctionDef):
-            continue
-        yield child
-        yield from _outside_functions(child)
+    """The nodes below `node` outside any function (a `def` itself left out too)."""
+    for found in walk(node, prune=lambda n: n is not node and type(n) is cst.FunctionDef):
+        if found is not node and type(found) is not cst.FunctionDef:
+            yield found
 
 
 def _bare_names(body: Sequence[cst.CSTNode]) -> Iterator[str]:
@@ -340,15 +339,18 @@ def _called_without_grid(module: cst.Module, kernel: cst.FunctionDef) -> list[st
 
 
 def _outside_kernels(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    for child in child_nodes(node):
-        if (
-            isinstance(child, cst.FunctionDef)
-            and child.decorators
-            and any(is_jit(d) for d in child.decorators)
-        ):
-            continue
-        yield child
-        yield from _outside_kernels(child)
+    """The nodes below `node` outside any @triton.jit function (its `def` left out too)."""
+    for found in walk(node, prune=lambda n: n is not node and _is_kernel(n)):
+        if found is not node and not _is_kernel(found):
+            yield found
+
+
+def _is_kernel(node: cst.CSTNode) -> bool:
+    return (
+        type(node) is cst.FunctionDef
+        and bool(node.decorators)
+        and any(is_jit(d) for d in node.decorators)
+    )
 
 
 def _is_none(node: cst.BaseExpression) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from reprocut.model.case import TensorSpec
-from reprocut.source.passes.walk import paths_to
+from reprocut.source.passes.walk import child_nodes, paths_to
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,25 +268,37 @@ class RenameVariables(cst.CSTTransformer):
         return self.names.get(original_node.value, updated_node)
 
 
-class _StatementIndexer(cst.CSTVisitor):
-    """Post-order list of statements that sit in a block (elif branches are not)."""
+def _statements_in_blocks(module: cst.Module) -> list[cst.BaseStatement]:
+    """Post-order list of statements that sit in a block (elif branches are not), as a libcst
+    visitor would list them, from the fields walk.child_nodes reads (no statement sits in an
+    expression: those are not entered)."""
+    found: list[cst.BaseStatement] = []
+    elifs: set[int] = set()
+    stack: list[tuple[cst.CSTNode, bool]] = [(module, False)]
+    while stack:
+        node, left = stack.pop()
+        kind = type(node)
+        if left:
+            if _is_statement(kind) and id(node) not in elifs:
+                found.append(node)  # type: ignore[arg-type]
+            continue
+        if _is_expression(kind):
+            continue
+        if kind is cst.If and type(node.orelse) is cst.If:  # type: ignore[attr-defined]
+            elifs.add(id(node.orelse))  # type: ignore[attr-defined]
+        stack.append((node, True))
+        stack.extend((child, False) for child in reversed(child_nodes(node)))
+    return found
 
-    def __init__(self) -> None:
-        self.statements: list[cst.BaseStatement] = []
-        self._elifs: set[int] = set()
 
-    def visit_If(self, node: cst.If) -> None:
-        if isinstance(node.orelse, cst.If):
-            self._elifs.add(id(node.orelse))
+@cache
+def _is_statement(kind: type) -> bool:
+    return issubclass(kind, STATEMENT_TYPES)
 
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, cst.BaseExpression):
-            return False  # no statement sits in an expression
-        return super().on_visit(node)
 
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        if isinstance(original_node, STATEMENT_TYPES) and id(original_node) not in self._elifs:
-            self.statements.append(original_node)
+@cache
+def _is_expression(kind: type) -> bool:
+    return issubclass(kind, cst.BaseExpression)
 
 
 _STATEMENTS: OrderedDict[int, tuple[cst.Module, tuple[cst.BaseStatement, ...]]] = OrderedDict()
@@ -296,9 +308,7 @@ def statements_of(module: cst.Module) -> list[cst.BaseStatement]:
     """The module's statements in post-order (cached per tree, as `parse` caches trees)."""
     cached = _STATEMENTS.get(id(module))
     if cached is None or cached[0] is not module:
-        indexer = _StatementIndexer()
-        module.visit(indexer)
-        cached = (module, tuple(indexer.statements))
+        cached = (module, tuple(_statements_in_blocks(module)))
         _STATEMENTS[id(module)] = cached
         if len(_STATEMENTS) > 256:
             _STATEMENTS.popitem(last=False)
