@@ -155,17 +155,16 @@ def paths_to(module: cst.Module, targets: Iterable[int]) -> frozenset[int]:
     """The ids of the nodes `targets` (ids) of `module` and of every node above them: where a
     transformer that changes only those nodes need go."""
     _, nodes, _, parents = _module_entry(module)
-    if not parents:
-        for node in nodes:
-            for child in child_nodes(node):
-                parents[id(child)] = node
-    found: set[int] = set()
+    if not parents:  # filled at once (one update), so another thread sees it empty or whole
+        found = {id(child): node for node in nodes for child in child_nodes(node)}
+        parents.update(found)
+    path: set[int] = set()
     for target in targets:
         if target not in parents and target != id(module):
             continue  # not in this module
         at: int | None = target
-        while at is not None and at not in found:
-            found.add(at)
+        while at is not None and at not in path:
+            path.add(at)
             parent = parents.get(at)
             at = None if parent is None else id(parent)
-    return frozenset(found)
+    return frozenset(path)
