@@ -8,7 +8,9 @@ reduction ended (the first check, the cpu check, confirmations) show as OUTSIDE.
 run, bets cancelled after they had started (their child seconds spent for nothing), candidates
 not run because their code up to where a checked one raised was that one's (`known`), candidates
 accepted, wall seconds of the pass, child seconds (in the processes that ran them) and the
-verdicts; below the table, the other failures the checks saw most often. The reduction ends at its `done` event or when its phase (shrink, source_reduce) ends.
+verdicts; below the table, the other failures the checks saw most often. The reduction ends at its `done` event or when its phase (shrink, source_reduce) ends. Above the table,
+how much of the reduction had no check in flight: the time its own thread spent making and
+judging candidates (or waiting on a plain run) with every slot idle.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class Summary:
     passes: dict[str, PassRow]
     phases: dict[str, float]
     failures: Counter[str] = field(default_factory=Counter)  # "pass: what it raised" -> checks
+    reduction: float = 0.0  # seconds from the first pass to the reduction's end
+    idle: float = 0.0  # of them, with no check in flight
 
     def total(self) -> PassRow:
         whole = PassRow("total")
@@ -126,7 +130,31 @@ def summarize(events: list[dict[str, Any]]) -> Summary:
         for event in events
         if event["kind"] == "phase" and "seconds" in event
     }
-    return Summary(passes, phases, failures)
+    reduction, idle = idle_seconds(events, spans)
+    return Summary(passes, phases, failures, reduction, idle)
+
+
+def idle_seconds(
+    events: list[dict[str, Any]], spans: list[tuple[float, float, str]]
+) -> tuple[float, float]:
+    """(the reduction's seconds, those of them with no check in flight): from the first pass
+    to the end of the last, less the union of every check's span (its stamp less its seconds)."""
+    if not spans:
+        return 0.0, 0.0
+    start = spans[0][0]
+    end = spans[-1][1] if spans[-1][1] != float("inf") else max(e["t"] for e in events)
+    checks = sorted(
+        (e["t"] - float(e.get("seconds") or 0.0), e["t"]) for e in events if e["kind"] == "check"
+    )
+    idle, reached = 0.0, start
+    for begun, ended in checks:
+        if begun > reached:
+            idle += min(begun, end) - reached
+        reached = max(reached, ended)
+        if reached >= end:
+            break
+    idle += max(0.0, end - reached)
+    return end - start, idle
 
 
 def _verdicts(counter: Counter[str]) -> str:
@@ -138,6 +166,8 @@ def markdown(title: str, summary: Summary) -> str:
         f"### {title}",
         "",
         "phases: " + ", ".join(f"{name} {sec:.1f} s" for name, sec in summary.phases.items()),
+        "",
+        f"no check in flight for {summary.idle:.1f} s of the reduction's {summary.reduction:.1f} s",
         "",
         "| pass | runs | cancelled once started | known | accepted | wall s | child s | verdicts |",
         "|---|---|---|---|---|---|---|---|",

@@ -49,3 +49,22 @@ def test_the_committed_replay_holds_the_h200s_script_reductions() -> None:
     data = json.loads(gzip.decompress(REPLAYS.read_bytes()))
     assert "cuda_triton_expand_bias" in data["cases"]
     assert all(len(case["bests"]) > 5 for case in data["cases"].values())
+
+
+def test_the_check_log_summary_says_how_long_no_check_was_in_flight() -> None:
+    """benchmarks/check_log_summary.py: the reduction's seconds less the union of its checks'
+    spans (overlapping checks counted once, the gaps before, between and after them idle)."""
+    from benchmarks.check_log_summary import markdown, summarize
+
+    events = [
+        {"t": 10.0, "kind": "pass", "pass_name": "delete_statements"},
+        {"t": 13.0, "kind": "check", "seconds": 2.0, "verdict": "Passed"},  # 11-13
+        {"t": 14.0, "kind": "check", "seconds": 2.5, "verdict": "Reproduced"},  # 11.5-14
+        {"t": 15.0, "kind": "pass", "pass_name": "shrink_integers"},
+        {"t": 18.0, "kind": "check", "seconds": 1.0, "verdict": "Passed"},  # 17-18
+        {"t": 20.0, "kind": "phase", "phase": "source_reduce", "seconds": 10.0},
+    ]
+    summary = summarize(events)
+    assert summary.reduction == 10.0
+    assert abs(summary.idle - (1.0 + 3.0 + 2.0)) < 1e-9  # 10-11, 14-17, 18-20
+    assert "no check in flight for 6.0 s of the reduction's 10.0 s" in markdown("x", summary)
