@@ -115,7 +115,7 @@ def droppable_arguments(code: str) -> list[cst.Arg]:
     """Keyword arguments and last positional arguments of calls, in source order: ones a
     default may replace."""
     module = parse(code)
-    return [] if module is None else _droppable(module)
+    return [] if module is None else list(_droppable(module))
 
 
 @lru_cache(maxsize=8)
