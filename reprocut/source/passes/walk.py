@@ -6,8 +6,12 @@ focus check and the size order walked its tree six or seven times that way, and 
 took longer than running the candidate (0.07 s a candidate against 0.04 s a check). A node's
 children are its dataclass fields that hold nodes, so reading the fields, in the order libcst
 visits them (learnt once per kind of node), gives the same nodes in the same order at a fraction
-of the cost; and the nodes of a whole module are listed once per module (parse() shares one
-tree per text).
+of the cost. Each node's children are read once (the rules walk a candidate's tree a dozen
+times), and a module's nodes, its nodes of each kind asked and its parent map once per module
+(parse() shares one tree per text). Node kinds are told by type where it can be:
+`isinstance` against libcst's abstract classes goes through ABCMeta, slowly when it fails.
+On the H200's script reductions, replayed here, making and judging candidates took a third of
+the time it had (benchmarks/bench_reducer_work.py).
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ def _visit_order(node: cst.CSTNode, present: tuple[str, ...]) -> tuple[str, ...]
 # (node, its children) by the node's id, the node kept alive by its entry: a candidate's tree is
 # walked by a dozen rules, each from its top; emptied whole past _KEEP_CHILDREN entries
 _CHILDREN: dict[int, tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] = {}
-_KEEP_CHILDREN = 200_000
+_KEEP_CHILDREN = 100_000
 
 
 def child_nodes(node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
