@@ -20,7 +20,7 @@ best does not have.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import libcst as cst
 
@@ -127,17 +127,21 @@ def _parameters(kernel: cst.FunctionDef) -> set[str]:
 def _module_names(module: cst.Module) -> set[str]:
     """Names `import x` / `import x.y as z` bind to a module, outside function bodies."""
     names: set[str] = set()
-    for node in _outside_functions(module):
+    for node in _outside(module, _is_function):
         if isinstance(node, cst.Import):
             names |= {alias_name(alias, first=True) for alias in node.names}
     return names
 
 
-def _outside_functions(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """The nodes below `node` outside any function (a `def` itself left out too)."""
-    for found in walk(node, prune=lambda n: n is not node and type(n) is cst.FunctionDef):
-        if found is not node and type(found) is not cst.FunctionDef:
+def _outside(node: cst.CSTNode, excluded: Callable[[cst.CSTNode], bool]) -> Iterator[cst.CSTNode]:
+    """The nodes below `node` outside any node `excluded` is true of (those left out too)."""
+    for found in walk(node, prune=lambda n: n is not node and excluded(n)):
+        if found is not node and not excluded(found):
             yield found
+
+
+def _is_function(node: cst.CSTNode) -> bool:
+    return type(node) is cst.FunctionDef
 
 
 def _bare_names(body: Sequence[cst.CSTNode]) -> Iterator[str]:
@@ -332,17 +336,10 @@ def _called_without_grid(module: cst.Module, kernel: cst.FunctionDef) -> list[st
     """`kernel(...)` outside any kernel: a @triton.jit function runs only when launched
     (`kernel[grid](...)`); called as a function it raises before the launch."""
     found = []
-    for node in _outside_kernels(module):
+    for node in _outside(module, _is_kernel):
         if isinstance(node, cst.Call) and dotted(node.func) == kernel.name.value:
             found.append(f"RuntimeError: {kernel.name.value} called without a grid")
     return found
-
-
-def _outside_kernels(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """The nodes below `node` outside any @triton.jit function (its `def` left out too)."""
-    for found in walk(node, prune=lambda n: n is not node and _is_kernel(n)):
-        if found is not node and not _is_kernel(found):
-            yield found
 
 
 def _is_kernel(node: cst.CSTNode) -> bool:

@@ -113,6 +113,13 @@ class Targeted(cst.CSTTransformer):
         return super().on_visit(node)
 
 
+def visited(module: cst.Module, transformer: cst.CSTTransformer) -> cst.Module:
+    """`module.visit(transformer)`, a Targeted one let down only the paths to its nodes."""
+    if isinstance(transformer, Targeted):
+        transformer.path = paths_to(module, transformer.targets())
+    return module.visit(transformer)
+
+
 def transform(
     code: str, transformer: cst.CSTTransformer, module: cst.Module | None = None
 ) -> str | None:
@@ -123,10 +130,8 @@ def transform(
     module = parse(code) if module is None else module
     if module is None:
         return None
-    if isinstance(transformer, Targeted):
-        transformer.path = paths_to(module, transformer.targets())
     try:
-        new = module.visit(transformer).code
+        new = visited(module, transformer).code
     except (cst.CSTValidationError, ValueError, TypeError):
         return None
     if new == code or parse(new) is None or not compiles(new):
@@ -354,10 +359,8 @@ def replace_statements(
 def replace_in(
     code: str, module: cst.Module, replacements: dict[int, Sequence[cst.BaseStatement]]
 ) -> str | None:
-    replacing = _ReplaceStatements(replacements)
-    replacing.path = paths_to(module, replacements)
     try:
-        new = module.visit(replacing).code
+        new = visited(module, _ReplaceStatements(replacements)).code
     except (cst.CSTValidationError, ValueError, TypeError):
         return None
     return None if new == code or not compiles(new) else new
