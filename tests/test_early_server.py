@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,34 @@ def test_an_oracle_takes_the_server_only_with_the_same_environment(
     assert early_server.take(child_environment(blocking=False)) is None
     assert early.server.wait(timeout=30) is not None
     assert early_server._slot is None
+
+
+@pytest.mark.slow
+def test_a_script_reduction_leaves_torch_to_the_server(tmp_path: Path) -> None:
+    """The shrink's own process never imports torch to reduce a script: its checks run in the
+    server, and the recording holds the versions report.md names. On the H200 host, torch's
+    import took the process 4.7 s before it could make a first candidate."""
+    work = tmp_path / "project"
+    shutil.copytree(ROOT / "benchmarks" / "source_cases" / "numpy_kernel", work)
+    recorded = reprocut("record", "--quiet", "train.py", cwd=work)
+    _, err = recorded.communicate(timeout=300)
+    assert recorded.returncode == ExitCode.SCRIPT_ERROR, err
+    shrink = (
+        "import json, sys\n"
+        "from reprocut.cli import main\n"
+        "code = main(['shrink', '--source', '--json', '--runs', '1', '--out', 'out'])\n"
+        "print(json.dumps({'code': code, 'torch': 'torch' in sys.modules}), file=sys.stderr)\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", shrink], cwd=work, env=env, capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    outcome = json.loads(done.stderr.strip().splitlines()[-1])
+    assert outcome["code"] == ExitCode.OK, done.stderr
+    assert json.loads(done.stdout)["status"] == "verified"
+    assert outcome["torch"] is False
+    assert "- PyTorch: 2." in (work / "out" / "report.md").read_text()  # the recording's

@@ -23,7 +23,6 @@ from reprocut.check.oracle import Oracle, Reproduced, Ticket
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.recording import Failure
 from reprocut.model.signature import is_memory_error
-from reprocut.model.tensors import to_dtype
 from reprocut.source.speculation import default_slots
 
 SIDE_BY_SIDE_BYTES = 1 << 30  # a memory fault's captured tensors, side by side up to this
@@ -75,6 +74,8 @@ def side_by_side(
 def case_bytes(case: ReproCase) -> int:
     """The bytes a captured call's tensors take on the device: their storages (a view's whole
     storage), a sparse tensor's parts."""
+    from reprocut.model.tensors import to_dtype  # torch: not needed to reduce a script
+
     return sum(
         part.storage_numel * to_dtype(part.dtype).itemsize
         for _, spec in case.tensors()

@@ -46,15 +46,18 @@ def _nvidia_smi() -> tuple[str | None, str | None]:
 
 
 def collect_environment(failure: Failure | None = None) -> Environment:
-    """Versions of the machine the failure was recorded on (falling back to this one)."""
-    import torch
-
+    """Versions of the machine the failure was recorded on (falling back to this one: importing
+    torch only then, as a shrink's own process needs no torch to reduce a script)."""
     env = dict(failure.env) if failure is not None else {}
+    torch_version, cuda = env.get("torch"), env.get("cuda")
+    if not (torch_version and cuda):
+        import torch
+
+        torch_version, cuda = torch_version or torch.__version__, cuda or torch.version.cuda
     on_cuda = failure is not None and failure.device.startswith("cuda")
     driver, gpu = _nvidia_smi() if on_cuda else (None, None)
-    cuda = env.get("cuda") or torch.version.cuda
     return Environment(
-        torch=env.get("torch") or torch.__version__,
+        torch=torch_version,
         cuda=None if cuda in (None, "None") else str(cuda),
         driver=env.get("driver") or driver,
         gpu=env.get("gpu") or gpu,
