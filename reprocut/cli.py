@@ -9,10 +9,11 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from reprocut import __version__, silence_torch_import_warnings
-from reprocut.check import early_server
+from reprocut.check import early_server, extension_locks
 from reprocut.model.errors import ExitCode, ReprocutError
 
 COMMANDS = {
@@ -33,6 +34,9 @@ COMMANDS = {
         "list the recordings, or delete old ones (--clean)",
     ),
 }
+
+# the commands whose processes reprocut may kill mid-way (see check/extension_locks.py)
+KILLING = frozenset({"record", "shrink", "sanitize"})
 
 EPILOG = """\
 exit codes:
@@ -148,7 +152,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(args: list[str]) -> int:
     # imported after the early server's start: rich alone takes a twentieth of a second
-    from reprocut.report.display.console import make_console, print_error, print_internal_error
+    from reprocut.report.display.console import (
+        make_console,
+        print_error,
+        print_internal_error,
+        print_line,
+    )
 
     silence_torch_import_warnings()
     parser = build_parser(args[0] if args and args[0] in COMMANDS else "")
@@ -161,7 +170,14 @@ def _main(args: list[str]) -> int:
         parser.print_help(sys.stderr)
         return ExitCode.USAGE_ERROR
     try:
-        return int(options.module.run(options, console))
+        if options.command not in KILLING:
+            return int(options.module.run(options, console))
+        sweeper = extension_locks.Sweeper().start()
+        try:
+            return int(options.module.run(options, console))
+        finally:
+            for path in sweeper.close():
+                print_line(console, f"[yellow]note[/]: {stale_lock_note(path)}")
     except ReprocutError as exc:
         print_error(console, exc)
         if getattr(options, "json", False):  # machines get an object even when nothing ran
@@ -173,3 +189,11 @@ def _main(args: list[str]) -> int:
     except Exception:
         print_internal_error(console)
         return ExitCode.INTERNAL_ERROR
+
+
+def stale_lock_note(path: Path) -> str:
+    """What a removed lock was: the user may have met the hang it caused before."""
+    return (
+        f"removed {path}: a torch extension build lock that no process held (a process was "
+        "killed while it loaded the extension); every later load of it would have waited forever"
+    )

@@ -33,6 +33,7 @@ from reprocut.localize.failure import (
 )
 from reprocut.localize.leak_text import held_by_of, holders, leak_evidence, leak_of, short
 from reprocut.localize.oom_why import explain_request, library_alloc_why, request_alone_too_big
+from reprocut.localize.rerun import rerun_limit
 from reprocut.model.budget import call_within
 from reprocut.model.memory import (
     CAUSE_HELD,
@@ -60,7 +61,6 @@ from reprocut.report.memory_plot import PLOT_FILE, write_plot
 
 REQUEST_SECONDS = 10.0  # the failing op run again on the meta device, to say why it asked so much
 PLOT_SECONDS = 5.0
-_RERUN_FACTOR, _RERUN_SLACK = 3.0, 60.0  # the rerun's limit: 3x the first run's time + 60 s
 
 
 def is_oom_failure(failure: Failure) -> bool:
@@ -70,15 +70,6 @@ def is_oom_failure(failure: Failure) -> bool:
 def is_oom_outcome(outcome: dict[str, Any] | None) -> bool:
     error = (outcome or {}).get("error")
     return bool(error) and is_out_of_memory(error["type"], error["message"])
-
-
-def rerun_limit(timeout: float | None, first_seconds: float | None) -> float | None:
-    """The memory rerun's time limit: the watch costs a Python call per op, so three times
-    the first run's time and a minute more; never past the user's --timeout."""
-    bound = None if first_seconds is None else _RERUN_FACTOR * first_seconds + _RERUN_SLACK
-    if timeout is None:
-        return bound
-    return timeout if bound is None else min(timeout, bound)
 
 
 def warm_meta_kernels() -> None:

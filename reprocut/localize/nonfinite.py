@@ -72,7 +72,7 @@ def trace_origin(
             seen = {**outcome, "error": _flag_error(outcome)}
             return not_localized(options, first, seen, f"reruns are off; {hint}")
         return finish(options, base.with_notes(f"NaN/inf explains this failure: {hint}"))
-    found, run = _rerun_to_origin(options, step, progress)
+    found, run = _rerun_to_origin(options, step, progress, first.seconds)
     candidate = _pick(found)
     if candidate is None:
         why = (
@@ -92,12 +92,14 @@ def trace_origin(
 
 
 def _rerun_to_origin(
-    options: LocalizeOptions, step: int, progress: Progress
+    options: LocalizeOptions, step: int, progress: Progress, first_seconds: float
 ) -> tuple[dict[str, Any] | None, RunResult]:
     found: dict[str, Any] | None = None
     for _ in range(MAX_RERUNS):
         progress(f"rerunning to step {step}, checking every op's outputs for NaN and inf there")
-        run = _run_again(options, "nonfinite", localize_from=step, localize_to=step, nan=True)
+        run, _ = _run_again(
+            options, "nonfinite", first_seconds, localize_from=step, localize_to=step, nan=True
+        )
         found = (run.outcome or {}).get("nonfinite")
         earlier = flagged_step(run.outcome)
         if found is None or earlier is None or earlier >= step:

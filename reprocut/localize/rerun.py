@@ -25,6 +25,8 @@ from reprocut.localize.launch import outside_dispatcher
 from reprocut.model.recording import Failure
 from reprocut.record.parent.runner import RunRequest, RunResult, run_script
 
+_RERUN_FACTOR, _RERUN_SLACK = 3.0, 60.0  # a rerun's limit: 3x the first run's time + 60 s
+
 
 def rerun(
     options: LocalizeOptions,
@@ -45,10 +47,12 @@ def rerun(
             "and each line of your code there"
         )
     progress(f"{why}; {line}" if why else line)
-    second = _run_again(options, "localize", **localizing(first_suspect, step))
+    second, limit = _run_again(
+        options, "localize", first.seconds, **localizing(first_suspect, step)
+    )
     again = second.outcome
     if again is None or again.get("status") != "failed":
-        why = "it crashed" if again is None else "it did not fail"
+        why = ended_why(second, limit)
         return not_localized(
             options, first, outcome, f"the localization rerun to step {step}: {why}"
         )
@@ -69,11 +73,32 @@ def localizing(first_step: int, last_step: int) -> dict[str, Any]:
             "sync_lines": True}  # fmt: skip
 
 
-def _run_again(options: LocalizeOptions, attempt: str, **how: Any) -> RunResult:
-    """Run the script again for localization (no snapshots); `how` holds the RunRequest fields
-    that make this attempt what it is (the steps to synchronize in, blocking launches, ...)."""
+def rerun_limit(timeout: float | None, first_seconds: float | None) -> float | None:
+    """A rerun's time limit: what it watches costs a Python call per op (or a wait per op and
+    line), so three times the first run's time and a minute more; never past the user's
+    --timeout. A rerun can hang where the first run did not (a lock its killed process left)."""
+    bound = None if first_seconds is None else _RERUN_FACTOR * first_seconds + _RERUN_SLACK
+    if timeout is None:
+        return bound
+    return timeout if bound is None else min(timeout, bound)
+
+
+def ended_why(run: RunResult, limit: float | None) -> str:
+    """Why a rerun gave no outcome, in words for a not-localized Failure."""
+    if run.timed_out:
+        return f"it did not end within {limit:g} s and was stopped" if limit else "it timed out"
+    return "it crashed" if run.outcome is None else "it did not fail"
+
+
+def _run_again(
+    options: LocalizeOptions, attempt: str, first_seconds: float | None, **how: Any
+) -> tuple[RunResult, float | None]:
+    """Run the script again for localization (no snapshots), within rerun_limit of the first
+    run's `first_seconds`; `how` holds the RunRequest fields that make this attempt what it is
+    (the steps to synchronize in, blocking launches, ...). The run and its limit."""
+    limit = rerun_limit(options.timeout, first_seconds)
     if options.rerunner is not None:
-        return options.rerunner(attempt, **how)
+        return options.rerunner(attempt, **how), options.timeout
     return run_script(
         RunRequest(
             options.script,
@@ -81,12 +106,12 @@ def _run_again(options: LocalizeOptions, attempt: str, **how: Any) -> RunResult:
             options.run_dir.path,
             attempt,
             snapshots=False,
-            timeout=options.timeout,
+            timeout=limit,
             cwd=options.cwd,
             launch=options.launch,
             **how,
         )
-    )
+    ), limit
 
 
 def rerun_for_op(
@@ -103,7 +128,7 @@ def rerun_for_op(
         else "which recorded only the ops that can device-assert"
     )
     progress(f"an error at step {step}, {what}; rerunning that step watching every op")
-    second = _run_again(options, "localize", localize_from=step, localize_to=step)
+    second, _ = _run_again(options, "localize", first.seconds, localize_from=step, localize_to=step)
     again = second.outcome
     culprit = again.get("culprit") if again else None
     if names_op(culprit) or names_public_call(culprit):
