@@ -68,6 +68,16 @@ export PYTHONUNBUFFERED=1
 # the commit this tree is (the device copy's git metadata is stale): .whl/COMMIT, written by the caller
 [ -f .whl/COMMIT ] && export REPROCUT_COMMIT=$(cat .whl/COMMIT)
 
+# what else runs, before the stages and after them (logs/processes-start.txt, -end.txt): a
+# process left by an earlier call on a warm machine, or by this one, slows or stalls what follows
+processes() {
+    { date -u; ps -eo pid,ppid,etimes,pcpu,rss,args --sort=-pcpu | cut -c1-200 | head -40
+      nvidia-smi --query-compute-apps=pid,used_memory,process_name --format=csv 2>/dev/null
+      ls -la "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}"/*/*/lock 2>/dev/null
+    } > "$LOGS/processes-$1.txt" 2>&1
+}
+processes start
+
 stage_tests() {
     timeout -k 10 "${TESTS_LIMIT:-330}" python3 -m pytest -v -p no:cacheprovider -m cuda -n 4 \
         --timeout 240 --ignore tests/test_source_reducer.py --ignore tests/test_nan.py \
@@ -291,6 +301,7 @@ for stage in $STAGES; do
     [ -n "${PARALLEL:-}" ] || wait
 done
 wait
+processes end
 
 # PACK=1: everything under $OUT in one archive, $OUT/gpu-batch.tgz (a device call brings back
 # at most 8 files: the faults stage alone writes 6 per case, and its logs came back last)
