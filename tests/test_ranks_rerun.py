@@ -11,9 +11,11 @@ report says what each run saw."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +178,15 @@ def test_the_rerun_window_ends_at_the_step_the_dead_rank_was_in(
     assert f"after {step} completed step(s)" in outcome["error"]["message"]
 
 
+def running(pid: int, command: list[str]) -> None:
+    """Wait until `pid` shows `command` in /proc: Popen returns once the exec has begun, and
+    under load the new command line can be read empty for a moment after."""
+    wanted = b"\0".join(os.fsencode(arg) for arg in command) + b"\0"
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}/cmdline").read_bytes() != wanted and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_a_plain_rank_left_running_is_ended_with_the_job_but_not_a_stranger(tmp_path):
     """A plain rank's process is the user's script, not reprocut's: end_ranks knows it by the
     command its bootstrap started it with."""
@@ -183,6 +194,8 @@ def test_a_plain_rank_left_running_is_ended_with_the_job_but_not_a_stranger(tmp_
     plain = subprocess.Popen(command, start_new_session=True)
     stranger = subprocess.Popen([*command, "--other"], start_new_session=True)
     try:
+        running(plain.pid, command)  # as a rank left running is: past its exec
+        running(stranger.pid, [*command, "--other"])
         folder = rank_path(tmp_path, 0)
         folder.mkdir(parents=True)
         record = {"node": "n", "pid": stranger.pid, "child_pid": plain.pid}
