@@ -246,18 +246,27 @@ def _restart_folders(job: Path) -> list[Path]:
     return [p for p in restarts.glob("*/*") if p.is_dir()] if restarts.is_dir() else []
 
 
+_EXEC_LOOKS = 50  # a second at most, for a command line not yet there
+
+
 def _is_rank_process(pid: int, plain: list[str] | None = None) -> bool:
     """A live process that is reprocut's, or the plain rank it started with the command
     `plain` (never a reused pid of someone else's)."""
     try:
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        for _ in range(_EXEC_LOOKS):  # read empty for a moment just after an exec
+            if cmdline:
+                break
+            time.sleep(0.02)
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
     ours = b"reprocut.record." in cmdline
     if plain:
         ours = ours or cmdline.split(b"\0")[:-1] == [os.fsencode(arg) for arg in plain]
-    return state != "Z" and ours
+    return ours
 
 
 def _wait_for_nodes(run_dir: RunDir, timeout: float | None) -> int:
