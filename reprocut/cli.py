@@ -9,7 +9,6 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NoReturn
 
 from reprocut import __version__, silence_torch_import_warnings
@@ -176,8 +175,9 @@ def _main(args: list[str]) -> int:
         try:
             return int(options.module.run(options, console))
         finally:
-            for path in sweeper.close():
-                print_line(console, f"[yellow]note[/]: {stale_lock_note(path)}")
+            sweeper.close()
+            for note in lock_notes(sweeper):
+                print_line(console, f"[yellow]note[/]: {note}")
     except ReprocutError as exc:
         print_error(console, exc)
         if getattr(options, "json", False):  # machines get an object even when nothing ran
@@ -191,9 +191,17 @@ def _main(args: list[str]) -> int:
         return ExitCode.INTERNAL_ERROR
 
 
-def stale_lock_note(path: Path) -> str:
-    """What a removed lock was: the user may have met the hang it caused before."""
-    return (
+def lock_notes(sweeper: extension_locks.Sweeper) -> list[str]:
+    """What the stale locks were: the user may have met the hang they cause before."""
+    removed = [
         f"removed {path}: a torch extension build lock that no process held (a process was "
         "killed while it loaded the extension); every later load of it would have waited forever"
-    )
+        for path in sweeper.removed
+    ]
+    left = [
+        f"left {path}: a torch extension build lock that no process on this machine holds; it "
+        "lies on a network filesystem, where another machine's may. If none is building the "
+        "extension, remove it: until then every load of it waits"
+        for path in sweeper.left
+    ]
+    return removed + left

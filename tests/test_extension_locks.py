@@ -67,7 +67,7 @@ def test_the_locks_are_looked_for_where_torch_builds(tmp_path: Path) -> None:
 
 def test_a_lock_whose_process_was_killed_is_removed(extensions: Path) -> None:
     lock = killed_inside(extensions / "ext" / "lock")
-    assert clear_stale() == [lock]
+    assert clear_stale() == ([lock], [])
     assert not lock.exists()
 
 
@@ -75,7 +75,7 @@ def test_a_lock_a_live_process_holds_is_kept(extensions: Path) -> None:
     lock = extensions / "ext" / "lock"
     holder = hold(lock)
     try:
-        assert clear_stale() == []
+        assert clear_stale() == ([], [])
         assert lock.exists()
     finally:
         holder.kill()
@@ -89,7 +89,32 @@ def test_the_sweeper_removes_a_lock_that_goes_stale_while_it_runs(extensions: Pa
     while lock.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not lock.exists()
-    assert sweeper.close() == [lock]
+    sweeper.close()
+    assert sweeper.removed == [lock] and sweeper.left == []
+
+
+MOUNTS = """\
+/dev/vda / ext4 rw,relatime 0 0
+server:/export/home /home nfs4 rw,relatime 0 0
+/dev/vdb /home/me/scratch ext4 rw 0 0
+"""
+
+
+def test_a_lock_on_a_network_filesystem_is_only_reported(
+    extensions: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another machine's process may hold it: /proc shows only this machine's."""
+    assert extension_locks.filesystem_of(Path("/home/me/.cache/x/lock"), MOUNTS) == "nfs4"
+    assert extension_locks.filesystem_of(Path("/home/me/scratch/x/lock"), MOUNTS) == "ext4"
+    assert extension_locks.filesystem_of(Path("/homework/x"), MOUNTS) == "ext4"
+    assert extension_locks.on_network(Path("/home/me/.cache/x/lock"), MOUNTS)
+    assert not extension_locks.on_network(Path("/tmp/x/lock"), MOUNTS)
+    lock = killed_inside(extensions / "ext" / "lock")
+    monkeypatch.setattr(extension_locks, "on_network", lambda path: True)
+    sweeper = Sweeper().start()
+    sweeper.close()
+    assert sweeper.left == [lock] and sweeper.removed == []
+    assert lock.exists()
 
 
 SCRIPT = """\

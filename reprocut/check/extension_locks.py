@@ -9,7 +9,8 @@ reprocut kills processes as a matter of course (a cancelled candidate, a check p
 interpreter started ahead and not needed), so it clears what its kills may leave: a lock file no
 process holds open, seen so twice a moment apart (the owner closes its descriptor just before it
 removes the file), in the build roots torch uses ($TORCH_EXTENSIONS_DIR, else the user's cache).
-A `build_directory=` of the script's own choosing is not looked at.
+A `build_directory=` of the script's own choosing is not looked at, and a lock on a network
+filesystem is only reported: a process of another machine may hold it, and /proc shows none.
 
 Linux only (/proc); elsewhere nothing is removed. Stdlib only: the shrink's process has no torch.
 """
@@ -25,6 +26,11 @@ from pathlib import Path
 LOCK_NAME = "lock"  # torch.utils.cpp_extension's FileBaton, in each extension's build folder
 SETTLE_SECONDS = 0.2  # between the two looks that call a lock stale
 SWEEP_SECONDS = 2.0  # how often a Sweeper looks while reprocut's processes run
+# filesystems another machine may share (a lock there may be held by a process /proc cannot see)
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs",
+    "afs", "panfs", "wekafs", "9p", "virtiofs",
+})  # fmt: skip
 
 
 def lock_files(environ: dict[str, str] | None = None) -> list[Path]:
@@ -88,18 +94,51 @@ def stale_locks(seen: dict[Path, int] | None = None) -> tuple[list[Path], dict[P
     return stale, {path: inode for path, inode in now.items() if path not in stale}
 
 
-def remove(paths: list[Path]) -> list[Path]:
-    """Remove `paths`; those that were there to remove."""
-    removed = []
+def filesystem_of(path: Path, mounts: str | None = None) -> str | None:
+    """The type of the filesystem `path` lies on (its longest mount point in /proc/mounts, or
+    in `mounts`, that file's text); None where that cannot be read."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return None
+    where = os.path.realpath(path)
+    best, kind = "", None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = where == point or where.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def on_network(path: Path, mounts: str | None = None) -> bool:
+    """Whether `path` lies where another machine's process may hold it open (an NFS home, a
+    cluster filesystem): /proc shows only this machine's."""
+    kind = filesystem_of(path, mounts) or ""
+    return kind in NETWORK_FILESYSTEMS or kind.startswith(("nfs", "fuse.sshfs", "fuse.gluster"))
+
+
+def remove(paths: list[Path]) -> tuple[list[Path], list[Path]]:
+    """Remove those of `paths` on a local filesystem: those removed, and those left (on a
+    network filesystem, where no process here holding it does not mean none holds it)."""
+    removed, left = [], []
     for path in paths:
+        if on_network(path):
+            left.append(path)
+            continue
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed.append(path)
-    return removed
+    return removed, left
 
 
-def clear_stale() -> list[Path]:
-    """Remove the stale locks there are now (two looks, SETTLE_SECONDS apart)."""
+def clear_stale() -> tuple[list[Path], list[Path]]:
+    """Remove the stale locks there are now (two looks, SETTLE_SECONDS apart): `remove`'s
+    removed and left."""
     stale, _ = stale_locks()
     return remove(stale)
 
@@ -107,30 +146,35 @@ def clear_stale() -> list[Path]:
 class Sweeper:
     """While reprocut's processes run (and may be killed), a daemon thread removes any lock
     that stays stale from one look to the next (SWEEP_SECONDS apart); `close` looks once more,
-    after they have all ended. `removed`: every lock it removed, for the note the user gets."""
+    after they have all ended. For the notes the user gets: `removed`, every lock it removed,
+    and `left`, those it found stale on a network filesystem and did not touch."""
 
     def __init__(self, interval: float = SWEEP_SECONDS) -> None:
         self.removed: list[Path] = []
+        self.left: list[Path] = []
         self._interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="reprocut-lock-sweeper", daemon=True)
 
     def start(self) -> Sweeper:
-        self.removed += clear_stale()  # a lock left before this command would stall its runs
+        self._settle(*clear_stale())  # a lock left before this command would stall its runs
         self._thread.start()
         return self
+
+    def _settle(self, removed: list[Path], left: list[Path]) -> None:
+        self.removed += removed
+        self.left += [path for path in left if path not in self.left]
 
     def _run(self) -> None:
         seen: dict[Path, int] = {}
         while not self._stop.wait(self._interval):
             stale, seen = stale_locks(seen)
-            self.removed += remove(stale)
+            self._settle(*remove(stale))
 
-    def close(self) -> list[Path]:
-        """Stop, look once more (every process of the command has ended), and say what went."""
+    def close(self) -> None:
+        """Stop, and look once more: every process of the command has ended."""
         if not self._stop.is_set():
             self._stop.set()
             if self._thread.is_alive():
                 self._thread.join(timeout=5)
-            self.removed += clear_stale()
-        return self.removed
+            self._settle(*clear_stale())
