@@ -13,13 +13,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from reprocut.check.agreement import PlainAgreement
-from reprocut.check.oracle import ForkOnly, Oracle, Passed, Reproduced
+from reprocut.check.oracle import ForkOnly, Oracle, OtherFailure, Passed, Reproduced
 from reprocut.check.process_sensitive import fingerprint
 from reprocut.check.verify import run_plain, verify
 from reprocut.model.case import Signature, signature_to_json
@@ -758,3 +759,18 @@ def test_a_walked_back_case_keeps_the_unshrunk_calls_sizes_in_its_header(tmp_pat
     assert written == chosen.code
     assert "Message: index out of range in self" in written
     assert "Original: " in written and "(3,)" in written  # the unshrunk ids' size
+
+
+def test_a_check_whose_bad_address_landed_in_the_host_window_reproduces(tmp_path):
+    """A candidate's check, not only its plain run: the invalid address space error stands for an
+    illegal memory access (on an H100, 15 checks of cuda_cupy_host_pointers raised it in one call
+    and were refused as other failures). A misaligned access is still a bug of its own."""
+    landed = (
+        "raise RuntimeError('CUDA driver error: CUDA_ERROR_INVALID_ADDRESS_SPACE: operation not "
+        "supported on global/shared address space')\n"
+    )
+    misaligned = classify("RuntimeError", "CUDA error: misaligned address")
+    with Oracle(timeout=60) as oracle:
+        run = partial(oracle.check_source, landed, filename=str(tmp_path / "c.py"), cwd=tmp_path)
+        assert isinstance(run(expected=ILLEGAL_ADDRESS), Reproduced)
+        assert isinstance(run(expected=misaligned), OtherFailure)

@@ -43,7 +43,7 @@ from reprocut.check.process_sensitive import Fingerprint, aten_only, fingerprint
 from reprocut.check.verify import RunOutcome
 from reprocut.model.case import ReproCase, Signature
 from reprocut.model.oom import cpu_allocator_refused, is_out_of_memory
-from reprocut.model.signature import is_cuda_failure, is_memory_error
+from reprocut.model.signature import is_cuda_failure, is_memory_error, landed_elsewhere
 
 BLOCKING = (("CUDA_LAUNCH_BLOCKING", "1"),)
 
@@ -65,31 +65,13 @@ def _another_fault(outcome: RunOutcome, expected: Signature) -> bool:
     illegal address where the first had not; refused at 237d005, the cut took the reduction to the
     whole script: 160 s instead of 62). A run that passes, or raises no CUDA error, is believed
     at once: that is how a candidate that fails only in a fork shows (a custom op it cannot
-    find). The invalid address space error agrees as it is (`_where_the_address_landed`)."""
+    find). The invalid address space error agrees as it is (`landed_elsewhere`)."""
     seen = outcome.signature
     if seen is None or seen.matches(expected, compare_op=False) or not is_memory_error(expected):
         return False
-    if _where_the_address_landed(seen, expected):
+    if landed_elsewhere(seen, expected):
         return False
     return is_cuda_failure(seen.error_type, seen.kind, seen.error_code)
-
-
-# an illegal address's other face: the same bad pointer, landing in the host's window of the
-# address space, raises this instead (CUDA_ERROR_INVALID_ADDRESS_SPACE)
-ADDRESS_SPACE = "operation not supported on global/shared address space"
-
-
-def _where_the_address_landed(seen: Signature | None, expected: Signature) -> bool:
-    """An illegal memory access expected, the plain run raised CUDA's invalid address space
-    error: the candidate faults in a plain process too, and the error differs only by where its
-    bad address fell. On the H200 the cut of cuda_cupy_host_pointers (a kernel given host
-    pointers) to its failing call raised it in 4 of its 6 plain runs over four calls, the
-    illegal address in 2; refused, the reduction went back to the whole script (160-226 s
-    instead of 62-69). Counted as agreeing for a candidate of the reduction only: repro.py's
-    verification still wants the original's own error."""
-    if seen is None or not is_memory_error(expected) or "misaligned" in expected.kind.lower():
-        return False
-    return ADDRESS_SPACE in seen.kind or "CUDA_ERROR_INVALID_ADDRESS_SPACE" in seen.kind
 
 
 def _seen(outcome: RunOutcome) -> str | None:
@@ -267,7 +249,7 @@ class PlainAgreement:
                           agreed=False, seen=_seen(outcome), returncode=outcome.returncode,
                           again=True)  # fmt: skip
         seen = outcome.signature
-        related = _where_the_address_landed(seen, expected)
+        related = landed_elsewhere(seen, expected)
         agreed = seen is not None and (related or seen.matches(expected, compare_op=False))
         check_log.log("plain", seconds=round(outcome.seconds, 3), script=script.name,
                       agreed=agreed, seen=_seen(outcome), returncode=outcome.returncode,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reprocut.model.case import Signature
-from reprocut.model.signature import CRASH, classify, crash_signature
+from reprocut.model.signature import CRASH, classify, crash_signature, landed_elsewhere
 
 STDERR_TAIL = 4000
 
@@ -117,7 +117,9 @@ def verdict_from_reply(
     )
     message = str(error["message"])
     compare_op = compare_op and (synchronized or signature.error_code is None)
-    if expected is not None and signature.matches(expected, compare_op=compare_op):
+    if expected is not None and (
+        signature.matches(expected, compare_op=compare_op) or landed_elsewhere(signature, expected)
+    ):
         return Reproduced(signature, message, _tail(stderr), seconds)
     line = verdict.get("line")
     return OtherFailure(
