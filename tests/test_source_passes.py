@@ -737,6 +737,31 @@ def test_hoisting_offers_no_module_for_a_value():
     assert not any("\nsys.path\n" in c for c in found)
 
 
+def test_hoisting_offers_no_tensor_for_its_int_nor_a_shape_for_its_item():
+    """`ids.numel()` -> `ids` and `table.shape[1]` -> `table.shape`: an int's place taken by a
+    tensor or a shape. In the faults calls' logs all 49 such checks failed otherwise."""
+    source = code("""
+        import torch
+        ids = torch.arange(6)
+        table = torch.ones(8, 4)
+        out = torch.empty(ids.numel(), table.shape[1], table.size(0), table.size())
+        rows = table.stride(0) + ids.dim()
+    """)
+    found = list(candidates(hoist_subexpressions, source, PassContext()))
+    changed = {line for c in found for line in c.splitlines()} - set(source.splitlines())
+    for never in (
+        "out = torch.empty(ids, table.shape[1], table.size(0), table.size())",
+        "out = torch.empty(ids.numel(), table.shape, table.size(0), table.size())",
+        "out = torch.empty(ids.numel(), table.shape[1], table, table.size())",
+        "rows = table + ids.dim()",
+        "rows = table.stride(0) + ids",
+    ):
+        assert never not in changed, never
+    assert "out = torch.empty(ids.numel(), table.shape[1], table.size(0), table)" in changed
+    assert "out = ids.numel()" in changed  # a call for its first argument: still offered
+    assert "rows = table.stride(0)" in changed  # arithmetic for an operand: still offered
+
+
 def test_facts_of_literal_tensors_fold_to_literals():
     """On the H200 a CuPy reduction kept `n = torch.randn((256, 256, 4096)).numel()`: a 1 GiB
     tensor drawn on the CPU by every later check, for one integer."""

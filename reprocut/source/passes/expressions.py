@@ -274,21 +274,32 @@ def imported_modules(module: cst.Module) -> frozenset[str]:
     )
 
 
+# a tensor's methods whose value is a Python int (`size` and `stride` given a dim): the tensor
+# never stands in for it. In the faults calls' logs, all 36 such hoists (`ids.numel()` -> `ids`)
+# and all 13 of a shape's item to the shape (`t.shape[1]` -> `t.shape`) failed otherwise.
+_INT_METHODS = frozenset({"numel", "nelement", "dim", "ndimension", "element_size", "data_ptr",
+                          "storage_offset", "get_device"})  # fmt: skip
+_INT_GIVEN_A_DIM = frozenset({"size", "stride"})
+
+
 def _children(node: cst.CSTNode, modules: frozenset[str] = frozenset()) -> list[cst.BaseExpression]:
     """Sub-expressions that may stand in for a node: `a.m(x)` -> `a`, `a[i]` -> `a`, ...; not
     a module (`torch.randn(4)` -> `torch`, `np.int32(n)` -> `np`: `modules`, the names its
     imports bind), which no call takes for a value: where the value goes unused, deleting the
-    statement is the same cut."""
+    statement is the same cut. Not a tensor for the int a method of it gives, nor a shape for
+    its item (`_INT_METHODS`)."""
     if isinstance(node, cst.Call):
         options = [a.value for a in node.args if a.keyword is None and not a.star][:1]
         func = node.func
-        if isinstance(func, cst.Attribute) and not (
-            isinstance(func.value, cst.Name) and func.value.value in modules
+        if (
+            isinstance(func, cst.Attribute)
+            and not (isinstance(func.value, cst.Name) and func.value.value in modules)
+            and not _gives_an_int(func.attr.value, node)
         ):
             options.insert(0, func.value)
         return options
     if isinstance(node, cst.Subscript):
-        return [node.value]
+        return [] if _is_a_shape(node.value) else [node.value]
     if isinstance(node, cst.BinaryOperation | cst.BooleanOperation):
         return [node.left, node.right]
     if isinstance(node, cst.Comparison):
@@ -296,6 +307,22 @@ def _children(node: cst.CSTNode, modules: frozenset[str] = frozenset()) -> list[
     if isinstance(node, cst.UnaryOperation):
         return [node.expression]
     return []
+
+
+def _gives_an_int(method: str, call: cst.Call) -> bool:
+    return method in _INT_METHODS or (method in _INT_GIVEN_A_DIM and bool(call.args))
+
+
+def _is_a_shape(node: cst.BaseExpression) -> bool:
+    """`t.shape`, `t.size()`, `t.stride()`: indexed, an int."""
+    if isinstance(node, cst.Attribute):
+        return node.attr.value == "shape"
+    return (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in _INT_GIVEN_A_DIM
+        and not node.args
+    )
 
 
 class _HoistSites(cst.CSTVisitor):
