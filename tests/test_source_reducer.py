@@ -249,6 +249,9 @@ def test_tidy_layout_puts_pep8_blank_lines_between_top_level_statements():
     )
     assert tidy_layout(tidy) == tidy
     assert tidy_layout("def (:\n") == "def (:\n"
+    # what deleting the statements above the last leaves: no blank line before it
+    assert tidy_layout("\n\n# why\nraise ValueError(1)\n") == "# why\nraise ValueError(1)\n"
+    assert tidy_layout("\n\nraise ValueError(1)\n") == "raise ValueError(1)\n"
 
 
 def test_without_ruff_the_result_is_tidied_not_left_as_pasted(tmp_path: Path, monkeypatch):

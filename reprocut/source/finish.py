@@ -55,11 +55,15 @@ def tidy_layout(code: str) -> str:
     if module is None:
         return code
     body = list(module.body)
+    if body:  # no blank line before the first statement (the passes leave some)
+        first = [line for line in body[0].leading_lines if line.comment is not None]
+        body[0] = body[0].with_changes(leading_lines=first)
     for i in range(1, len(body)):
         blank = [cst.EmptyLine()] * _blank_lines_before(body[i], body[i - 1])
         comments = [line for line in body[i].leading_lines if line.comment is not None]
         body[i] = body[i].with_changes(leading_lines=[*blank, *comments])
-    return module.with_changes(body=body).code
+    header = [line for line in module.header if line.comment is not None]
+    return module.with_changes(header=header, body=body).code
 
 
 def format_code(code: str) -> str:

@@ -196,11 +196,18 @@ _POINTER_FIRST = ("load", "store", "atomic_add", "atomic_max", "atomic_min", "at
 def _no_values(body: Sequence[cst.CSTNode]) -> Iterator[str]:
     """None where a kernel needs a value, or a number where it needs a pointer: `x = None`,
     `tl.load(0)`, `tl.store(None, v)`, `tl.store(p, None)` (a simplification of the kernel's
-    expressions; Triton refuses them at compile time). A keyword's None (`mask=None`) and a
-    comparison with None are left: they are how optional arguments are written."""
+    expressions; Triton refuses them at compile time). A keyword's None (`mask=None`), a name
+    bound to None and read only as a keyword's value (`mask = None` for `mask=mask`: Triton 3.6
+    compiles it, as it does an unread one) and a comparison with None are left: they are how
+    optional arguments are written."""
+    valued = _read_as_values(body)
     for statement in body:
         for node in walk(statement):
-            if isinstance(node, cst.Assign) and _is_none(node.value):
+            if (
+                isinstance(node, cst.Assign)
+                and _is_none(node.value)
+                and any(n in valued for t in node.targets for n in target_names(t.target))
+            ):
                 yield "None assigned"
             name = _language_call(node)
             if name is None or name.rsplit(".", 1)[-1] not in _POINTER_FIRST:
@@ -211,6 +218,21 @@ def _no_values(body: Sequence[cst.CSTNode]) -> Iterator[str]:
                 yield f"{name}() of a constant, not a pointer"
             if name.endswith(".store") and len(positional) > 1 and _is_none(positional[1]):
                 yield f"{name}() of None"
+
+
+def _read_as_values(body: Sequence[cst.CSTNode]) -> set[str]:
+    """Names the body reads other than as a keyword argument's value (`mask` of `x + mask`,
+    not of `tl.load(p, mask=mask)`)."""
+    nodes = [node for statement in body for node in walk(statement)]
+    unread: set[int] = set()  # keywords' values and names, attributes' names, targets
+    for node in nodes:
+        if isinstance(node, cst.Arg) and node.keyword is not None:
+            unread |= {id(node.value), id(node.keyword)}
+        elif isinstance(node, cst.Attribute):
+            unread.add(id(node.attr))
+        elif isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Name):
+            unread.add(id(node.target))
+    return {node.value for node in nodes if isinstance(node, cst.Name) and id(node) not in unread}
 
 
 def _malformed(body: Sequence[cst.CSTNode]) -> Iterator[str]:

@@ -20,7 +20,8 @@ candidate before it is run and reject one that breaks a rule the current best ke
   its size (reprocut.source.doomed), no CuPy launch handed a bare tensor, a tuple or too few
   arguments (reprocut.source.cupy_launches);
 - a Triton kernel still compiles and is launched with all its parameters
-  (reprocut.source.uncompilable);
+  (reprocut.source.uncompilable), its values used as their kinds allow
+  (reprocut.source.triton_kinds);
 - for a memory fault, the failing call's Triton kernel can still fault: not with no store (its
   loads are compiled away), nor with every access at constant offsets inside its tensors
   (reprocut.source.faultless).
@@ -53,6 +54,7 @@ from reprocut.source.passes import (
     sibling_imports,
 )
 from reprocut.source.passes.launches import bindings, invalid_configurations, launches
+from reprocut.source.triton_kinds import mistyped_kernels
 from reprocut.source.uncompilable import uncompilable_kernels
 
 # passes allowed to change a launch's grid or block (none of today's passes is one)
@@ -189,6 +191,7 @@ class Rules:
         yield raises_before_the_call(module, self.focus)
         yield refused_arguments(module, self.focus)
         yield uncompilable_kernels(module)
+        yield mistyped_kernels(module)
         if not seeds_its_randomness(module):
             yield (UNSEEDED,)
         if self.memory_fault:
