@@ -320,6 +320,11 @@ def report(here: dict[str, dict[str, Any]], there: dict[str, dict[str, Any]] | N
             if row["refusals"]:
                 lines += ["", f"{title}, {name}: what Triton refused among the admitted:", ""]
                 lines += [f"- {count} x `{why}`" for why, count in row["refusals"]]
+    for name, row in (there or {}).items():
+        wrong = collections.Counter(r for w in row["but_compile"] for r in w["rules"])
+        if wrong:
+            lines += ["", f"Before, {name}: the rules of the candidates Triton compiled:", ""]
+            lines += [f"- {count} x `{rule}`" for rule, count in wrong.most_common()]
     for name, row in here.items():
         for wrong in row["but_compile"]:
             lines.append(f"- **{name}: best {wrong['best']}, {wrong['pass']}: rejected by "

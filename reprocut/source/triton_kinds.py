@@ -165,19 +165,20 @@ class _KernelKinds:
     def __init__(self, kernel: cst.FunctionDef, parameters: dict[str, Kind]) -> None:
         self.body = kernel.body.body
         self.parameters = parameters
-        once = {n for n, count in binding_counts(self.body).items() if count == 1}
+        counts = binding_counts(self.body)
+        self.nodes = [node for statement in self.body for node in walk(statement)]
         self.assigned: dict[str, cst.BaseExpression] = {}
-        for statement in self.body:
-            for node in walk(statement):
-                if (
-                    isinstance(node, cst.Assign)
-                    and len(node.targets) == 1
-                    and isinstance(node.targets[0].target, cst.Name)
-                    and node.targets[0].target.value in once
-                ):
-                    self.assigned[node.targets[0].target.value] = node.value
-        self.rebound = set(binding_counts(self.body)) - set(self.assigned)
+        for node in self.nodes:
+            if (
+                isinstance(node, cst.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0].target, cst.Name)
+                and counts.get(node.targets[0].target.value) == 1
+            ):
+                self.assigned[node.targets[0].target.value] = node.value
+        self.rebound = set(counts) - set(self.assigned)
         self.known: dict[str, Kind] = {}
+        self.arithmetic: dict[int, tuple[Kind, str | None]] = {}  # by the operation's id
 
     def kind(self, node: cst.BaseExpression, seen: frozenset[str] = frozenset()) -> Kind:
         """The kind of one expression of the body (UNKNOWN where anything it rests on is)."""
@@ -207,6 +208,11 @@ class _KernelKinds:
 
     def _arithmetic(self, node: cst.BinaryOperation, seen: frozenset[str]) -> tuple[Kind, str | None]:  # fmt: skip
         """The operation's kind, and why Triton refuses it (None: it may not)."""
+        if id(node) not in self.arithmetic:
+            self.arithmetic[id(node)] = self._operation(node, seen)
+        return self.arithmetic[id(node)]
+
+    def _operation(self, node: cst.BinaryOperation, seen: frozenset[str]) -> tuple[Kind, str | None]:  # fmt: skip
         left, right = self.kind(node.left, seen), self.kind(node.right, seen)
         block = _either_block([left, right])
         pointer = "pointer" in (left.what, right.what)
@@ -246,14 +252,13 @@ class _KernelKinds:
 
     def refused(self) -> Iterator[str]:
         """Each operation of the body its kinds make Triton refuse."""
-        for statement in self.body:
-            for node in walk(statement):
-                if isinstance(node, cst.BinaryOperation):
-                    why = self._arithmetic(node, frozenset())[1]
-                    if why is not None:
-                        yield why
-                elif isinstance(node, cst.Call):
-                    yield from self._refused_call(node)
+        for node in self.nodes:
+            if isinstance(node, cst.BinaryOperation):
+                why = self._arithmetic(node, frozenset())[1]
+                if why is not None:
+                    yield why
+            elif isinstance(node, cst.Call):
+                yield from self._refused_call(node)
 
     def _refused_call(self, node: cst.Call) -> Iterator[str]:
         name = _language_name(node)
