@@ -67,6 +67,8 @@ REFUSED = {
     BEST.replace("x + c", "x_ptr * c"): "a pointer and a float in arithmetic",
     BEST.replace("x + c", "x + c + (x_ptr * 2)"): "a pointer in `*`",
 }
+CALLS_TORCH = BEST.replace("x + c, mask", "torch.randn((256, 4096), device='cuda:0') + c, mask")
+REFUSED[CALLS_TORCH] = "torch.randn() called"
 # candidates of BEST Triton 3.6 compiles: the rules must leave them
 COMPILED = [
     BEST.replace(LOAD_X, "x = tl.load(x_ptr + offs)"),
@@ -110,6 +112,17 @@ def test_what_the_kinds_allow_or_do_not_decide_is_left_to_the_run() -> None:
     }
     for why, candidate in undecided.items():
         assert mistyped_kernels(parse(candidate)) == [], why
+
+
+def test_a_kernel_calling_torch_is_rejected_unrun() -> None:
+    """What replace_with_specs made of cuda_triton_expand_bias on the H200 (twice: Triton's
+    "Unsupported function referenced: randn")."""
+    rules = Rules(memory_fault=True, focus=FOCUS)
+    assert rules.rejects(CALLS_TORCH, BEST) == [
+        "CompilationError: torch.randn() called in kernel add_cond_kernel"
+    ]
+    shadowed = CALLS_TORCH.replace("    offs = tl", "    torch = tl\n    offs = tl")
+    assert "torch.randn() called" not in str(rules.rejects(shadowed, BEST))
 
 
 def test_a_name_bound_to_none_and_read_only_as_a_keyword_is_left() -> None:

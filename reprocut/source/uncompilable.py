@@ -12,7 +12,8 @@ kernel takes some parameters from its configs): a name that neither the kernel's
 body nor the module bind; a module (`tl`, `triton`) used as a value; a `tl` function called
 with fewer arguments than it requires; None or a number where a value or a pointer is needed
 (`x = None`, `tl.load(0)`: on the H200 30 of one reduction's 42 expression simplifications);
-a launch that leaves a parameter without a default unpassed; a global the kernel reads that
+a launch that leaves a parameter without a default unpassed; a call of torch, numpy or CuPy
+(host code); a global the kernel reads that
 the module binds to a torch tensor (Triton reads only constexpr globals: `x = tl.load(...)`
 deleted leaves the store reading the script's `x`). The validity rules (reprocut.source.validity) reject a candidate for a problem its
 best does not have.
@@ -55,6 +56,7 @@ def uncompilable_kernels(module: cst.Module) -> list[str]:
         return []
     known = ALWAYS_BOUND | bound_in(module.body)
     modules = _module_names(module)
+    hosts = _host_modules(module)
     tensors = global_tensors(module)
     found: list[str] = []
     for kernel in kernels:
@@ -73,6 +75,8 @@ def uncompilable_kernels(module: cst.Module) -> list[str]:
         found += [f"CompilationError: {why} in kernel {name}" for why in _malformed(body)]
         found += [f"CompilationError: {call}() of no pointer in kernel {name}"
                   for call in _pointerless(kernel, modules)]  # fmt: skip
+        found += [f"CompilationError: {call}() called in kernel {name}"
+                  for call in _host_calls(body, hosts - local)]  # fmt: skip
         found += _unpassed(module, kernel)
         found += _called_without_grid(module, kernel)
     return list(dict.fromkeys(found))
@@ -131,6 +135,35 @@ def _module_names(module: cst.Module) -> set[str]:
         if isinstance(node, cst.Import):
             names |= {alias_name(alias, first=True) for alias in node.names}
     return names
+
+
+# packages whose functions run on the host only: a kernel that calls one cannot compile
+# ("Unsupported function referenced": replace_with_specs put `torch.randn(...)` for a kernel's
+# local of the module's tensor's name on the H200)
+_HOST_PACKAGES = frozenset({"torch", "numpy", "cupy"})
+
+
+def _host_modules(module: cst.Module) -> set[str]:
+    """Names `import torch`, `import numpy as np`, `import cupy as cp` bind outside function
+    bodies."""
+    names: set[str] = set()
+    for node in _outside(module, _is_function):
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                package = cst.Module([]).code_for_node(alias.name).split(".")[0]
+                if package in _HOST_PACKAGES:
+                    names.add(alias_name(alias, first=True))
+    return names
+
+
+def _host_calls(body: Sequence[cst.CSTNode], hosts: set[str]) -> Iterator[str]:
+    """The calls of a host package's functions in a kernel's body (`torch.randn(...)`)."""
+    for statement in body:
+        for node in walk(statement):
+            if isinstance(node, cst.Call):
+                name = dotted(node.func) or ""
+                if name.split(".")[0] in hosts:
+                    yield name
 
 
 def _outside(node: cst.CSTNode, excluded: Callable[[cst.CSTNode], bool]) -> Iterator[cst.CSTNode]:
