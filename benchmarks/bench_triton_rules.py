@@ -296,18 +296,23 @@ def report(here: dict[str, dict[str, Any]], there: dict[str, dict[str, Any]] | N
         "(`replays/script-reductions-cuda.json.gz`). `admitted`: the candidates made from them "
         "that the reducer would run; `cannot compile`: of those, the ones Triton refused (each "
         "a check spent on a CompilationError); `rules reject`: candidates the compile rules "
-        "reject for a problem their best lacks; `but compile`: of those, the ones Triton "
-        "compiled (a rule wrong about them; must be 0). The reduction itself runs only some "
+        "reject for a problem their best lacks; `raise first`: of those, the ones that raised "
+        "before Triton compiled anything (a NameError at the kernel's `def` or in Triton's "
+        "launch, a kernel called without its grid: what those rules say); `but compile`: of "
+        "those rejected, the ones Triton compiled (a rule wrong about them; must be 0). Of the "
+        "admitted, those that raised before a compile are not counted as refused. The reduction itself runs only some "
         "of the admitted candidates (it moves to a better best at the first that reproduces).",
         "",
     ]
-    header = "| case | bests | admitted | cannot compile | rules reject | but compile |"
+    header = (
+        "| case | bests | admitted | cannot compile | rules reject | raise first | but compile |"
+    )
     if there is not None:
         header += " before: admitted | cannot compile | rules reject | but compile |"
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
     for name, row in here.items():
-        cells = [name, row["bests"], row["admitted"], row["cannot_compile"],
-                 row["rules_reject"], len(row["but_compile"])]  # fmt: skip
+        cells = [name, row["bests"], row["admitted"], row["cannot_compile"], row["rules_reject"],
+                 row["rules_reject_unlaunched"], len(row["but_compile"])]  # fmt: skip
         if there is not None and name in there:
             old = there[name]
             cells += [old["admitted"], old["cannot_compile"], old["rules_reject"],
