@@ -13,10 +13,11 @@ body nor the module bind; a module (`tl`, `triton`) used as a value; a `tl` func
 with fewer arguments than it requires; None or a number where a value or a pointer is needed
 (`x = None`, `tl.load(0)`: on the H200 30 of one reduction's 42 expression simplifications);
 a launch that leaves a parameter without a default unpassed; a call of torch, numpy or CuPy
-(host code); a global the kernel reads that
-the module binds to a torch tensor (Triton reads only constexpr globals: `x = tl.load(...)`
-deleted leaves the store reading the script's `x`). The validity rules (reprocut.source.validity) reject a candidate for a problem its
-best does not have.
+(host code); a global the kernel reads that the module binds to a torch tensor (Triton reads
+only constexpr globals: `x = tl.load(...)` deleted leaves the store reading the script's `x`).
+The values' kinds have rules of their own (reprocut.source.triton_kinds). The validity rules
+(reprocut.source.validity) reject a candidate for a problem its best does not have;
+`benchmarks/bench_triton_rules.py` holds all of them against Triton's own compiler.
 """
 
 from __future__ import annotations
