@@ -199,8 +199,9 @@ def _rule_refusals(text: str) -> collections.Counter[str]:
     return found
 
 
-def replay(case: dict[str, Any], compiler: Compiler) -> dict[str, Any]:
-    """Admit and compile every pass's candidates from each best of one reduction."""
+def replay(case: dict[str, Any], compiler: Compiler, sample: int | None = None) -> dict[str, Any]:
+    """Admit and compile every pass's candidates from each best of one reduction (`sample`:
+    from that many bests only, evenly spaced from the first to the last)."""
     from reprocut.model.case import Signature
     from reprocut.source.fixed_point import SourceReducer
     from reprocut.source.passes import PASSES, PassContext, candidates
@@ -213,7 +214,7 @@ def replay(case: dict[str, Any], compiler: Compiler) -> dict[str, Any]:
     uncompilable: collections.Counter[str] = collections.Counter()
     refusals: collections.Counter[str] = collections.Counter()
     rejected, unjudged, unlaunched, false_rejections, seen = 0, 0, 0, [], set()
-    for index, best in enumerate(case["bests"]):
+    for index, best in _sampled(case["bests"], sample):
         if compiler.refusal(best) is not None:
             raise RuntimeError(f"best {index} does not compile here: {compiler.refusal(best)}")
         context = PassContext(focus=case["focus"], memory_fault=case["memory_fault"])
@@ -255,13 +256,20 @@ def replay(case: dict[str, Any], compiler: Compiler) -> dict[str, Any]:
     }
 
 
-def replay_all() -> dict[str, dict[str, Any]]:
+def _sampled(bests: list[str], sample: int | None) -> list[tuple[int, str]]:
+    if sample is None or sample >= len(bests):
+        return list(enumerate(bests))
+    picked = sorted({round(i * (len(bests) - 1) / max(sample - 1, 1)) for i in range(sample)})
+    return [(i, bests[i]) for i in picked]
+
+
+def replay_all(sample: int | None = None) -> dict[str, dict[str, Any]]:
     data = json.loads(gzip.decompress(REPLAYS.read_bytes()))
     triton_cases = {n: c for n, c in sorted(data["cases"].items())
                     if any("@triton.jit" in best for best in c["bests"])}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="reprocut-triton-rules-") as folder:
         compiler = Compiler(Path(folder))
-        return {name: replay(case, compiler) for name, case in triton_cases.items()}
+        return {name: replay(case, compiler, sample) for name, case in triton_cases.items()}
 
 
 def replay_in(tree: Path) -> dict[str, dict[str, Any]]:
@@ -342,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree", type=Path, default=None, help="another checkout to compare")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/triton-rules-cpu.md")
     parser.add_argument("--json", action="store_true", help="print this tree's replay as JSON")
+    parser.add_argument("--bests", type=int, default=None,
+                        help="with --json: from this many bests of each case (a quick check)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         import triton  # noqa: F401
@@ -349,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_triton_rules needs triton: pip install triton", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(replay_all()))
+        print(json.dumps(replay_all(args.bests)))
         return 0
     there = replay_in(args.tree.resolve()) if args.tree else None
     here = replay_all()

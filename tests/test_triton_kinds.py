@@ -159,3 +159,19 @@ def test_triton_refuses_every_candidate_the_kind_rules_reject(tmp_path: Path) ->
     refused = answers[1 : 1 + len(REFUSED)]
     assert all(a is not None and not a.startswith("not launched") for a in refused), refused
     assert answers[1 + len(REFUSED) :] == [None] * len(COMPILED)
+
+
+def test_on_a_sample_of_the_replayed_reductions_triton_agrees_with_every_compile_rule() -> None:
+    """bench_triton_rules.py on three bests of each of the H200's two Triton script reductions
+    (first, middle, last): no candidate the reducer would run fails to compile, and none the
+    compile rules reject compiles."""
+    pytest.importorskip("triton")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_triton_rules.py"),
+                           "--json", "--bests", "3"], capture_output=True, text=True,
+                          timeout=900, check=True)  # fmt: skip
+    cases = json.loads(done.stdout.splitlines()[-1])
+    assert set(cases) == {"cuda_triton_expand_bias", "cuda_triton_int32_offsets"}
+    for name, row in cases.items():
+        assert row["admitted"] > 20 and row["rules_reject"] > 20, (name, row)
+        assert row["cannot_compile"] == 0, (name, row["refusals"])
+        assert row["but_compile"] == [], (name, row["but_compile"])
