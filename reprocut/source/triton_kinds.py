@@ -30,17 +30,18 @@ from reprocut.source.cupy_launches import certain_kind
 from reprocut.source.doomed import binds_unseen, top_level_bindings
 from reprocut.source.passes.launches import module_scope
 from reprocut.source.passes.tree import dotted
-from reprocut.source.passes.walk import of_type, walk
-from reprocut.source.uncompilable import binding_counts, is_jit
+from reprocut.source.passes.walk import walk
+from reprocut.source.uncompilable import binding_counts, jit_kernels, language_call, launches_of
 
-_POINTER_FIRST = ("load", "store", "atomic_add", "atomic_max", "atomic_min", "atomic_xchg")
-_LANGUAGE = ("tl.", "triton.language.")
+# the accesses whose mask (and value) sit where the rules look: load(pointer, mask, ...),
+# store(pointer, value, mask), atomic_add(pointer, value, mask)
+_MASKED = ("load", "store", "atomic_add", "atomic_max", "atomic_min", "atomic_xchg")
 # torch factories whose default dtype is a float one, and the dtypes by the kind they hold
 _FLOAT_FACTORIES = frozenset({"randn", "rand", "randn_like", "rand_like", "empty", "zeros", "ones"})  # fmt: skip
 _FLOAT_DTYPES = frozenset({"float", "float32", "float16", "half", "bfloat16", "float64", "double"})  # fmt: skip
 _INT_DTYPES = frozenset({"int", "int32", "int64", "long", "int16", "int8", "uint8", "short"})
-_FLOAT_METHODS = frozenset({"float", "half", "bfloat16", "double"})
-_INT_METHODS = frozenset({"int", "long", "short"})
+_FLOAT_CASTS = frozenset({"float", "half", "bfloat16", "double"})  # tensor methods casting to
+_INT_CASTS = frozenset({"int", "long", "short"})  # a dtype of that kind
 _KEPT_METHODS = frozenset({
     "as_strided", "view", "expand", "reshape", "contiguous", "t", "transpose", "permute",
     "flatten", "unsqueeze", "squeeze", "narrow", "clone", "cuda", "detach", "repeat",
@@ -68,9 +69,7 @@ def mistyped_kernels(module: cst.Module) -> list[str]:
     if binds_unseen(module):
         return []
     found: list[str] = []
-    for kernel in of_type(module, cst.FunctionDef):
-        if not kernel.decorators or not all(is_jit(d) for d in kernel.decorators):
-            continue
+    for kernel in jit_kernels(module):
         parameters = _parameter_kinds(module, kernel)
         if parameters is None:
             continue
@@ -84,11 +83,7 @@ def _parameter_kinds(module: cst.Module, kernel: cst.FunctionDef) -> dict[str, K
     """Each parameter's kind from the kernel's one launch (`kernel[grid](...)`), None where it
     is launched other than once, inside a function (whose names are not the module's), or
     with `*args`."""
-    launches = [
-        node
-        for node in of_type(module, cst.Call)
-        if isinstance(node.func, cst.Subscript) and dotted(node.func.value) == kernel.name.value
-    ]
+    launches = launches_of(module, kernel)
     top = {id(node) for node in module_scope(module)}
     if len(launches) != 1 or id(launches[0]) not in top or any(a.star for a in launches[0].args):
         return None
@@ -117,13 +112,23 @@ def _argument_kind(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpr
     if isinstance(value, cst.Float):
         return Kind("float", False)
     if isinstance(value, cst.Name):
-        values = bound.get(value.value, [])
-        if len(values) != 1 or value.value in otherwise or value.value in seen:
+        once = _bound_once(value.value, bound, otherwise, seen)
+        if once is None:
             return UNKNOWN
-        return _argument_kind(values[0], bound, otherwise, seen | {value.value})
+        return _argument_kind(once, bound, otherwise, seen | {value.value})
     if certain_kind(value, bound, otherwise, seen) == "torch tensor":
         return Kind("pointer", False, element=_element(value, bound, otherwise, seen))
     return UNKNOWN
+
+
+def _bound_once(name: str, bound: dict[str, list[cst.BaseExpression]],
+                otherwise: frozenset[str], seen: frozenset[str]) -> cst.BaseExpression | None:  # fmt: skip
+    """The value of the one plain assignment that binds `name` at module level (None: bound
+    otherwise too, more than once, or already being read)."""
+    values = bound.get(name, [])
+    if len(values) != 1 or name in otherwise or name in seen:
+        return None
+    return values[0]
 
 
 def _element(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression]],
@@ -131,10 +136,10 @@ def _element(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression
     """ "float" or "int": what a torch tensor expression holds, where its factory, its dtype or
     its last method says so."""
     if isinstance(value, cst.Name):
-        values = bound.get(value.value, [])
-        if len(values) != 1 or value.value in otherwise or value.value in seen:
+        once = _bound_once(value.value, bound, otherwise, seen)
+        if once is None:
             return None
-        return _element(values[0], bound, otherwise, seen | {value.value})
+        return _element(once, bound, otherwise, seen | {value.value})
     if not isinstance(value, cst.Call):
         return None
     dtype = next((a.value for a in value.args if a.keyword and a.keyword.value == "dtype"), None)
@@ -150,9 +155,9 @@ def _element(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression
         return None
     if isinstance(value.func, cst.Attribute):
         method = value.func.attr.value
-        if method in _FLOAT_METHODS:
+        if method in _FLOAT_CASTS:
             return "float"
-        if method in _INT_METHODS:
+        if method in _INT_CASTS:
             return "int"
         if method in _KEPT_METHODS:
             return _element(value.func.value, bound, otherwise, seen)
@@ -264,7 +269,7 @@ class _KernelKinds:
         name = _language_name(node)
         positional = [a.value for a in node.args if a.keyword is None]
         keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
-        if name in _POINTER_FIRST and positional:
+        if name in _MASKED and positional:
             pointer = self.kind(positional[0])
             at = 1 if name == "load" else 2  # load(pointer, mask), store(pointer, value, mask)
             mask = keywords.get("mask", positional[at] if len(positional) > at else None)
@@ -288,12 +293,9 @@ class _KernelKinds:
 
 
 def _language_name(node: cst.Call) -> str | None:
-    """`load` of `tl.load(...)` (a `triton.language` call), else None."""
-    name = dotted(node.func) or ""
-    for prefix in _LANGUAGE:
-        if name.startswith(prefix) and name.count(".") == prefix.count("."):
-            return name[len(prefix) :]
-    return None
+    """`load` of `tl.load(...)` (a `triton.language` call without `*args`), else None."""
+    name = language_call(node)
+    return None if name is None else name.rsplit(".", 1)[-1]
 
 
 def _either_block(kinds: list[Kind]) -> bool | None:

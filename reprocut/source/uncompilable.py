@@ -35,7 +35,7 @@ from reprocut.source.doomed import (
     target_names,
 )
 from reprocut.source.passes.tree import alias_name, dotted
-from reprocut.source.passes.walk import all_nodes, child_nodes, of_type, walk
+from reprocut.source.passes.walk import child_nodes, of_type, walk
 
 # triton.language functions and the arguments they require (keywords count: `tl.zeros(shape,
 # dtype=...)` has its two)
@@ -51,13 +51,13 @@ _LANGUAGE = ("tl.", "triton.language.")
 
 def uncompilable_kernels(module: cst.Module) -> list[str]:
     """Why a Triton kernel of `module` cannot compile (empty: it may)."""
-    kernels = [node for node in of_type(module, cst.FunctionDef)
-               if node.decorators and all(is_jit(d) for d in node.decorators)]  # fmt: skip
+    kernels = jit_kernels(module)
     if not kernels or binds_unseen(module):
         return []
     known = ALWAYS_BOUND | bound_in(module.body)
-    modules = _module_names(module)
-    hosts = _host_modules(module)
+    imported = _imported_modules(module)
+    modules = set(imported)
+    hosts = {name for name, package in imported.items() if package in _HOST_PACKAGES}
     tensors = global_tensors(module)
     found: list[str] = []
     for kernel in kernels:
@@ -81,6 +81,13 @@ def uncompilable_kernels(module: cst.Module) -> list[str]:
         found += _unpassed(module, kernel)
         found += _called_without_grid(module, kernel)
     return list(dict.fromkeys(found))
+
+
+def jit_kernels(module: cst.Module) -> list[cst.FunctionDef]:
+    """The functions of `module` decorated with `triton.jit` alone (an autotuned kernel takes
+    some parameters from its configs)."""
+    return [node for node in of_type(module, cst.FunctionDef)
+            if node.decorators and all(is_jit(d) for d in node.decorators)]  # fmt: skip
 
 
 def is_jit(decorator: cst.Decorator) -> bool:
@@ -129,31 +136,21 @@ def _parameters(kernel: cst.FunctionDef) -> set[str]:
     return names
 
 
-def _module_names(module: cst.Module) -> set[str]:
-    """Names `import x` / `import x.y as z` bind to a module, outside function bodies."""
-    names: set[str] = set()
-    for node in _outside(module, _is_function):
-        if isinstance(node, cst.Import):
-            names |= {alias_name(alias, first=True) for alias in node.names}
-    return names
-
-
 # packages whose functions run on the host only: a kernel that calls one cannot compile
 # ("Unsupported function referenced": replace_with_specs put `torch.randn(...)` for a kernel's
 # local of the module's tensor's name on the H200)
 _HOST_PACKAGES = frozenset({"torch", "numpy", "cupy"})
 
 
-def _host_modules(module: cst.Module) -> set[str]:
-    """Names `import torch`, `import numpy as np`, `import cupy as cp` bind outside function
-    bodies."""
-    names: set[str] = set()
+def _imported_modules(module: cst.Module) -> dict[str, str]:
+    """The names `import x` / `import x.y as z` bind to a module, outside function bodies, each
+    with the package it comes from (`np`: numpy)."""
+    names: dict[str, str] = {}
     for node in _outside(module, _is_function):
         if isinstance(node, cst.Import):
             for alias in node.names:
                 package = cst.Module([]).code_for_node(alias.name).split(".")[0]
-                if package in _HOST_PACKAGES:
-                    names.add(alias_name(alias, first=True))
+                names[alias_name(alias, first=True)] = package
     return names
 
 
@@ -195,7 +192,7 @@ def _bare_names(body: Sequence[cst.CSTNode]) -> Iterator[str]:
             yield node.value
 
 
-def _language_call(node: cst.CSTNode) -> str | None:
+def language_call(node: cst.CSTNode) -> str | None:
     """The dotted name of a `triton.language` call written without `*args` (`tl.load`), else
     None: the calls the compile rules read."""
     if not isinstance(node, cst.Call) or any(a.star for a in node.args):
@@ -204,18 +201,18 @@ def _language_call(node: cst.CSTNode) -> str | None:
     return name if name.startswith(_LANGUAGE) else None
 
 
-def _language_calls(body: Sequence[cst.CSTNode]) -> Iterator[tuple[str, cst.Call]]:
-    """Each `triton.language` call in the kernel's body (`_language_call`), with its name."""
+def language_calls(body: Sequence[cst.CSTNode]) -> Iterator[tuple[str, cst.Call]]:
+    """Each `triton.language` call in the kernel's body (`language_call`), with its name."""
     for statement in body:
         for node in walk(statement):
-            name = _language_call(node)
+            name = language_call(node)
             if name is not None:
                 assert isinstance(node, cst.Call)
                 yield name, node
 
 
 def _short_calls(body: Sequence[cst.CSTNode]) -> Iterator[tuple[str, int]]:
-    for name, call in _language_calls(body):
+    for name, call in language_calls(body):
         needed = REQUIRED_ARGUMENTS.get(name.rsplit(".", 1)[-1])
         if needed is not None and len(call.args) < needed:
             yield name, needed
@@ -223,7 +220,7 @@ def _short_calls(body: Sequence[cst.CSTNode]) -> Iterator[tuple[str, int]]:
 
 # triton.language functions whose first argument is a pointer (and, for stores, the second the
 # value written)
-_POINTER_FIRST = ("load", "store", "atomic_add", "atomic_max", "atomic_min", "atomic_cas",
+POINTER_FIRST = ("load", "store", "atomic_add", "atomic_max", "atomic_min", "atomic_cas",
                   "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor")  # fmt: skip
 
 
@@ -243,8 +240,8 @@ def _no_values(body: Sequence[cst.CSTNode]) -> Iterator[str]:
                 and any(n in valued for t in node.targets for n in target_names(t.target))
             ):
                 yield "None assigned"
-            name = _language_call(node)
-            if name is None or name.rsplit(".", 1)[-1] not in _POINTER_FIRST:
+            name = language_call(node)
+            if name is None or name.rsplit(".", 1)[-1] not in POINTER_FIRST:
                 continue
             assert isinstance(node, cst.Call)
             positional = [a.value for a in node.args if a.keyword is None]
@@ -275,17 +272,17 @@ def _malformed(body: Sequence[cst.CSTNode]) -> Iterator[str]:
     number for a mask (`mask=0`, or a name the kernel binds to one once), `tl.arange` of
     constant ends that make no range of a power of two, or of None (`tl.arange(0, 0)`)."""
     numbers = _names_bound_to_numbers(body)
-    for name, call in _language_calls(body):
+    for name, call in language_calls(body):
         last = name.rsplit(".", 1)[-1]
         positional = [a.value for a in call.args if a.keyword is None]
         keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-        if last in _POINTER_FIRST and not positional and "pointer" not in keywords:
+        if last in POINTER_FIRST and not positional and "pointer" not in keywords:
             yield f"{name}() without its pointer"
         if last == "store" and len(positional) < 2 and "value" not in keywords:
             yield f"{name}() without its value"
         mask = keywords.get("mask")
         if (
-            last in _POINTER_FIRST
+            last in POINTER_FIRST
             and mask is not None
             and (
                 isinstance(mask, cst.Integer | cst.Float)
@@ -368,8 +365,8 @@ def _pointerless(kernel: cst.FunctionDef, modules: set[str]) -> Iterator[str]:
     # what certainly holds no pointer: the locals made from none, the constexprs, the modules
     # (a name bound nowhere is the NameError rule's)
     plain = (set(sources) - pointers) | _constexpr_parameters(kernel) | modules | {"tl"}
-    for name, call in _language_calls(body):
-        if name.rsplit(".", 1)[-1] not in _POINTER_FIRST:
+    for name, call in language_calls(body):
+        if name.rsplit(".", 1)[-1] not in POINTER_FIRST:
             continue
         positional = [a.value for a in call.args if a.keyword is None]
         pointer = positional[0] if positional else None
@@ -414,6 +411,13 @@ def _is_constant(node: cst.BaseExpression) -> bool:
     return _is_none(node) or isinstance(node, cst.Integer | cst.Float)
 
 
+def launches_of(module: cst.Module, kernel: cst.FunctionDef) -> list[cst.Call]:
+    """The kernel's launches, `kernel[grid](...)`, anywhere in the module."""
+    return [node for node in of_type(module, cst.Call)
+            if isinstance(node.func, cst.Subscript)
+            and dotted(node.func.value) == kernel.name.value]  # fmt: skip
+
+
 def _unpassed(module: cst.Module, kernel: cst.FunctionDef) -> list[str]:
     """`k[grid](...)` launches of the kernel that leave a parameter without a default out."""
     params = kernel.params
@@ -422,10 +426,8 @@ def _unpassed(module: cst.Module, kernel: cst.FunctionDef) -> list[str]:
     ordered = [*params.posonly_params, *params.params]
     required = [p.name.value for p in (*ordered, *params.kwonly_params) if p.default is None]
     found = []
-    for node in all_nodes(module):
-        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Subscript)):
-            continue
-        if dotted(node.func.value) != kernel.name.value or any(a.star for a in node.args):
+    for node in launches_of(module, kernel):
+        if any(a.star for a in node.args):
             continue
         positional = [a for a in node.args if a.keyword is None]
         passed = {p.name.value for p in ordered[: len(positional)]}
