@@ -101,15 +101,18 @@ def replay_all() -> dict[str, dict[str, Any]]:
     return {name: replay(case) for name, case in sorted(data["cases"].items())}
 
 
-def replay_in(tree: Path) -> dict[str, dict[str, Any]]:
-    """The replay with another checkout's reducer, in a process of its own."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "REPROCUT_BENCH_TREE": "1"}
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--json"], env=env,
+def replay_in(tree: Path, script: Path = Path(__file__)) -> dict[str, dict[str, Any]]:
+    """A replay benchmark's `--json` run (`script`: this one by default) with another
+    checkout's reprocut, in a process of its own (the tree first on its path, ahead of any
+    PYTHONPATH already set)."""
+    path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "REPROCUT_BENCH_TREE": "1"}
+    done = subprocess.run([sys.executable, str(script.resolve()), "--json"], env=env,
                           capture_output=True, text=True, check=True, timeout=3600)  # fmt: skip
-    return json.loads(done.stdout)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _commit(where: Path) -> str:
+def commit_of(where: Path) -> str:
     done = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True)  # fmt: skip
     return done.stdout.strip() or "unknown"
@@ -123,7 +126,7 @@ def report(here: dict[str, dict[str, Any]], there: dict[str, dict[str, Any]] | N
         "# The source reducer's own work per accepted script (cpu)",
         "",
         f"{now}, Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} "
-        f"cores, load average {os.getloadavg()[0]:.1f} at the end; commit {_commit(ROOT)}. "
+        f"cores, load average {os.getloadavg()[0]:.1f} at the end; commit {commit_of(ROOT)}. "
         f"Command: `{command}`.",
         "",
         f"The bests of the H200's script reductions at {data['commit']} "
@@ -158,7 +161,7 @@ def report(here: dict[str, dict[str, Any]], there: dict[str, dict[str, Any]] | N
     lines += ["", f"All cases: {total['here']:.1f} s here."]
     if there is not None:
         lines[-1] += (
-            f" {total['there']:.1f} s with `{tree}` (commit {_commit(tree) if tree else ''})."
+            f" {total['there']:.1f} s with `{tree}` (commit {commit_of(tree) if tree else ''})."
         )
     return "\n".join(lines) + "\n"
 

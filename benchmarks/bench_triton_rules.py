@@ -32,7 +32,6 @@ import math
 import os
 import platform
 import runpy
-import subprocess
 import sys
 import tempfile
 import types
@@ -272,24 +271,11 @@ def replay_all(sample: int | None = None) -> dict[str, dict[str, Any]]:
         return {name: replay(case, compiler, sample) for name, case in triton_cases.items()}
 
 
-def replay_in(tree: Path) -> dict[str, dict[str, Any]]:
-    """The replay with another checkout's rules, in a process of its own."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
-           "REPROCUT_BENCH_TREE": "1"}  # fmt: skip
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--json"], env=env,
-                          capture_output=True, text=True, check=True, timeout=3600)  # fmt: skip
-    return json.loads(done.stdout)
-
-
-def _commit(where: Path) -> str:
-    done = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)  # fmt: skip
-    return done.stdout.strip() or "unknown"
-
-
 def report(here: dict[str, dict[str, Any]], there: dict[str, dict[str, Any]] | None,
            tree: Path | None, command: str) -> str:  # fmt: skip
     import triton
+
+    from benchmarks.bench_reducer_work import commit_of
 
     data = json.loads(gzip.decompress(REPLAYS.read_bytes()))
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -297,7 +283,7 @@ def report(here: dict[str, dict[str, Any]], there: dict[str, dict[str, Any]] | N
         "# Triton's compiler against the compile rules (cpu)",
         "",
         f"{now}, Python {platform.python_version()}, Triton {triton.__version__} compiling "
-        f"for {TARGET[0]} sm_{TARGET[1]} with no GPU; commit {_commit(ROOT)}. Command: "
+        f"for {TARGET[0]} sm_{TARGET[1]} with no GPU; commit {commit_of(ROOT)}. Command: "
         f"`{command}`.",
         "",
         f"The bests of the H200's Triton script reductions at {data['commit']} "
@@ -327,7 +313,7 @@ def report(here: dict[str, dict[str, Any]], there: dict[str, dict[str, Any]] | N
                       len(old["but_compile"])]  # fmt: skip
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     if there is not None:
-        lines += ["", f"Before: `{tree}` at commit {_commit(tree) if tree else ''}."]
+        lines += ["", f"Before: `{tree}` at commit {commit_of(tree) if tree else ''}."]
     for title, rows in (("This tree", here), ("Before", there or {})):
         for name, row in rows.items():
             if row["refusals"]:
@@ -361,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(replay_all(args.bests)))
         return 0
-    there = replay_in(args.tree.resolve()) if args.tree else None
+    from benchmarks.bench_reducer_work import replay_in  # the same `--tree` run
+
+    there = replay_in(args.tree.resolve(), Path(__file__)) if args.tree else None
     here = replay_all()
     command = "python benchmarks/bench_triton_rules.py" + (f" --tree {args.tree}" if args.tree else "")  # fmt: skip
     text = report(here, there, args.tree, command)
