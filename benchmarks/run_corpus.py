@@ -115,9 +115,14 @@ def _run_logged(
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         returncode = None
+    exited = time.perf_counter() - start
     for reader in readers:
         reader.join(timeout=10)
     seconds = time.perf_counter() - start
+    # a child that outlives the command holds its pipes open: the seconds count until they close
+    with log.open("a") as out:
+        out.write(f"[{seconds:7.1f} s] (harness) the command exited at {exited:.1f} s, its "
+                  f"pipes closed at {seconds:.1f} s; started at {time.time() - seconds:.3f} (epoch)\n")  # fmt: skip
     return RunOutput(returncode, parse_json("".join(stdout)), seconds, "".join(lines)[-2000:])
 
 
