@@ -49,6 +49,9 @@ class Summary:
     failures: Counter[str] = field(default_factory=Counter)  # "pass: what it raised" -> checks
     reduction: float = 0.0  # seconds from the first pass to the reduction's end
     idle: float = 0.0  # of them, with no check in flight
+    # the command's start to its first phase, and its last phase's end to its exit (None: the
+    # log has no command events, from before they were logged)
+    outside: tuple[float, float] | None = None
 
     def total(self) -> PassRow:
         whole = PassRow("total")
@@ -131,7 +134,18 @@ def summarize(events: list[dict[str, Any]]) -> Summary:
         if event["kind"] == "phase" and "seconds" in event
     }
     reduction, idle = idle_seconds(events, spans)
-    return Summary(passes, phases, failures, reduction, idle)
+    return Summary(passes, phases, failures, reduction, idle, outside_phases(events))
+
+
+def outside_phases(events: list[dict[str, Any]]) -> tuple[float, float] | None:
+    """(seconds from the command's start to its first phase, from its last phase's end to its
+    exit): what a benchmark's wall time holds beyond the phases' own."""
+    started = [e["t"] for e in events if e["kind"] == "command" and e.get("at") == "start"]
+    exited = [e["t"] for e in events if e["kind"] == "command" and e.get("at") == "exit"]
+    phased = [e["t"] for e in events if e["kind"] == "phase"]
+    if not (started and exited and phased):
+        return None
+    return min(phased) - min(started), max(exited) - max(phased)
 
 
 def idle_seconds(
@@ -167,6 +181,14 @@ def markdown(title: str, summary: Summary) -> str:
         "",
         "phases: " + ", ".join(f"{name} {sec:.1f} s" for name, sec in summary.phases.items()),
         "",
+    ]
+    if summary.outside is not None:
+        lines += [
+            f"outside them: {summary.outside[0]:.1f} s from the command's start to its first "
+            f"phase, {summary.outside[1]:.1f} s from its last phase to its exit",
+            "",
+        ]
+    lines += [
         f"no check in flight for {summary.idle:.1f} s of the reduction's {summary.reduction:.1f} s",
         "",
         "| pass | runs | cancelled once started | known | accepted | wall s | child s | verdicts |",

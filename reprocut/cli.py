@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from reprocut import __version__, silence_torch_import_warnings
-from reprocut.check import early_server, extension_locks
+from reprocut.check import check_log, early_server, extension_locks
 from reprocut.model.errors import ExitCode, ReprocutError
 
 COMMANDS = {
@@ -119,6 +119,7 @@ def entry() -> NoReturn:
 
     lifeline.install_signal_handlers()
     code = main()
+    check_log.log("command", at="exit", code=code)  # what follows the result: the teardown
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     with contextlib.suppress(Exception):
@@ -141,6 +142,7 @@ def wants_early_server(args: Sequence[str]) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    check_log.log("command", at="start", args=args[:1])  # before its imports: the start's cost
     if wants_early_server(args):
         early_server.spawn()
     try:

@@ -360,3 +360,23 @@ def test_the_check_log_has_a_line_per_check_pass_and_phase(
     }
     assert summary.passes[OUTSIDE].runs >= 1  # the first check, before any pass
     assert summary.phases["shrink"] > 0 and "| total |" in markdown("embedding", summary)
+    # the command's start is logged by main(); its exit by the `reprocut` entry point only
+    assert events[0]["kind"] == "command" and events[0]["at"] == "start"
+    assert summary.outside is None and "outside them" not in markdown("embedding", summary)
+
+
+def test_the_check_log_summary_says_what_lies_outside_the_phases() -> None:
+    from benchmarks.check_log_summary import markdown, summarize
+
+    events = [
+        {"t": 100.0, "kind": "command", "at": "start"},
+        {"t": 100.5, "kind": "phase", "phase": "read"},
+        {"t": 101.0, "kind": "phase", "phase": "read", "seconds": 0.5},
+        {"t": 104.0, "kind": "command", "at": "exit", "code": 0},
+    ]
+    summary = summarize(events)
+    assert summary.outside == (0.5, 3.0)
+    said = (
+        "0.5 s from the command's start to its first phase, 3.0 s from its last phase to its exit"
+    )
+    assert said in markdown("case", summary)

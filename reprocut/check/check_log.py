@@ -28,8 +28,8 @@ def enabled() -> bool:
 
 
 def log(kind: str, **fields: Any) -> None:
-    """Append one event (`kind`: check, plain, pass, accepted, phase, memcheck, ahead, adopted,
-    merge) when the log is on."""
+    """Append one event (`kind`: command (its start and exit), check, plain, pass, accepted,
+    phase, memcheck, ahead, adopted, merge) when the log is on."""
     path = os.environ.get(LOG_ENV)
     if not path:
         return
