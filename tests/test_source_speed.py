@@ -3,6 +3,7 @@ side giving the one-at-a-time result, and the server's concurrent children (issu
 
 from __future__ import annotations
 
+import json
 import textwrap
 import threading
 import time
@@ -408,3 +409,35 @@ def test_the_candidates_in_flight_follow_the_cores():
     finally:
         speculation.close()
     assert most[0] == slots
+
+
+def test_the_scripts_own_check_is_cancelled_once_a_candidate_reproduces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The user's script, checked beside the first candidates, answers nothing the reduction
+    needs once one of them reproduces (the message is known): its check is cancelled then, not
+    run to its end beside the reduction (a whole training run, on a GPU shared with the
+    candidates)."""
+    log = tmp_path / "checks.jsonl"
+    monkeypatch.setenv("REPROCUT_CHECK_LOG", str(log))
+    script = tmp_path / "train.py"
+    script.write_text(
+        code('''
+        """Only the whole script, docstring and all, takes its time."""
+        import time
+
+        if __doc__:
+            time.sleep(120)  # the training before the failing step, as far as this test goes
+        raise ValueError("bad value 1")
+    ''')
+    )
+    result = reduce_source(script, cwd=tmp_path, argv=[], expected=BAD, parallel=2,
+                           timeout=300, message="bad value 1")  # fmt: skip
+    assert "sleep" not in result.code and 'raise ValueError("bad value 1")' in result.code
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    (moot,) = [event for event in events if event["kind"] == "original_moot"]
+    assert moot["answered"] is False
+    checks = [event for event in events if event["kind"] == "check"]
+    original = [event for event in checks if event["thread"].startswith("reprocut-original")]
+    assert [event["verdict"] for event in original] == ["Cancelled"]
+    assert all(event["seconds"] < 100 for event in original)
