@@ -16,7 +16,7 @@ Run: python repro.py
 
 compute-sanitizer (memcheck):
   Invalid __global__ read of size 4 bytes in rms_scale_kernel
-  thread (0,0,0) in block (3022,0,0): reads 4 B at 1.7 MiB after the end of `out`
+  thread (0,0,0) in block (2250,0,0): reads 4 B at 1.2 MiB before the start of `t1` (arg 1)
   host: launch < pybind11::object pybind11::detail::object_api<pybind11::handle>::operator < torch::impl::dispatch::PythonKernelHolder::operator < pybind11::object pybind11::detail::argument_loader<pybind11::object const&, c10::DispatchKeySet, pybind11::args, pybind11::kwargs const&>::call_impl<pybind11::object, torch::impl::dispatch::initDispatchBindings
   at least 20 errors (memcheck stopped after printing them)
 """
