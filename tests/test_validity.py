@@ -93,6 +93,27 @@ def test_a_cpu_tensor_as_a_triton_argument_is_rejected() -> None:
     assert not builds_on_cpu(cst.parse_expression("torch.zeros(3, device=x.device)"))
 
 
+def test_a_cpu_tensor_is_rejected_though_the_kernel_binds_its_name_too() -> None:
+    """The kernel's own `x = tl.load(x_ptr)` is a device value, not what the host hands the
+    launch: the script's `x`, built on the CPU, is (the H200's expand_bias ran two such
+    candidates, which Triton refused: "Pointer argument cannot be accessed from Triton")."""
+    kernel = (
+        "import torch\nimport triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+        "def add_cond_kernel(x_ptr, o_ptr, n, BLOCK: tl.constexpr):\n"
+        "    offs = tl.program_id(0) * BLOCK\n    x = tl.load(x_ptr + offs)\n"
+        "    tl.store(o_ptr + offs, x)\n\n\n"
+    )
+    best = kernel + (
+        'x = torch.randn((256, 4096), device="cuda:0")\nn = x.numel()\n'
+        'add_cond_kernel[(n,)](x, torch.empty(8, device="cuda:0"), n, BLOCK=1024)\n'
+    )
+    candidate = best.replace(
+        'torch.randn((256, 4096), device="cuda:0")', "torch.randn((256, 4096))"
+    )
+    assert MEMORY.rejects(best, best) == []
+    assert MEMORY.rejects(candidate, best) == ["a CPU tensor handed to add_cond_kernel: x"]
+
+
 def test_a_custom_op_must_stay_registered_and_called() -> None:
     rules = Rules(custom_op="demo::f", op_functions=("f",))
     best = '@torch.library.custom_op("demo::f", mutates_args=())\ndef f(x): raise E\nf(x)\n'

@@ -53,9 +53,14 @@ from reprocut.source.passes import (
     sibling_file,
     sibling_imports,
 )
-from reprocut.source.passes.launches import bindings, invalid_configurations, launches
+from reprocut.source.passes.launches import (
+    assigned_pairs,
+    bindings,
+    invalid_configurations,
+    launches,
+)
 from reprocut.source.triton_kinds import mistyped_kernels
-from reprocut.source.uncompilable import uncompilable_kernels
+from reprocut.source.uncompilable import jit_kernels, uncompilable_kernels
 
 # passes allowed to change a launch's grid or block (none of today's passes is one)
 RESHAPING_PASSES: frozenset[str] = frozenset()
@@ -109,9 +114,27 @@ def builds_on_cpu(value: cst.BaseExpression) -> bool:
     return False
 
 
+def host_bindings(module: cst.Module) -> dict[str, list[cst.BaseExpression]]:
+    """`bindings(module)` less the names bound inside Triton kernels: a kernel's values
+    (`x = tl.load(x_ptr)`) are never what the host hands a launch. Counted in, a kernel's `x`
+    beside the script's `x = torch.randn(n)` hid that tensor's CPU device: the H200's
+    expand_bias reduction (8257a0d) ran two candidates that Triton refused ("Pointer argument
+    cannot be accessed from Triton (cpu tensor?)")."""
+    kernels = {id(kernel) for kernel in jit_kernels(module)}
+    if not kernels:
+        return bindings(module)
+    bound: dict[str, list[cst.BaseExpression]] = {}
+    for node in walk(module, prune=lambda node: id(node) in kernels):
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                for name, value in assigned_pairs(target.target, node.value):
+                    bound.setdefault(name, []).append(value)
+    return bound
+
+
 def pointer_problems(module: cst.Module) -> list[str]:
     """Pointers and tensors handed to kernels that cannot be the recorded ones."""
-    bound = bindings(module)
+    bound = host_bindings(module)
     problems = []
 
     def on_cpu(name: str) -> bool:
