@@ -7,12 +7,14 @@ import sys
 from collections.abc import Generator
 from typing import Any
 
+import libcst as cst
 import pytest
 import torch
 
 from reprocut.model.case import Signature
 from reprocut.source.fixed_point import SourceReducer
 from reprocut.source.passes import PassContext
+from reprocut.source.passes.launches import integer
 from reprocut.source.validity import Rules, builds_on_cpu, launches
 
 ILLEGAL = Signature("RuntimeError", 700, None, "an illegal memory access was encountered")
@@ -85,8 +87,6 @@ def test_a_cpu_tensor_as_a_triton_argument_is_rejected() -> None:
     best = 'x = torch.ones(8, device="cuda")\nadd_one[(1,)](x, 8)\n'
     candidate = "x = torch.ones(8)\nadd_one[(1,)](x, 8)\n"
     assert MEMORY.rejects(candidate, best) == ["a CPU tensor handed to add_one: x"]
-    import libcst as cst
-
     (launch,) = launches(cst.parse_module(best))
     assert (launch.kernel, launch.config) == ("add_one", "(1,)")
     assert builds_on_cpu(cst.parse_expression('x.to("cpu")'))
@@ -219,6 +219,22 @@ def test_a_grid_over_cudas_limits_or_a_cdiv_short_of_its_divisor_is_rejected() -
         candidate = f"n = {n}\n{cupy}"
         got = Rules().rejects(candidate, "n = 7\n" + cupy)
         assert got == ([expected] if expected else []), n
+
+
+def test_a_grid_of_a_factory_tensors_numel_is_known() -> None:
+    """The H200's int32_offsets at 8257a0d: `n` was the logits' `numel()`, so `grid = (n,)` for
+    `(triton.cdiv(n, 1024),)` went unjudged and raised OverflowError three times."""
+    logits = "torch.randn((8, 2048, 151936), dtype=torch.bfloat16, device='cuda:0')"
+    best = f"n = {logits}.numel()\ngrid = (triton.cdiv(n, 1024),)\nk[grid](x, n)\n"
+    assert Rules().rejects(best, best) == []
+    assert Rules().rejects(best.replace("(triton.cdiv(n, 1024),)", "(n,)"), best) == [
+        "invalid launch: k grid grid is over CUDA's grid limits"
+    ]
+    bound = {"x": [cst.parse_expression("torch.zeros(8, 2048)")]}
+    assert integer(cst.parse_expression("x.numel()"), bound) == 8 * 2048
+    assert integer(cst.parse_expression("torch.full((4, 4), 7).numel()"), {}) == 16
+    for unknown in ("torch.arange(16).numel()", "x.expand(4, 8, 2048).numel()", "y.numel()"):
+        assert integer(cst.parse_expression(unknown), bound) is None, unknown
 
 
 # --- what raises before the failing call (reprocut.source.doomed) ------------------------------

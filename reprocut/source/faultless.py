@@ -29,14 +29,18 @@ module's function) may write, and leaves the kernel to the run.
 
 from __future__ import annotations
 
-import math
-
 import libcst as cst
 
 from reprocut.source.cupy_launches import at_top
 from reprocut.source.doomed import binds_unseen, reads, target_names, top_level_bindings
 from reprocut.source.passes.focus_calls import focus_calls
-from reprocut.source.passes.launches import dimensions, followed, integer
+from reprocut.source.passes.launches import (
+    dimensions,
+    factory_numel,
+    followed,
+    integer,
+    literal_numel,
+)
 from reprocut.source.passes.tree import dotted
 from reprocut.source.passes.walk import all_nodes, walk
 from reprocut.source.uncompilable import binding_counts, bound_in, is_jit
@@ -49,8 +53,6 @@ _EFFECTS = ("store", "atomic", "scatter", "print", "assert", "asm", "load", "gat
 # builtins a kernel calls at compile time (`range` of a loop, `min` of two constexprs)
 _BUILTINS = frozenset({"range", "min", "max", "abs", "int", "float", "bool", "len"})
 _LANGUAGE = ("tl.", "triton.language.")
-# torch factories whose size is their first argument(s), and randint's (after low, high)
-_SIZED_FACTORIES = frozenset({"empty", "zeros", "ones", "rand", "randn", "full"})
 # views that keep their base's storage and its first element where it was
 _SAME_START = frozenset({"expand", "view", "t", "transpose", "permute", "unsqueeze", "squeeze"})
 # methods that copy a tensor that is not contiguous (to its numel() elements, which an
@@ -358,14 +360,10 @@ def tensor_elements(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExp
     sizes = [a.value for a in value.args if a.keyword is not None and a.keyword.value == "size"]
     if name.startswith("torch.") and name.count(".") == 1:
         factory = name[6:]
-        if factory == "randint":
+        if factory == "randint":  # its size after low and high
             shape = sizes[0] if sizes else positional[-1] if len(positional) >= 2 else None
-            return None if shape is None else _numel([shape])
-        if factory in _SIZED_FACTORIES:
-            if sizes:
-                return _numel(sizes)
-            return _numel(positional[:1] if factory == "full" else positional)
-        return None
+            return None if shape is None else literal_numel([shape])
+        return factory_numel(value)
     if isinstance(value.func, cst.Attribute):
         base = tensor_elements(value.func.value, bound, seen)
         method = value.func.attr.value
@@ -382,13 +380,3 @@ def tensor_elements(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExp
             start = 0 if offset is None else integer(offset, bound)
             return None if start is None else base - start
     return None
-
-
-def _numel(sizes: list[cst.BaseExpression]) -> int | None:
-    """The product of literal sizes: `(256, 256, 4096)`, or `256, 4096` given apart."""
-    if len(sizes) == 1 and isinstance(sizes[0], cst.Tuple | cst.List):
-        sizes = [e.value for e in sizes[0].elements]
-    numbers = [int(s.evaluated_value) if isinstance(s, cst.Integer) else None for s in sizes]
-    if not numbers or any(n is None for n in numbers):
-        return None
-    return math.prod(n for n in numbers if n is not None)

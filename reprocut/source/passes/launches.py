@@ -9,6 +9,7 @@ smaller repro (a shrunk CuPy launch read `ROWSUM((rows,), (0,), ...)`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -165,6 +166,14 @@ def _integer(
     value = _followed(value, bound, seen)
     if isinstance(value, cst.Integer):
         return int(value.value.replace("_", ""), 0)
+    if (  # `torch.randn((8, 2048, 151936)).numel()`, or a name bound once to the factory
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value == "numel"
+        and not value.args
+    ):
+        made = _followed(value.func.value, bound, seen)
+        return factory_numel(made) if isinstance(made, cst.Call) else None
     if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
         inner = _integer(value.expression, bound, seen)
         return None if inner is None else -inner
@@ -186,6 +195,35 @@ def _integer(
         if isinstance(value.operator, cst.FloorDivide | cst.Modulo) and right:
             return left // right if isinstance(value.operator, cst.FloorDivide) else left % right
     return None
+
+
+# torch factories whose size is their first argument(s) (`full`: its first alone)
+SIZED_FACTORIES = frozenset({"empty", "zeros", "ones", "rand", "randn", "full"})
+
+
+def factory_numel(call: cst.Call) -> int | None:
+    """The elements a torch factory of literal sizes makes (`torch.randn((8, 2048), ...)`,
+    `torch.zeros(8, 2048)`, `size=`); None for anything else. A grid of `n` programs where `n`
+    is such a tensor's `numel()` is then known: on the H200 a Triton grid of 2.5 G programs
+    (int32_offsets' `(n,)` for `(triton.cdiv(n, 1024),)`) raised OverflowError three times."""
+    name = dotted(call.func) or ""
+    if not (name.startswith("torch.") and name.count(".") == 1 and name[6:] in SIZED_FACTORIES):
+        return None
+    sizes = [a.value for a in call.args if a.keyword is not None and a.keyword.value == "size"]
+    if sizes:
+        return literal_numel(sizes)
+    positional = [a.value for a in call.args if a.keyword is None]
+    return literal_numel(positional[:1] if name == "torch.full" else positional)
+
+
+def literal_numel(sizes: list[cst.BaseExpression]) -> int | None:
+    """The product of literal sizes: `(256, 256, 4096)`, or `256, 4096` given apart."""
+    if len(sizes) == 1 and isinstance(sizes[0], cst.Tuple | cst.List):
+        sizes = [e.value for e in sizes[0].elements]
+    numbers = [int(s.evaluated_value) if isinstance(s, cst.Integer) else None for s in sizes]
+    if not numbers or any(n is None for n in numbers):
+        return None
+    return math.prod(n for n in numbers if n is not None)
 
 
 def followed(
