@@ -295,6 +295,21 @@ def test_a_name_bound_to_a_literal_and_used_as_no_literal_allows_is_rejected_unr
     assert rules.rejects(inside, BEST) == []  # a lambda's body runs later, if at all
 
 
+def test_a_name_bound_to_a_tensors_count_is_an_int() -> None:
+    """A hoist made `out = torch.empty(ids.numel(), ...)` into `out = ids.numel()` (the H200's
+    host_pointers, twice at 8257a0d): the launch's `out.data_ptr()` then raises."""
+    rules = Rules(focus=FOCUS)
+    for count in ("ids.numel()", "ids.size(0)", "table.stride(0)", "ids.dim()"):
+        hoisted = _variant('out = torch.empty(64, 16, device="cuda")', f"out = {count}")
+        assert rules.rejects(hoisted, BEST) == ["AttributeError: int out.data_ptr"], count
+    # a shape is no int (`.size()` with no dim is a torch.Size), and an int may be used as one
+    out = 'out = torch.empty(64, 16, device="cuda")'
+    shape = _variant(out, f"{out}\nshape = table.size()\nn = shape.numel()")
+    assert rules.rejects(shape, BEST) == []
+    counted = _variant("1000))", "ids.numel() * 2))")
+    assert rules.rejects(counted, BEST) == []
+
+
 def test_a_factory_or_a_tensor_method_missing_its_size_is_rejected_unrun() -> None:
     rules = Rules()
     no_size = _variant('torch.randn(1000, 16, device="cuda")', 'torch.randn(device="cuda")')

@@ -173,7 +173,26 @@ def _literal_types(
     return found
 
 
+# a tensor's methods whose value is an int: with no argument, and with one dim given
+_COUNTS = frozenset({"numel", "nelement", "dim", "ndimension", "element_size"})
+_COUNTS_OF_A_DIM = frozenset({"size", "stride"})
+
+
+def _counted(call: cst.Call) -> bool:
+    """`x.numel()`, `x.size(0)`: an int, which has no tensor's attributes. On the H200 a hoist
+    made `out = torch.empty(ids.numel(), ...)` into `out = ids.numel()`, and the CuPy launch's
+    `out.data_ptr()` raised AttributeError (host_pointers, twice at 8257a0d)."""
+    if not isinstance(call.func, cst.Attribute):
+        return False
+    method = call.func.attr.value
+    if method in _COUNTS:
+        return not call.args
+    return method in _COUNTS_OF_A_DIM and len(call.args) == 1 and call.args[0].keyword is None
+
+
 def _literal_type(value: cst.BaseExpression) -> type | None:
+    if isinstance(value, cst.Call):
+        return int if _counted(value) else None
     if isinstance(value, cst.Name):
         return {"None": type(None), "True": bool, "False": bool}.get(value.value)
     if isinstance(value, cst.UnaryOperation):  # `-1`, `+1`, `~1`, `not 1`
