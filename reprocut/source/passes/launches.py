@@ -155,8 +155,9 @@ def dimensions(
 
 
 def integer(value: cst.BaseExpression, bound: dict[str, list[cst.BaseExpression]]) -> int | None:
-    """The int an expression of integer literals, names assigned once to one, + - * // % and
-    `triton.cdiv` comes to; None when the script does not fix it."""
+    """The int an expression of integer literals, names assigned once to one, + - * // %,
+    `triton.cdiv` and a literal-sized torch factory's `numel()` comes to; None when the script
+    does not fix it."""
     return _integer(value, bound, set())
 
 
