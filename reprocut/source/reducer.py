@@ -252,7 +252,9 @@ class _OriginalBeside:
     candidate, and the message the candidates keep was known before or waited for. So the check
     is cancelled then. On the H100 (82bf121, four shrinks at once) it ran on for 20-22 s after
     the CuPy scripts' first accepted cut, the whole training beside the reduction, and checks
-    of full-size candidates that ended with it took 10.5-10.9 s, ones after it 2-6 s."""
+    of full-size candidates that ended with it took 10.5-10.9 s, ones after it 2-6 s. Cancelled
+    (8257a0d, on the H200) at 7.0-7.2 s, the full-size checks still stalled in other windows
+    (faults-cuda.md): the whole training was not the only thing holding them."""
 
     def __init__(self, future: Future[Any], ticket: Ticket) -> None:
         self.future, self.ticket = future, ticket
