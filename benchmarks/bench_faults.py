@@ -50,7 +50,7 @@ from benchmarks.faults_table import (
     repros_folder,
     write,
 )
-from benchmarks.run_corpus import case_outputs, environment, record_command, run_json
+from benchmarks.run_corpus import case_outputs, environment, record_command, run_json, use_tree
 from reprocut.check.verify import run_plain
 from reprocut.model.case import Signature
 from reprocut.model.limits import SAFETY_CAP
@@ -248,6 +248,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     parser.add_argument("--cases", nargs="*", default=list(CASES), help="corpus case names")
+    parser.add_argument("--tree", type=Path, default=None,
+                        help="run reprocut from this checkout (e.g. `git archive COMMIT reprocut` "
+                             "unpacked): an A/B of two commits in one call; name its commit in "
+                             "REPROCUT_COMMIT")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=3, help="shrinks at once")
     parser.add_argument(
         "--record-jobs", type=int, default=None,
@@ -283,6 +287,8 @@ def _recorded(case: CorpusCase, root: Path, options: argparse.Namespace) -> tupl
 
 def main(argv: list[str] | None = None) -> int:
     options = parse_args(argv)
+    if options.tree is not None:
+        use_tree(options.tree)
     if options.logs is not None:
         options.logs.mkdir(parents=True, exist_ok=True)
     wanted = set(options.cases)

@@ -56,6 +56,19 @@ ENV_PROBE = (
 )
 
 
+# where the commands run here import `reprocut` from: this checkout, or another (`use_tree`)
+_code_root = REPO
+
+
+def use_tree(tree: Path) -> None:
+    """Run `reprocut` from `tree`, another checkout's root, and the benchmark from this one: two
+    commits measured in one device call, on one machine (the H200's calls vary by 20 s a case)."""
+    global _code_root
+    if not (tree / "reprocut" / "__init__.py").is_file():
+        raise SystemExit(f"--tree {tree}: no reprocut package there")
+    _code_root = tree.resolve()
+
+
 def run_json(command: list[str], cwd: Path, timeout: float, log: Path | None = None) -> RunOutput:
     """Run `command`, kill its whole process group after `timeout`, parse its JSON stdout.
     `log`: its stderr is also written there as it comes, each line stamped with the seconds
@@ -65,7 +78,7 @@ def run_json(command: list[str], cwd: Path, timeout: float, log: Path | None = N
     env = dict(os.environ)
     if log is not None:
         env[LOG_ENV] = str(log.with_suffix(".checks.jsonl"))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_code_root), env.get("PYTHONPATH")]))
     start = time.perf_counter()
     process = subprocess.Popen(
         command,

@@ -425,3 +425,26 @@ def test_every_corpus_case_has_audit_rules_for_each_of_its_devices() -> None:
             assert any(not r.must for r in rules), f"{corpus_case.name}: no must_not on {device}"
             if corpus_case.expects_failure(device) or corpus_case.expect == "pass":
                 assert any(r.must for r in rules), f"{corpus_case.name}: no must on {device}"
+
+
+def test_a_benchmark_runs_reprocut_from_the_tree_it_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bench_faults --tree`: two commits in one device call. The commands import `reprocut`
+    from that checkout, ahead of this one and of a PYTHONPATH already set."""
+    from benchmarks import run_corpus
+
+    tree = tmp_path / "old"
+    (tree / "reprocut").mkdir(parents=True)
+    (tree / "reprocut" / "__init__.py").write_text("")
+    which = [
+        sys.executable,
+        "-c",
+        "import json, reprocut; print(json.dumps({'at': reprocut.__file__}))",
+    ]
+    monkeypatch.setattr(run_corpus, "_code_root", run_corpus._code_root)  # undone after the test
+    assert Path(run_corpus.run_json(which, tmp_path, 60).data["at"]).is_relative_to(REPO)
+    run_corpus.use_tree(tree)
+    assert Path(run_corpus.run_json(which, tmp_path, 60).data["at"]).is_relative_to(tree)
+    with pytest.raises(SystemExit, match="no reprocut package"):
+        run_corpus.use_tree(tmp_path)
