@@ -182,7 +182,8 @@ def scenario(background: str, options: argparse.Namespace) -> dict[str, Any] | N
     if forked is not None:
         os.read(wait_fd, 1)  # about to launch (or gone: b"")
     elif fresh is not None and fresh.stdout is not None:
-        fresh.stdout.readline()  # "ready", or nothing if it died
+        while (line := fresh.stdout.readline()) and line.strip() != "ready":
+            pass  # the sanitizer's own lines come first; nothing at all if it died
     os.close(wait_fd)
     if background != "none":
         time.sleep(options.delay)
