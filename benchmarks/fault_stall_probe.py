@@ -116,12 +116,15 @@ def _forked(work: Any, write_fd: int) -> None:
     """In a forked child: start CUDA, do `work`, report its times, exit."""
     import torch
 
-    started = time.perf_counter()
-    torch.empty(1, device="cuda")
-    torch.cuda.synchronize()
-    context = time.perf_counter() - started
-    kernel, error = work()
-    row = {"context": context, "kernel": kernel, "error": error, "pid": os.getpid()}
+    try:
+        started = time.perf_counter()
+        torch.empty(1, device="cuda")
+        torch.cuda.synchronize()
+        context = time.perf_counter() - started
+        kernel, error = work()
+        row = {"context": context, "kernel": kernel, "error": error, "pid": os.getpid()}
+    except Exception as exc:  # no GPU, a kernel that did not compile: said in the report
+        row = {"error": f"{type(exc).__name__}: {exc}"[:200], "pid": os.getpid()}
     os.write(write_fd, json.dumps(row).encode())
     os._exit(0)
 
