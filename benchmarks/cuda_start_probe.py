@@ -17,12 +17,17 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import cupy  # the parent imports it, as reprocut's preload does
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.forked_children import fork, reap
 
 KERNEL = r"""
 extern "C" __global__ void probe_read(const float* x, float* out, long long n, long long shift) {
@@ -32,7 +37,7 @@ extern "C" __global__ void probe_read(const float* x, float* out, long long n, l
 """
 
 
-def child(write_fd: int, fault: bool, env: dict[str, str]) -> None:
+def child(write_fd: int, *, fault: bool, env: dict[str, str]) -> None:
     """In the forked child: start CUDA, run the kernel, report the times, exit."""
     os.environ.update(env)
     started = time.perf_counter()
@@ -62,32 +67,8 @@ def child(write_fd: int, fault: bool, env: dict[str, str]) -> None:
 def batch(width: int, fault: bool, env: dict[str, str]) -> tuple[list[dict[str, Any]], float]:
     """`width` children forked at once; each one's own times and its fork-to-reaped time."""
     started = time.perf_counter()
-    children = {}
-    for _ in range(width):
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(read_fd)
-            try:
-                child(write_fd, fault, env)
-            finally:
-                os._exit(1)
-        os.close(write_fd)
-        children[pid] = (read_fd, time.perf_counter())
-    results = []
-    for pid, (read_fd, forked) in children.items():
-        raw = b""
-        while chunk := os.read(read_fd, 4096):
-            raw += chunk
-        os.close(read_fd)
-        reported = time.perf_counter()
-        os.waitpid(pid, 0)
-        reaped = time.perf_counter()
-        row = json.loads(raw or b"{}")
-        row["reported"] = reported - forked
-        row["teardown"] = reaped - reported
-        row["life"] = reaped - forked
-        results.append(row)
+    children = [fork(partial(child, fault=fault, env=env)) for _ in range(width)]
+    results = [reap(*forked) for forked in children]
     return results, time.perf_counter() - started
 
 

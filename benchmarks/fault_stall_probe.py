@@ -32,8 +32,12 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.forked_children import fork, reap
 
 KERNEL = r"""
 extern "C" __global__ void probe_read(const float* x, float* out, long long n, long long shift) {
@@ -129,34 +133,6 @@ def _forked(work: Any, write_fd: int) -> None:
     os._exit(0)
 
 
-def fork(work: Any) -> tuple[int, int, float]:
-    """A child forked to do `work`: its pid, the pipe it reports on, when it was forked."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        try:
-            _forked(work, write_fd)
-        finally:
-            os._exit(1)
-    os.close(write_fd)
-    return pid, read_fd, time.perf_counter()
-
-
-def reap(pid: int, read_fd: int, forked: float) -> dict[str, Any]:
-    """A forked child's report, and its fork-to-reported and report-to-reaped seconds."""
-    raw = b""
-    while chunk := os.read(read_fd, 4096):
-        raw += chunk
-    os.close(read_fd)
-    reported = time.perf_counter()
-    os.waitpid(pid, 0)
-    row = json.loads(raw or b"{}")
-    row["reported"] = reported - forked
-    row["teardown"] = time.perf_counter() - reported
-    return row
-
-
 def start_fresh(options: argparse.Namespace, memcheck: bool) -> subprocess.Popen[str] | None:
     """The storm in a fresh python (under memcheck if asked; None: no compute-sanitizer)."""
     command = [sys.executable, "-c", STORM_PROGRAM, str(options.storm_threads), KERNEL, str(SHIFT)]
@@ -174,9 +150,9 @@ def scenario(background: str, options: argparse.Namespace) -> dict[str, Any] | N
     forked = fresh = None
     wait_fd, ready = os.pipe()
     if background == "storm":
-        forked = fork(lambda: _fault(options.storm_threads, SHIFT, ready))
+        forked = fork(partial(_forked, lambda: _fault(options.storm_threads, SHIFT, ready)))
     elif background == "train":
-        forked = fork(lambda: _train(options.train_seconds, ready))
+        forked = fork(partial(_forked, lambda: _train(options.train_seconds, ready)))
     elif background in ("storm-fresh", "storm-memcheck"):
         fresh = start_fresh(options, memcheck=background == "storm-memcheck")
         if fresh is None:
@@ -190,7 +166,8 @@ def scenario(background: str, options: argparse.Namespace) -> dict[str, Any] | N
     os.close(wait_fd)
     if background != "none":
         time.sleep(options.delay)
-    small = [fork(lambda: _fault(SMALL_THREADS, SHIFT)) for _ in range(options.small)]
+    small = [fork(partial(_forked, lambda: _fault(SMALL_THREADS, SHIFT)))
+             for _ in range(options.small)]  # fmt: skip
     rows = [reap(*child) for child in small]
     if forked is not None:
         behind = reap(*forked)
