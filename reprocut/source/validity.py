@@ -54,7 +54,7 @@ from reprocut.source.passes import (
     sibling_imports,
 )
 from reprocut.source.passes.launches import (
-    assigned_pairs,
+    assignments,
     bindings,
     invalid_configurations,
     launches,
@@ -123,13 +123,7 @@ def host_bindings(module: cst.Module) -> dict[str, list[cst.BaseExpression]]:
     kernels = {id(kernel) for kernel in jit_kernels(module)}
     if not kernels:
         return bindings(module)
-    bound: dict[str, list[cst.BaseExpression]] = {}
-    for node in walk(module, prune=lambda node: id(node) in kernels):
-        if isinstance(node, cst.Assign):
-            for target in node.targets:
-                for name, value in assigned_pairs(target.target, node.value):
-                    bound.setdefault(name, []).append(value)
-    return bound
+    return assignments(walk(module, prune=lambda node: id(node) in kernels))
 
 
 def pointer_problems(module: cst.Module) -> list[str]:

@@ -10,6 +10,7 @@ smaller repro (a shrunk CuPy launch read `ROWSUM((rows,), (0,), ...)`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -49,8 +50,13 @@ def module_scope(module: cst.Module) -> tuple[cst.CSTNode, ...]:
 def bindings(module: cst.Module, *, top: bool = False) -> dict[str, list[cst.BaseExpression]]:
     """Every value each plain name is assigned, anywhere in the module, or (`top`) outside any
     function's body (`a, b = x, 256` binds each name to its own value). Shared: read only."""
+    return assignments(module_scope(module) if top else all_nodes(module))
+
+
+def assignments(nodes: Iterable[cst.CSTNode]) -> dict[str, list[cst.BaseExpression]]:
+    """Every value each plain name is assigned by the assignments among `nodes`."""
     bound: dict[str, list[cst.BaseExpression]] = {}
-    for node in module_scope(module) if top else all_nodes(module):
+    for node in nodes:
         if isinstance(node, cst.Assign):
             for target in node.targets:
                 for name, value in assigned_pairs(target.target, node.value):
