@@ -19,7 +19,25 @@ backgrounds:
 - `storm-memcheck`: the storm in a fresh `python` under compute-sanitizer memcheck (skipped
   without it), as the original's and the repro's memchecks run beside a reduction.
 
+The first run on an H100 (2026-12-05) found no stall behind any of these: the small children
+took 1.2-1.9 s whatever ran. But they ran only in the background's first second and were never
+beside a real case. `--watch` forks one small faulting child after another (each reaped before
+the next) for the background's whole life and 2 s after, and the backgrounds are then a real
+corpus case's `train.py` (`--case`, default cuda_cupy_contiguous_pe: 1 GiB tensors, its kernel
+faulting over millions of threads) run the ways a shrink runs it beside its checks:
+
+- `case-plain`: a plain `python train.py` (the plain runs of verification);
+- `case-memcheck`: under compute-sanitizer memcheck with reprocut's options (`--padding`, the
+  kernel filter, `PYTORCH_NO_CUDA_MEMORY_CACHING=1`), as the original's memcheck runs;
+- `case-memcheck-killed`: the same, its process group killed `--kill-after` seconds in, as a
+  memcheck that a newer candidate makes moot is cancelled;
+- `storm-memcheck`: the storm under memcheck, watched to its end.
+
+A window of children much slower than the `none` baseline, and where it falls in the
+background's life (its start, its kernel, its end or kill), says what holds them.
+
     python benchmarks/fault_stall_probe.py --out DIR
+    python benchmarks/fault_stall_probe.py --watch --out DIR
 """
 
 from __future__ import annotations
@@ -28,6 +46,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -48,6 +67,8 @@ extern "C" __global__ void probe_read(const float* x, float* out, long long n, l
 SMALL_THREADS = 4096 * 256  # the small children's faulting kernel (cuda_start_probe.py's)
 SHIFT = 1 << 34  # elements past the input: 64 GiB, unmapped
 BACKGROUNDS = ("none", "storm", "train", "storm-fresh", "storm-memcheck")
+WATCHED = ("none", "case-plain", "case-memcheck", "case-memcheck-killed", "storm-memcheck")
+CASE = Path(__file__).resolve().parent.parent / "corpus" / "cuda_cupy_contiguous_pe"
 
 # the storm as a program of its own (for a fresh python, with or without the sanitizer)
 STORM_PROGRAM = r"""
@@ -190,6 +211,93 @@ def scenario(background: str, options: argparse.Namespace) -> dict[str, Any] | N
     }
 
 
+def start_watched(background: str, options: argparse.Namespace) -> subprocess.Popen[str] | None:
+    """A watched background's process in a session of its own (None: no compute-sanitizer)."""
+    from reprocut.check.memcheck_process import PADDING, PRINT_LIMIT
+
+    if background == "storm-memcheck":
+        return start_fresh(options, memcheck=True)
+    command = [sys.executable, "train.py"]
+    env = dict(os.environ)
+    if background.startswith("case-memcheck"):
+        sanitizer = shutil.which("compute-sanitizer")
+        if sanitizer is None:
+            return None
+        kernel = ["--kernel-name", f"kns={options.kernel}"] if options.kernel else []
+        command = [sanitizer, "--tool", "memcheck", "--print-limit", str(PRINT_LIMIT),
+                   "--padding", str(PADDING), *kernel, *command]  # fmt: skip
+        env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    return subprocess.Popen(command, cwd=options.case, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
+
+
+def watch(background: str, options: argparse.Namespace) -> dict[str, Any] | None:
+    """Small faulting children one after another through `background`'s life and 2 s after;
+    each row's `at`: seconds from the background's start to the child's fork."""
+    began = time.perf_counter()
+    process = None if background == "none" else start_watched(background, options)
+    if background != "none" and process is None:
+        return None
+    ended = killed = None
+    rows = []
+    while True:
+        now = time.perf_counter() - began
+        if process is None:
+            if now > options.baseline_seconds:
+                break
+        elif ended is None and process.poll() is not None:
+            ended = now
+        elif ended is not None and now > ended + 2.0:
+            break
+        if (process is not None and ended is None and killed is None
+                and background.endswith("killed") and now > options.kill_after):  # fmt: skip
+            os.killpg(process.pid, signal.SIGKILL)
+            killed = now
+        if now > options.fresh_timeout and process is not None and ended is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            killed = killed or now
+        child = fork(partial(_forked, lambda: _fault(SMALL_THREADS, SHIFT)))
+        row = reap(*child)
+        row["at"] = child[2] - began
+        rows.append(row)
+        time.sleep(options.every)
+    return {
+        "background": background,
+        "ended": ended,
+        "killed": killed,
+        "exit": None if process is None else process.returncode,
+        "small": rows,
+    }
+
+
+def watch_markdown(results: list[dict[str, Any]], options: argparse.Namespace) -> str:
+    """Per background: its end (or kill), the children's life, and the windows of slow ones."""
+    baseline = [row["life"] for result in results if result["background"] == "none"
+                for row in result["small"]]  # fmt: skip
+    slow_after = 3 * statistics.median(baseline) if baseline else 5.0
+    lines = [
+        f"`--watch`: small faulting children forked one after another ({options.every} s apart) "
+        f"through each background's life and 2 s after; case `{options.case.name}`, kernel "
+        f"filter `{options.kernel}`, killed after {options.kill_after} s where it says so. "
+        f"Slow: a child's fork-to-reaped over {slow_after:.1f} s (3x the baseline's median).",
+        "",
+        "| background | ended s | killed s | children | life median / max s "
+        "| slow children (forked at s: life s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        rows = result["small"]
+        slow = [f"{row['at']:.1f}: {row['life']:.1f}" for row in rows
+                if row.get("life", 0) > slow_after]  # fmt: skip
+        ended, killed = result["ended"], result["killed"]
+        lines.append(
+            f"| {result['background']} | {'-' if ended is None else f'{ended:.1f}'} | "
+            f"{'-' if killed is None else f'{killed:.1f}'} | {len(rows)} | "
+            f"{median_max(rows, 'life')} | {', '.join(slow) or 'none'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def median_max(rows: list[dict[str, Any]], part: str) -> str:
     """`part` of the rows that have it (a child that died before its report has none)."""
     values = [row[part] for row in rows if part in row]
@@ -228,8 +336,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-seconds", type=float, default=10.0, help="the clean work (10)")
     parser.add_argument("--fresh-timeout", type=float, default=120.0,
                         help="seconds a fresh storm may run before it is killed (120)")  # fmt: skip
-    parser.add_argument("--backgrounds", nargs="+", default=list(BACKGROUNDS), choices=BACKGROUNDS)
+    parser.add_argument("--backgrounds", nargs="+", choices=BACKGROUNDS + WATCHED,
+                        help=f"default: {' '.join(BACKGROUNDS)}; with --watch: "
+                             f"{' '.join(WATCHED)}")  # fmt: skip
+    parser.add_argument("--watch", action="store_true",
+                        help="children through each background's whole life (see above)")  # fmt: skip
+    parser.add_argument("--case", type=Path, default=CASE, help="the corpus case to run")
+    parser.add_argument("--kernel", default="add_pe_scale",
+                        help="memcheck's kernel filter ('' for none; add_pe_scale)")  # fmt: skip
+    parser.add_argument("--kill-after", type=float, default=8.0,
+                        help="seconds before case-memcheck-killed is killed (8)")  # fmt: skip
+    parser.add_argument("--every", type=float, default=0.3, help="seconds between children")
+    parser.add_argument("--baseline-seconds", type=float, default=6.0,
+                        help="how long `none` is watched (6)")  # fmt: skip
     options = parser.parse_args(argv)
+    if options.backgrounds is None:
+        options.backgrounds = list(WATCHED if options.watch else BACKGROUNDS)
     # the parent imports both, as reprocut's fork server does, and starts no CUDA (its
     # children could not then): without a GPU each child's report says so
     import cupy  # noqa: F401
@@ -237,16 +359,18 @@ def main(argv: list[str] | None = None) -> int:
 
     results = []
     for background in options.backgrounds:
-        result = scenario(background, options)
+        result = (watch if options.watch else scenario)(background, options)
         if result is None:
             print(f"{background}: skipped (no compute-sanitizer)", flush=True)
             continue
         results.append(result)
-        print(json.dumps(result), flush=True)
+        print(json.dumps(result) if not options.watch else  # the rows go to the .json
+              f"{background}: {len(result['small'])} children", flush=True)  # fmt: skip
     options.out.mkdir(parents=True, exist_ok=True)
-    (options.out / "fault-stall-probe.json").write_text(json.dumps(results, indent=1))
-    text = markdown(results, options)
-    (options.out / "fault-stall-probe.md").write_text(text)
+    name = "fault-stall-watch" if options.watch else "fault-stall-probe"
+    (options.out / f"{name}.json").write_text(json.dumps(results, indent=1))
+    text = (watch_markdown if options.watch else markdown)(results, options)
+    (options.out / f"{name}.md").write_text(text)
     print(text)
     return 0
 

@@ -54,7 +54,8 @@
 #            (1,2,4,8,16) oracles at once, TIMING_COUNT (6) each; ~2 min: STAGES=timing
 #   stall    benchmarks/fault_stall_probe.py: whether one process's fault storm (forked, fresh,
 #            under memcheck) or clean GPU work holds up small faulting checks beside it; at
-#            most STALL_LIMIT (240 s): STAGES=stall
+#            most STALL_LIMIT (240 s): STAGES=stall; STALL_ARGS=--watch watches a real case's
+#            plain run and memchecks to their end (fault-stall-watch.md)
 # Stages run one after another, or all at once with PARALLEL=1; PACK=1 packs $OUT into one archive. Every part has its own timeout
 # (*_LIMIT, seconds). Result files go to $OUT (default benchmarks/results) under their current
 # names (faults-cuda.md, corpus-cuda.md, ...: the date is inside), overwriting the last run's;
@@ -265,7 +266,8 @@ stage_start() {
 
 stage_stall() {
     # do faults hold each other up across processes (benchmarks/fault_stall_probe.py)
-    timeout -k 10 "${STALL_LIMIT:-240}" python3 benchmarks/fault_stall_probe.py \
+    # shellcheck disable=SC2086
+    timeout -k 10 "${STALL_LIMIT:-240}" python3 benchmarks/fault_stall_probe.py ${STALL_ARGS:-} \
         --out "$OUT/stall" >"$LOGS/fault_stall_probe.log" 2>&1
     echo "fault_stall_probe exit $?" >>"$LOGS/fault_stall_probe.log"
     tail -12 "$LOGS/fault_stall_probe.log"

@@ -176,6 +176,34 @@ def test_report_md_quotes_the_repros_error_with_the_originals_labelled() -> None
     ]
 
 
+def test_a_replayed_device_assert_is_the_error_and_a_cublas_failure_what_was_seen(tmp_path) -> None:
+    # on the H100 the BERT trainer's nll_loss device assert reached the script as the next
+    # matmul's cuBLAS failure; the snapshot replay raised the op's own error
+    from reprocut.localize.culprit import _merge_replay
+
+    seen = {"type": "RuntimeError", "code": None, "message": "CUDA error: "
+            "CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, ...)`"}  # fmt: skip
+    own = {"type": "AcceleratorError", "code": 710,
+           "message": "CUDA error: device-side assert triggered"}  # fmt: skip
+    assertion = ("/pytorch/aten/src/ATen/native/cuda/Loss.cu:242: nll_loss_forward_reduce_cuda_"
+                 "kernel_2d: block: [0,0,0], thread: [5,0,0] Assertion `t >= 0 && t < "
+                 "n_classes` failed.\n")  # fmt: skip
+    error = _merge_replay(seen, "", assertion, own)
+    assert (error.type, error.code, error.message) == (own["type"], 710, own["message"])
+    assert error.surfaced_as == {"type": "RuntimeError", "message": seen["message"]}
+    assert error.assertions and error.assertions[0]["condition"] == "t >= 0 && t < n_classes"
+    # the same error as the replay's: the run's, with nothing surfaced otherwise
+    same = _merge_replay(own, assertion, "", own)
+    assert same.surfaced_as is None and same.code == 710
+    failure = Failure("localized", error, Signature("AcceleratorError", 710, "aten::nll_loss_forward",
+                                                    "t >= 0 && t < n_classes"))  # fmt: skip
+    assert "seen as  RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED" in panel_text(
+        failure, tmp_path
+    )
+    text = "\n".join(expected_error(failure, own["message"]))
+    assert "raised instead" in text and "CUBLAS_STATUS_EXECUTION_FAILED" in text
+
+
 def test_the_originals_tensors_are_matched_to_the_facts_by_shape_and_dtype() -> None:
     ids, weight = TensorSpec((1, 120), dtype="int64"), TensorSpec((100, 256))
     public = ReproCase(target="torch.nn.functional.embedding", args=(ids, weight))

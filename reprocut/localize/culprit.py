@@ -70,6 +70,7 @@ def from_culprit(
     *,
     signature: Signature | None = None,
     replay_stderr: str = "",
+    replay_error: dict[str, Any] | None = None,
     inputs: dict[str, torch.Tensor] | None = None,
 ) -> Failure:
     error_run = localized_run.outcome or outcome
@@ -123,7 +124,7 @@ def from_culprit(
             status="localized",
             error=error_info(error, stderr)
             if method != "snapshot-replay"
-            else _merge_replay(first_error, first.stderr, stderr),
+            else _merge_replay(first_error, first.stderr, stderr, replay_error),
             signature=signature,
             op=named_op,
             public_call=culprit.get("public_call"),
@@ -147,8 +148,22 @@ def from_culprit(
     )
 
 
-def _merge_replay(first_error: dict[str, Any], first_stderr: str, replay_stderr: str) -> ErrorInfo:
+def _merge_replay(
+    first_error: dict[str, Any],
+    first_stderr: str,
+    replay_stderr: str,
+    replay_error: dict[str, Any] | None = None,
+) -> ErrorInfo:
+    """The run's error, with the kernel assertions the replay printed where the run printed
+    none. Where the run's error names no CUDA error, or another one (on the H100 a device assert
+    of `nll_loss` surfaced as the next matmul's CUBLAS_STATUS_EXECUTION_FAILED), the replayed
+    op's own error is the error, and what the script saw is kept as `surfaced_as`."""
     info = error_info(first_error, first_stderr or replay_stderr)
+    replayed = replay_error or {}
+    if replayed.get("code") is not None and info.code != replayed["code"]:
+        own = error_info(replayed, replay_stderr)
+        seen = {"type": first_error["type"], "message": first_error["message"]}
+        return replace(own, surfaced_as=seen)
     if not info.assertions:
         info = replace(info, assertions=tuple(a.to_json() for a in parse_assertions(replay_stderr)))
     return info

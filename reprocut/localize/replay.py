@@ -48,6 +48,11 @@ def replay_snapshots(
                     "snapshot-replay",
                     signature=replace(signature, op=snapshot["op"]),
                     replay_stderr=getattr(verdict, "stderr", ""),
+                    replay_error={
+                        "type": signature.error_type,
+                        "message": getattr(verdict, "message", ""),
+                        "code": signature.error_code,
+                    },
                     inputs=inputs,
                 )
     finally:

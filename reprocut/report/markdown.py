@@ -134,6 +134,11 @@ def expected_error(failure: Failure, repro_message: str) -> list[str]:
     if shown.splitlines()[:1] != original.splitlines()[:1]:
         lines += ["", "The original program's error (before shrinking):", ""]
         lines.append(_fence(f"{failure.error.type}: {original}"))
+    seen = failure.error.surfaced_as
+    if seen:
+        lines += ["", "What the original program raised instead (the error reached it as another "
+                  "one; the op's own error is above):", ""]  # fmt: skip
+        lines.append(_fence(f"{seen.get('type', '')}: {str(seen.get('message', '')).strip()}"))
     return lines
 
 

@@ -167,6 +167,11 @@ def failure_panel(failure: Failure, run_dir: Path) -> Panel:
     head.append(
         failure.error.message.strip().splitlines()[0] if failure.error.message.strip() else ""
     )
+    seen = failure.error.surfaced_as
+    if seen:  # the script saw another error than the op's own (the op's own is above)
+        head.append("\nseen as  ", style="bold")
+        said = str(seen.get("message", "")).strip()
+        head.append(f"{seen.get('type', '')}: {said.splitlines()[0] if said else ''}")
     parts.append(head)
     if failure.launch is not None:  # a custom op: its implementation's line, then the call
         parts += op_launch_lines(failure)
