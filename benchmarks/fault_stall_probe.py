@@ -260,6 +260,9 @@ def watch(background: str, options: argparse.Namespace) -> dict[str, Any] | None
         row = reap(*child)
         row["at"] = child[2] - began
         rows.append(row)
+        with (options.out / "fault-stall-watch.jsonl").open("a") as rows_file:  # kept if cut
+            rows_file.write(json.dumps({"background": background, "ended": ended,
+                                        "killed": killed, **row}) + "\n")  # fmt: skip
         time.sleep(options.every)
     return {
         "background": background,
@@ -357,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     import cupy  # noqa: F401
     import torch  # noqa: F401
 
+    options.out.mkdir(parents=True, exist_ok=True)
+    name = "fault-stall-watch" if options.watch else "fault-stall-probe"
     results = []
     for background in options.backgrounds:
         result = (watch if options.watch else scenario)(background, options)
@@ -366,11 +371,10 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result)
         print(json.dumps(result) if not options.watch else  # the rows go to the .json
               f"{background}: {len(result['small'])} children", flush=True)  # fmt: skip
-    options.out.mkdir(parents=True, exist_ok=True)
-    name = "fault-stall-watch" if options.watch else "fault-stall-probe"
-    (options.out / f"{name}.json").write_text(json.dumps(results, indent=1))
-    text = (watch_markdown if options.watch else markdown)(results, options)
-    (options.out / f"{name}.md").write_text(text)
+        # written after each background: a probe cut by its time limit keeps what it saw
+        (options.out / f"{name}.json").write_text(json.dumps(results, indent=1))
+        text = (watch_markdown if options.watch else markdown)(results, options)
+        (options.out / f"{name}.md").write_text(text)
     print(text)
     return 0
 
