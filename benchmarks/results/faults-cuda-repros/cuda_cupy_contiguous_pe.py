@@ -1,6 +1,6 @@
 """compute-sanitizer (memcheck):
   Invalid __global__ read of size 4 bytes in add_pe_scale
-  thread (0,0,0) in block (1050618,0,0): reads 4 B 4.0 MiB into the 1.0 GiB storage of `args[1]`
+  thread (0,0,0) in block (1051809,0,0): reads 4 B 4.0 MiB into the 1.0 GiB storage of `args[1]`
   host: __pyx_f_13cupy_backends_4cuda_3api_6driver_launchKernel < __pyx_f_4cupy_4cuda_8function__launch < __pyx_pw_4cupy_4cuda_8function_8Function_3__call__ < __pyx_pw_4cupy_5_core_3raw_9RawKernel_5__call__
   at least 20 errors (memcheck stopped after printing them)
 """

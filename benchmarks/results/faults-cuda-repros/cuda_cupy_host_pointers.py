@@ -1,6 +1,6 @@
 """compute-sanitizer (memcheck):
   Invalid __global__ read of size 4 bytes in gather_rows_kernel
-  thread (0,0,0) in block (272,0,0): reads 4 B at 960.6 TiB after the end of `table`
+  thread (0,0,0) in block (148,0,0): reads 4 B at 960.6 TiB after the end of `table`
   host: __pyx_f_13cupy_backends_4cuda_3api_6driver_launchKernel < __pyx_f_4cupy_4cuda_8function__launch < __pyx_pw_4cupy_4cuda_8function_8Function_3__call__ < __pyx_pw_4cupy_5_core_3raw_9RawKernel_5__call__
   at least 20 errors (memcheck stopped after printing them)
 """

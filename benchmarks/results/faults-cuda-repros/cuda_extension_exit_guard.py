@@ -10,7 +10,7 @@ CPU: not checked (torch.ops.clippool.segment_sum.default has no CPU kernel)
 
 Seen on:
   torch 2.11.0+cu130, CUDA 13.0, driver 580.159.04
-  GPU NVIDIA H200, Python 3.12.3, Linux-6.18.44-fc-v1252-gpu-x86_64-with-glibc2.39
+  GPU NVIDIA H100 80GB HBM3, Python 3.12.3, Linux-6.18.44-fc-v1252-gpu-x86_64-with-glibc2.39
 
 Run: python repro.py
 

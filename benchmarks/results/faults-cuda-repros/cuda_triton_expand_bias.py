@@ -1,6 +1,6 @@
 """compute-sanitizer (memcheck):
   Invalid __global__ read of size 4 bytes in add_cond_kernel
-  thread (0,0,0) in block (1052195,0,0): reads 4 B at 0x7f135880388c
+  thread (0,0,0) in block (1051565,0,0): reads 4 B at 0x7fa3f2802eb4
   host: launch < [libc.so.6] < __libc_start_main < __call__ in driver.py:713
   at least 20 errors (memcheck stopped after printing them)
 """

@@ -1,6 +1,6 @@
 """compute-sanitizer (memcheck):
   Invalid __global__ write of size 4 bytes in scale_logits_kernel
-  thread (0,0,0) in block (4794122,0,0): writes 4 B at 0x7f00c4114600
+  thread (0,0,0) in block (6711938,0,0): writes 4 B at 0x7febf2148a00
   host: launch < [libc.so.6] < __libc_start_main < __call__ in driver.py:713
   at least 20 errors (memcheck stopped after printing them)
 """
@@ -19,7 +19,7 @@ def scale_logits_kernel(x_ptr, out_ptr, n, inv_temperature, BLOCK: tl.constexpr)
     tl.store(out_ptr + offs, 0)
 
 
-n = 5242880
+n = 7340032
 grid = (n,)
-scale_logits_kernel[grid](torch.randn((8, 2048, 151936), device='cuda:0'), torch.randn((8, 2048, 151936), device='cuda:0'), n, 1.0, BLOCK=448)
+scale_logits_kernel[grid](torch.randn((8, 2048, 151936), device='cuda:0'), torch.randn((8, 2048, 151936), device='cuda:0'), n, 1.0, BLOCK=320)
 torch.cuda.synchronize()

@@ -10,13 +10,13 @@ CPU: not checked (torch.ops.qknorm.rms_scale.default has no CPU kernel)
 
 Seen on:
   torch 2.11.0+cu130, CUDA 13.0, driver 580.159.04
-  GPU NVIDIA H200, Python 3.12.3, Linux-6.18.44-fc-v1252-gpu-x86_64-with-glibc2.39
+  GPU NVIDIA H100 80GB HBM3, Python 3.12.3, Linux-6.18.44-fc-v1252-gpu-x86_64-with-glibc2.39
 
 Run: python repro.py
 
 compute-sanitizer (memcheck):
   Invalid __global__ read of size 4 bytes in rms_scale_kernel
-  thread (0,0,0) in block (2250,0,0): reads 4 B at 1.2 MiB before the start of `t1` (arg 1)
+  thread (0,0,0) in block (1096,0,0): reads 4 B at 291.7 KiB after the end of `t0` (arg 0)
   host: launch < pybind11::object pybind11::detail::object_api<pybind11::handle>::operator < torch::impl::dispatch::PythonKernelHolder::operator < pybind11::object pybind11::detail::argument_loader<pybind11::object const&, c10::DispatchKeySet, pybind11::args, pybind11::kwargs const&>::call_impl<pybind11::object, torch::impl::dispatch::initDispatchBindings
   at least 20 errors (memcheck stopped after printing them)
 """
