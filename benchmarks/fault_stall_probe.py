@@ -213,7 +213,7 @@ def scenario(background: str, options: argparse.Namespace) -> dict[str, Any] | N
 
 def start_watched(background: str, options: argparse.Namespace) -> subprocess.Popen[str] | None:
     """A watched background's process in a session of its own (None: no compute-sanitizer)."""
-    from reprocut.check.memcheck_process import PADDING, PRINT_LIMIT
+    from reprocut.check.memcheck_process import PADDING, PRINT_LIMIT, kernel_options
 
     if background == "storm-memcheck":
         return start_fresh(options, memcheck=True)
@@ -223,9 +223,8 @@ def start_watched(background: str, options: argparse.Namespace) -> subprocess.Po
         sanitizer = shutil.which("compute-sanitizer")
         if sanitizer is None:
             return None
-        kernel = ["--kernel-name", f"kns={options.kernel}"] if options.kernel else []
         command = [sanitizer, "--tool", "memcheck", "--print-limit", str(PRINT_LIMIT),
-                   "--padding", str(PADDING), *kernel, *command]  # fmt: skip
+                   "--padding", str(PADDING), *kernel_options(options.kernel), *command]  # fmt: skip
         env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     return subprocess.Popen(command, cwd=options.case, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
@@ -238,6 +237,10 @@ def watch(background: str, options: argparse.Namespace) -> dict[str, Any] | None
     process = None if background == "none" else start_watched(background, options)
     if background != "none" and process is None:
         return None
+    # a killed background's kill, else the time it may run (`--fresh-timeout`)
+    deadline = options.fresh_timeout
+    if background.endswith("killed"):
+        deadline = min(deadline, options.kill_after)
     ended = killed = None
     rows = []
     while True:
@@ -249,13 +252,9 @@ def watch(background: str, options: argparse.Namespace) -> dict[str, Any] | None
             ended = now
         elif ended is not None and now > ended + 2.0:
             break
-        if (process is not None and ended is None and killed is None
-                and background.endswith("killed") and now > options.kill_after):  # fmt: skip
+        if process is not None and ended is None and killed is None and now > deadline:
             os.killpg(process.pid, signal.SIGKILL)
             killed = now
-        if now > options.fresh_timeout and process is not None and ended is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            killed = killed or now
         child = fork(partial(_forked, lambda: _fault(SMALL_THREADS, SHIFT)))
         row = reap(*child)
         row["at"] = child[2] - began
